@@ -1,0 +1,35 @@
+# Every target creates .venv on first use, so a fresh clone needs only Python 3.11.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/qkvsearch launch spaces/presets/quickstart.yaml
+	$(BIN)/qkvsearch report results/quickstart
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'not slow'
+
+lint: $(STAMP)
+	$(BIN)/ruff check search spaces trainers tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_model.py
+	$(BIN)/python benchmarks/bench_train.py
+	$(BIN)/python benchmarks/bench_campaign.py
+	$(BIN)/python benchmarks/bench_report.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,250 @@
+"""Campaign = one Ray Tune experiment whose trials each run a DDP `TorchTrainer` (see `search.driver`).
+
+    spec --> Ray (local, or RAY_ADDRESS) --> Tuner(run_trial, searcher, scheduler, TrialRecorder)
+         --> <storage>/<name>/  (Tune's experiment dir + qs_campaign.json + qs_trials/ + train_runs/)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+# Set before Ray starts: a local cluster's processes inherit them.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports otherwise arrive ~2 s late
+os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")       # Train runs on the dashboard
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")    # no TensorBoard/CSV we never read
+
+import ray
+from ray import tune
+
+from search.driver import TIME_ATTR, TrialSettings, run_trial, trial_config
+from search.records import TrialRecorder, code_version, read_json, write_json
+from search.searchers import build_search
+from spaces import SpecError, base_config, smoke_test
+from trainers.cost import model_cost
+
+_RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
+TRIAL_SLOT = "trial_slot"
+
+
+class ResourceError(ValueError):
+    """The campaign asks for more per trial than the cluster has."""
+
+
+@dataclass
+class Cluster:
+    cpus: float
+    gpus: float
+    trial_slots: float
+    dashboard_url: str | None
+    started_here: bool
+
+
+def connect(max_concurrent: int) -> Cluster:
+    """Join RAY_ADDRESS's cluster, or start a local Ray bound to 127.0.0.1 with `trial_slot`s."""
+    started = False
+    if not ray.is_initialized():
+        env = {"env_vars": {k: os.environ[k] for k in _RAY_ENV}}
+        if os.environ.get("RAY_ADDRESS"):
+            ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False)
+        else:
+            # The dashboard stays on: Train's placement-group cleanup uses the State API.
+            ctx = ray.init(resources={TRIAL_SLOT: max_concurrent}, include_dashboard=True,
+                           dashboard_host="127.0.0.1", log_to_driver=False)
+            started = True
+        url = ctx.dashboard_url
+    else:
+        url = ray.get_runtime_context().get_node_id() and _dashboard_url()
+    total = ray.cluster_resources()
+    return Cluster(total.get("CPU", 0.0), total.get("GPU", 0.0), total.get(TRIAL_SLOT, 0.0), url, started)
+
+
+def _dashboard_url() -> str | None:
+    try:
+        return ray._private.worker.global_worker.node.address_info.get("webui_url")
+    except AttributeError:
+        return None
+
+
+def plan_concurrency(resources: dict, cluster: Cluster) -> int:
+    """How many trials can run at once; fails fast when one trial cannot fit at all."""
+    workers = resources["workers_per_trial"]
+    need_cpu = workers * resources["cpus_per_worker"]
+    need_gpu = workers * resources["gpus_per_worker"]
+    if need_cpu > cluster.cpus or need_gpu > cluster.gpus:
+        raise ResourceError(
+            f"resources: one trial needs {workers} workers x ({resources['cpus_per_worker']} CPU, "
+            f"{resources['gpus_per_worker']} GPU) = {need_cpu:g} CPUs, {need_gpu:g} GPUs, but the cluster "
+            f"has {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs; lower resources.workers_per_trial or "
+            f"resources.cpus_per_worker / gpus_per_worker")
+    fits = int(cluster.cpus // need_cpu) if need_cpu else 10**6
+    if need_gpu:
+        fits = min(fits, int(cluster.gpus // need_gpu))
+    wanted = resources.get("max_concurrent_trials", "auto")
+    limit = fits if wanted in (None, "auto") else min(int(wanted), fits)
+    if cluster.trial_slots:
+        limit = min(limit, int(cluster.trial_slots))
+    return max(1, limit)
+
+
+def _trial_resources(cluster: Cluster) -> dict:
+    """The trial's own process holds no CPU the workers need (else 2 one-CPU workers deadlock on 2 CPUs)."""
+    if cluster.trial_slots:
+        return {"cpu": 0, TRIAL_SLOT: 1}
+    return {"cpu": 0, "node:__internal_head__": 0.001}  # an existing cluster without trial slots
+
+
+def _scheduler(spec_d: dict, epochs: int, exp: str):
+    sched, objectives = spec_d["scheduler"], spec_d["objectives"]
+    kind = sched.get("type", "fifo")
+    if kind == "fifo":
+        return None
+    common = dict(time_attr=TIME_ATTR, grace_period=sched.get("grace_epochs", 1),
+                  reduction_factor=sched.get("reduction_factor", 3), max_t=epochs)
+    if kind == "asha":
+        metric = sched.get("metric") or objectives[0]["metric"]
+        mode = next((o["mode"] for o in objectives if o["metric"] == metric), "max")
+        return tune.schedulers.ASHAScheduler(metric=metric, mode=mode, **common)
+    from search.schedulers import MOASHAScheduler
+
+    # Tune does not save schedulers with the experiment: MO-ASHA keeps its rungs in a file of its own.
+    state = None if "://" in exp else f"{exp}/qs_scheduler.json"
+    return MOASHAScheduler(metrics=[o["metric"] for o in objectives], modes=[o["mode"] for o in objectives],
+                           state_path=state, **common)
+
+
+class _Describe:
+    """Trial -> (flat config, readable name, cost, planned epochs) for names and records; cached."""
+
+    def __init__(self, settings: TrialSettings):
+        self.settings = settings
+        self.cache: dict[str, dict] = {}
+
+    def __call__(self, trial) -> dict:
+        if trial.trial_id not in self.cache:
+            cfg = trial_config(self.settings, trial.config)
+            cost = model_cost(cfg)
+            self.cache[trial.trial_id] = {"config": cfg, "cost": cost, "epochs_planned": int(cfg["epochs"]),
+                                          "name": trial_name(cfg, cost, trial.trial_id)}
+        return self.cache[trial.trial_id]
+
+    def name(self, trial) -> str:
+        return self(trial)["name"]
+
+
+def trial_name(cfg: dict, cost: dict, trial_id: str) -> str:
+    """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart, then the trial index."""
+    parts = [cfg.get("embedding", "linear")]
+    if cfg.get("embedding", "linear") != "linear":
+        parts.append(f"h{cost['hidden_width']}")
+    if cfg.get("embedding") == "fsne":
+        parts += [f"c{cfg.get('code_size') or 8}", str(cfg.get("code_sharing") or "shared").replace("_", "")]
+    return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])
+
+
+def experiment_dir(spec_d: dict) -> str:
+    storage = str(spec_d.get("storage") or "results")
+    if "://" not in storage:
+        storage = os.path.abspath(storage)
+    return f"{storage.rstrip('/')}/{spec_d['name']}"
+
+
+def _settings(spec, exp: str) -> TrialSettings:
+    res = spec.resources
+    return TrialSettings(
+        base_config=base_config(spec), objectives=tuple((o.metric, o.mode) for o in spec.objectives),
+        constraints=tuple(spec.constraints), workers=res.workers_per_trial,
+        cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
+        placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs")
+
+
+def _check_launchable(spec, base: dict, exp: str, overwrite: bool) -> None:
+    from trainers.data import check_dataset
+
+    check_dataset(base)  # a missing dataset fails here, before Ray or any worker starts
+    if "://" not in exp and os.path.exists(os.path.join(exp, "qs_campaign.json")):
+        if not overwrite:
+            raise SpecError([f"name: a campaign already exists at {exp}; resume it with `qkvsearch resume "
+                             f"{exp}`, pick another name (--set name=...), or pass --overwrite"])
+        shutil.rmtree(exp)
+
+
+def launch(spec, *, smoke: bool = False, overwrite: bool = False, echo=print) -> str:
+    """Run a campaign to the end; returns its experiment dir. Bad specs raise SpecError/ResourceError."""
+    if smoke:
+        spec = smoke_test(spec)
+    spec_d = spec.to_dict()
+    base = base_config(spec)
+    exp = experiment_dir(spec_d)
+    _check_launchable(spec, base, exp, overwrite)
+    searcher, param_space, num_samples = build_search(spec)  # validates before Ray starts
+
+    cluster = connect(_wanted_slots(spec_d["resources"]))
+    try:
+        concurrency = plan_concurrency(spec_d["resources"], cluster)
+        echo(f"campaign {spec_d['name']}: {num_samples} trial(s), up to {concurrency} at a time, "
+             f"{spec_d['resources']['workers_per_trial']} DDP workers each")
+        if cluster.dashboard_url:
+            echo(f"Ray dashboard: http://{cluster.dashboard_url.removeprefix('http://')}")
+        echo(f"results: {exp}")
+        write_json(f"{exp}/qs_campaign.json", {"name": spec_d["name"], "spec": spec_d,
+                                                "code_version": code_version(), "created_at": time.time()})
+        settings = _settings(spec, exp)
+        describe = _Describe(settings)
+        tuner = tune.Tuner(
+            tune.with_resources(tune.with_parameters(run_trial, settings=settings), _trial_resources(cluster)),
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                search_alg=searcher, scheduler=_scheduler(spec_d, int(base["epochs"]), exp),
+                num_samples=num_samples, max_concurrent_trials=concurrency,
+                trial_name_creator=describe.name, trial_dirname_creator=describe.name),
+            run_config=_run_config(spec_d, exp, describe, echo),
+        )
+        tuner.fit()
+    finally:
+        if cluster.started_here:
+            ray.shutdown()
+    echo(f"done: {exp}")
+    return exp
+
+
+def _wanted_slots(resources: dict) -> int:
+    wanted = resources.get("max_concurrent_trials", "auto")
+    return int(wanted) if isinstance(wanted, int) else max(1, os.cpu_count() or 1)
+
+
+def _run_config(spec_d: dict, exp: str, describe: _Describe, echo):
+    storage, name = exp.rsplit("/", 1)
+    return tune.RunConfig(
+        name=name, storage_path=storage, verbose=1,
+        callbacks=[TrialRecorder(exp, spec_d["name"], describe, echo=echo)],
+        failure_config=tune.FailureConfig(max_failures=spec_d["resources"].get("max_failures", 0)),
+    )
+
+
+def resume(exp: str, *, echo=print) -> str:
+    """Continue an interrupted campaign: finished trials stay, unfinished ones resume from checkpoints."""
+    from spaces import load_campaign
+
+    exp = exp.rstrip("/")
+    if "://" not in exp:
+        exp = os.path.abspath(exp)
+    try:
+        saved = read_json(f"{exp}/qs_campaign.json")
+    except (FileNotFoundError, OSError) as err:
+        raise SpecError([f"DIR: no campaign at {exp} (expected {exp}/qs_campaign.json)"]) from err
+    spec = load_campaign(saved["spec"])
+    spec_d = spec.to_dict()
+    cluster = connect(_wanted_slots(spec_d["resources"]))
+    try:
+        settings = _settings(spec, exp)
+        trainable = tune.with_resources(tune.with_parameters(run_trial, settings=settings),
+                                        _trial_resources(cluster))
+        echo(f"resuming {exp}")
+        tune.Tuner.restore(exp, trainable=trainable, resume_unfinished=True, resume_errored=False).fit()
+    finally:
+        if cluster.started_here:
+            ray.shutdown()
+    echo(f"done: {exp}")
+    return exp

@@ -1,0 +1,157 @@
+"""`qkvsearch`: launch, resume, watch and report search campaigns over QKV embeddings.
+
+Exit codes: 0 success, 2 bad input (spec, path, resources), 1 failure.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+_EPILOG = textwrap.dedent("""\
+    examples:
+      qkvsearch validate spaces/presets/quickstart.yaml
+      qkvsearch cost spaces/presets/paper-s.yaml          # params and MACs of every configuration
+      qkvsearch launch spaces/presets/quickstart.yaml     # a small real campaign on local Ray
+      qkvsearch launch my.yaml --set train.epochs=20 --set search.num_trials=16
+      qkvsearch status results/quickstart
+      qkvsearch report results/quickstart                 # pareto.html, pareto.csv, report.md, Parquet
+
+    Ray: a local Ray is started on 127.0.0.1 unless RAY_ADDRESS names a cluster.
+    """)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qkvsearch", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
+        description="Search the query/key/value embedding of vision transformers (linear, SNE, P-SNE, "
+                    "F-SNE) with Ray Tune; every trial trains with PyTorch DDP on a Ray Train worker group.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_spec(name, help_):
+        cmd = sub.add_parser(name, help=help_, description=help_)
+        cmd.add_argument("spec", metavar="SPEC", help="campaign YAML file (see spaces/presets/)")
+        cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a spec value, e.g. --set train.epochs=3 (repeatable)")
+        return cmd
+
+    launch = with_spec("launch", "run a search campaign to the end")
+    launch.add_argument("--smoke-test", action="store_true",
+                        help="shrink the campaign to a quick end-to-end check (few trials, 1-2 short epochs)")
+    launch.add_argument("--overwrite", action="store_true",
+                        help="replace an existing campaign of the same name instead of refusing")
+    with_spec("validate", "check a spec and summarise it, without starting anything")
+    cost = with_spec("cost", "params and MACs of every configuration in the space, without training")
+    cost.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+
+    resume = sub.add_parser("resume", help="continue an interrupted campaign from its folder")
+    resume.add_argument("dir", metavar="DIR", help="the campaign's results folder, e.g. results/quickstart")
+    status = sub.add_parser("status", help="one line per trial of a campaign (running or finished)")
+    status.add_argument("dir", metavar="DIR")
+    report = sub.add_parser("report", help="write the Pareto report (HTML, CSV, Markdown, Parquet, figures)")
+    report.add_argument("dir", metavar="DIR")
+    report.add_argument("--out", metavar="OUT", default=None, help="output folder (default DIR/report)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from spaces import SpecError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except SpecError as err:
+        print(f"qkvsearch {args.command}: invalid input\n{err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (ValueError, FileNotFoundError) as err:  # DatasetError, ResourceError, bad config values
+        print(f"qkvsearch {args.command}: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"qkvsearch {args.command}: interrupted; `qkvsearch resume DIR` continues a campaign",
+              file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _load(args):
+    from spaces import load_campaign
+
+    return load_campaign(args.spec, overrides=args.overrides)
+
+
+def cmd_launch(args) -> int:
+    spec = _load(args)
+    from search.campaign import launch
+
+    exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite)
+    print(_status_table(exp))
+    failed = _count(exp, "failed")
+    print(f"results folder: {exp}\nnext: qkvsearch report {exp}")
+    if failed:
+        print(f"{failed} trial(s) failed; their errors are in `qkvsearch status {exp}`", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_resume(args) -> int:
+    from search.campaign import resume
+
+    exp = resume(args.dir)
+    print(_status_table(exp))
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    spec = _load(args)
+    d = spec.to_dict()
+    objectives = ", ".join(f"{o['mode']} {o['metric']}" for o in d["objectives"])
+    print(f"{args.spec}: valid\n  name: {d['name']}\n  model: {d['model']['name']} at {d['model']['img_size']}px\n"
+          f"  data: {d['data']['dataset']}\n  space: {', '.join(d['space']) or '(none)'}\n"
+          f"  objectives: {objectives}\n  search: {d['search']['algorithm']}, "
+          f"{d['search'].get('num_trials')} trials\n  scheduler: {d['scheduler']['type']}")
+    return EXIT_OK
+
+
+def cmd_cost(args) -> int:
+    from search.costs import cost_table, format_table
+
+    rows = cost_table(_load(args))
+    print(format_table(rows, as_csv=args.csv))
+    return EXIT_OK
+
+
+def cmd_status(args) -> int:
+    print(_status_table(args.dir))
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from search.report import build_report
+
+    written = build_report(args.dir, out_dir=args.out)
+    for kind, path in written.items():
+        print(f"{kind}: {path}")
+    return EXIT_OK
+
+
+def _records(exp: str) -> list[dict]:
+    from search.status import load_records
+
+    return load_records(exp)
+
+
+def _count(exp: str, status: str) -> int:
+    return sum(r["status"] == status for r in _records(exp))
+
+
+def _status_table(exp: str) -> str:
+    from search.status import status_table
+
+    return status_table(exp)
+
+
+_COMMANDS = {"launch": cmd_launch, "resume": cmd_resume, "validate": cmd_validate, "cost": cmd_cost,
+             "status": cmd_status, "report": cmd_report}
+
+if __name__ == "__main__":
+    sys.exit(main())

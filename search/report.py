@@ -1,0 +1,429 @@
+"""Pareto report of a campaign: pareto.html (self-contained, loads offline), pareto.csv, report.md,
+trials.parquet / epochs.parquet and, when a static exporter works here, png/svg figures.
+
+    from search.report import build_report
+    paths = build_report("results/my-campaign")   # -> {"html": ..., "csv": ..., ...}
+
+Everything shown is recomputed from the collected tables (search.results). Objectives come from
+the campaign spec (``spec.objectives``; default top1 max, gmacs min, params_m min). A metric maps to
+the trial column of the same name when there is one (gmacs, params_m, train_s, ...), else to
+``final_<metric>`` (its value at the trial's last reported epoch). Only trials whose status is in
+``front_statuses`` (default: completed) form the front; the others are drawn but never on it. A
+running campaign is reported as far as it has got. Nothing is written outside ``out_dir``.
+"""
+from __future__ import annotations
+
+import html
+import io
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from search.pareto import hypervolume_trace, nondominated_mask, reference_point
+from search.results import collect, load_campaign_record, resolve_out_dir, write_results
+
+__all__ = ["build_report", "DEFAULT_OBJECTIVES", "objective_columns", "paper_setting"]
+
+DEFAULT_OBJECTIVES = ({"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"},
+                      {"metric": "params_m", "mode": "min"})
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PAPER_CSV = REPO_ROOT / "results" / "reference" / "sne_paper_imagenet.csv"
+PAPER_SIZES = {"xcit_nano_12": "S", "xcit_tiny_12": "M", "xcit_small_12": "L"}
+AXIS_TITLES = {
+    "gmacs": "GMACs (multiply-accumulates; the papers' 'FLOPs')",
+    "params_m": "parameters (M)",
+    "top1": "top-1 accuracy (%)",
+    "top5": "top-5 accuracy (%)",
+    "val_loss": "validation loss",
+    "train_s": "training time (s)",
+}
+EMBED_COLORS = {"linear": "#7f7f7f", "sne": "#1f77b4", "psne": "#2ca02c", "fsne": "#d62728"}
+EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
+STATUS_SYMBOLS = {"completed": "circle", "stopped_early": "triangle-down", "running": "diamond-open",
+                  "diverged": "x", "failed": "cross", "infeasible": "square-open", "pending": "circle-open"}
+SYMBOLS_3D = {"circle", "circle-open", "cross", "diamond", "diamond-open", "square", "square-open", "x"}
+HOVER_CONFIG_LIMIT = 2000  # above this many trials only front points carry the full config on hover
+TABLE_CONFIG = ("embedding", "hidden_width", "code_size", "code_sharing", "activation", "lr")
+
+
+# ---------------------------------------------------------------------------------------- data
+def objective_columns(trials: pa.Table, objectives) -> tuple[list[str], list[str], list[str]]:
+    """Spec objectives -> (metric names, trial columns, directions); ValueError naming a bad one."""
+    metrics, cols, dirs = [], [], []
+    for i, obj in enumerate(objectives):
+        metric, mode = (obj or {}).get("metric"), (obj or {}).get("mode")
+        if mode not in ("min", "max"):
+            raise ValueError(f"objectives[{i}].mode: expected 'min' or 'max', got {mode!r}")
+        col = metric if metric in trials.column_names and not str(metric).startswith("config_") else f"final_{metric}"
+        if col not in trials.column_names:
+            raise ValueError(f"objectives[{i}].metric: expected a reported metric or a cost column "
+                             f"(e.g. top1, gmacs, params_m), got {metric!r}")
+        metrics.append(metric)
+        cols.append(col)
+        dirs.append(mode)
+    if not metrics:
+        raise ValueError("objectives: expected at least one objective, got none")
+    return metrics, cols, dirs
+
+
+def _first(df: pd.DataFrame, col: str):
+    vals = df[col].dropna().unique() if col in df else []
+    return vals[0] if len(vals) == 1 else None
+
+
+def paper_setting(trials: pd.DataFrame) -> str | None:
+    """Paper size S/M/L when every trial trains the paper's ImageNet setting, else None."""
+    dataset, classes = _first(trials, "config_dataset"), _first(trials, "config_num_classes")
+    img, model = _first(trials, "config_img_size"), _first(trials, "config_model")
+    if dataset not in ("imagefolder", "imagenet") or classes != 1000 or img != 224 or not isinstance(model, str):
+        return None
+    for prefix, size in PAPER_SIZES.items():
+        if model.startswith(prefix):
+            return size
+    return None
+
+
+def _paper_points(size: str, csv_path) -> pd.DataFrame:
+    ref = pd.read_csv(csv_path, comment="#")
+    ref = ref[ref["size"] == size].copy()
+    code = ref["code_size"].map(lambda c: "" if pd.isna(c) else f"-C{int(c)}")
+    star = np.where(ref["param_matched"].astype(str).str.lower() == "true", "*", "")
+    ref["label"] = "paper " + ref["embedding"].str.upper().str.replace("FSNE", "F-SNE").str.replace(
+        "PSNE", "P-SNE") + code + star + f"-{size}"
+    return ref.rename(columns={"gmacs_reported": "gmacs"})
+
+
+def _hover_lines(row: pd.Series, metrics, cols, full: bool) -> str:
+    lines = [f"<b>{html.escape(str(row['trial_name']))}</b> ({row['status']})"]
+    lines += [f"{m} = {row[c]:.4g}" if pd.notna(row[c]) else f"{m} = n/a" for m, c in zip(metrics, cols)]
+    config = json.loads(row["config_json"]) if full else {}
+    lines += [f"{html.escape(str(k))} = {html.escape(json.dumps(v))}" for k, v in sorted(config.items()) if v is not None]
+    if row.get("error"):
+        lines.append("error: " + html.escape(str(row["error"])[:200]))
+    return "<br>".join(lines)
+
+
+def _prepare(trials: pa.Table, objectives, front_statuses) -> tuple[pd.DataFrame, list, list, list]:
+    metrics, cols, dirs = objective_columns(trials, objectives)
+    df = trials.to_pandas()
+    values = df[cols].to_numpy(dtype=np.float64)  # (n, k)
+    eligible = df["status"].isin(list(front_statuses)).to_numpy()
+    on_front = np.zeros(len(df), dtype=bool)
+    on_front[eligible] = nondominated_mask(values[eligible], dirs)
+    df["on_front"] = on_front
+    df["embedding"] = df["config_embedding"].fillna("?")
+    full = np.ones(len(df), dtype=bool) if len(df) <= HOVER_CONFIG_LIMIT else on_front
+    df["hover"] = [_hover_lines(r, metrics, cols, f) for (_, r), f in zip(df.iterrows(), full)] if len(df) <= HOVER_CONFIG_LIMIT \
+        else _fast_hover(df, metrics, cols, full)
+    return df, metrics, cols, dirs
+
+
+def _fast_hover(df: pd.DataFrame, metrics, cols, full) -> list[str]:
+    """Hover text for big campaigns: name, status, objectives; full config for front points only."""
+    head = ("<b>" + df["trial_name"].astype(str).map(html.escape) + "</b> (" + df["status"].astype(str) + ")")
+    for m, c in zip(metrics, cols):
+        head = head + f"<br>{m} = " + df[c].map(lambda v: "n/a" if pd.isna(v) else f"{v:.4g}")
+    out = head.tolist()
+    for i in np.flatnonzero(full):
+        out[i] = _hover_lines(df.iloc[i], metrics, cols, True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- figures
+def _color(emb: str, order: list[str]) -> str:
+    return EMBED_COLORS.get(emb) or EXTRA_COLORS[order.index(emb) % len(EXTRA_COLORS)]
+
+
+def _title(metric: str) -> str:
+    return AXIS_TITLES.get(metric, metric)
+
+
+def _scatter_traces(go, df: pd.DataFrame, xcol: str, ycol: str, zcol: str | None = None) -> list:
+    """One trace per (embedding, status): colour = embedding, symbol = status."""
+    traces = []
+    embeds = sorted(df["embedding"].unique())
+    for (emb, status), g in df.groupby(["embedding", "status"], sort=True):
+        g = g[g[xcol].notna() & g[ycol].notna() & (g[zcol].notna() if zcol else True)]
+        if g.empty:
+            continue
+        symbol = STATUS_SYMBOLS.get(status, "circle")
+        if zcol is not None and symbol not in SYMBOLS_3D:
+            symbol = "diamond"  # 3-D markers have fewer symbols
+        marker = dict(color=_color(emb, embeds), symbol=symbol, size=7 if zcol is None else 4, opacity=0.85)
+        common = dict(name=f"{emb} · {status}", legendgroup=emb, mode="markers", marker=marker,
+                      hovertext=g["hover"].tolist(), hoverinfo="text", customdata=g["trial_id"].tolist())
+        if zcol is None:
+            traces.append(go.Scatter(x=g[xcol].to_numpy(), y=g[ycol].to_numpy(), **common))
+        else:
+            traces.append(go.Scatter3d(x=g[xcol].to_numpy(), y=g[ycol].to_numpy(), z=g[zcol].to_numpy(), **common))
+    return traces
+
+
+def _front_2d(df: pd.DataFrame, xcol, xdir, ycol, ydir) -> pd.DataFrame:
+    """Eligible trials on the front of this pair of objectives, sorted along x (the staircase)."""
+    pts = df[df["eligible"]]
+    mask = nondominated_mask(pts[[xcol, ycol]].to_numpy(dtype=np.float64), [xdir, ydir])
+    return pts[mask].sort_values([xcol, ycol], ascending=[True, ydir == "min"])
+
+
+def _pair_figure(go, df, metrics, cols, dirs, j: int, paper: pd.DataFrame | None):
+    """objectives[0] (y) against objectives[j] (x): all trials, the full front, the 2-D staircase."""
+    xcol, ycol = cols[j], cols[0]
+    fig = go.Figure(_scatter_traces(go, df, xcol, ycol))
+    front = df[df["on_front"]]
+    fig.add_trace(go.Scatter(x=front[xcol], y=front[ycol], mode="markers", name="Pareto front (all objectives)",
+                             marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(color="black", width=2)),
+                             hovertext=front["hover"].tolist(), hoverinfo="text", customdata=front["trial_id"].tolist()))
+    stair = _front_2d(df, xcol, dirs[j], ycol, dirs[0])
+    shape = "hv" if dirs[0] == "max" and dirs[j] == "min" else "linear"
+    fig.add_trace(go.Scatter(x=stair[xcol], y=stair[ycol], mode="lines", line=dict(color="black", width=1.5, shape=shape),
+                             name=f"front in this plane ({metrics[0]} vs {metrics[j]})", hoverinfo="skip"))
+    if paper is not None and metrics[j] in paper and metrics[0] in paper:
+        p = paper.dropna(subset=[metrics[j], metrics[0]])
+        fig.add_trace(go.Scatter(x=p[metrics[j]], y=p[metrics[0]], mode="markers", name="paper (ImageNet-1k)",
+                                 marker=dict(symbol="star", size=12, color="#ff7f0e", line=dict(color="black", width=1)),
+                                 hovertext=p["label"], hoverinfo="text+x+y"))
+    fig.update_layout(title=f"{metrics[0]} vs {metrics[j]}", xaxis_title=_title(metrics[j]),
+                      yaxis_title=_title(metrics[0]), height=560, template="plotly_white",
+                      legend=dict(font=dict(size=10)))
+    return fig
+
+
+def _figure_3d(go, df, metrics, cols):
+    fig = go.Figure(_scatter_traces(go, df, cols[1], cols[2], cols[0]))
+    front = df[df["on_front"]]
+    fig.add_trace(go.Scatter3d(x=front[cols[1]], y=front[cols[2]], z=front[cols[0]], mode="markers",
+                               name="Pareto front", marker=dict(size=7, color="rgba(0,0,0,0)", line=dict(color="black", width=3)),
+                               hovertext=front["hover"].tolist(), hoverinfo="text"))
+    fig.update_layout(title=f"{metrics[0]} vs {metrics[1]} and {metrics[2]}", height=650, template="plotly_white",
+                      scene=dict(xaxis_title=_title(metrics[1]), yaxis_title=_title(metrics[2]),
+                                 zaxis_title=_title(metrics[0])))
+    return fig
+
+
+def _curves_figure(go, df, epochs: pa.Table, metric: str = "top1"):
+    """Per-epoch curves of the front's trials only (never every epoch of every trial)."""
+    front = df[df["on_front"]]
+    fig = go.Figure()
+    if metric in epochs.column_names and len(front):
+        sub = epochs.filter(pc.is_in(epochs["trial_id"], value_set=pa.array(front["trial_id"].tolist(), pa.string())))
+        sub = sub.select(["trial_id", "trial_name", "epoch", metric]).to_pandas().sort_values(["trial_id", "epoch"])
+        embeds = sorted(df["embedding"].unique())
+        emb_of = dict(zip(front["trial_id"], front["embedding"]))
+        for tid, g in sub.groupby("trial_id", sort=True):
+            fig.add_trace(go.Scatter(x=g["epoch"], y=g[metric], mode="lines+markers", name=str(g["trial_name"].iloc[0]),
+                                     line=dict(color=_color(emb_of[tid], embeds)), marker=dict(size=4)))
+    fig.update_layout(title=f"Learning curves of the front ({metric} per epoch)", xaxis_title="epoch",
+                      yaxis_title=_title(metric), height=480, template="plotly_white")
+    return fig
+
+
+def _hypervolume(df, cols, dirs) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """HV of the eligible trials in completion order (ended_at), against the default reference."""
+    done = df[df["eligible"] & df["ended_at"].notna()].sort_values(["ended_at", "trial_id"])
+    values = done[cols].to_numpy(dtype=np.float64)
+    ok = ~np.isnan(values).any(axis=1)
+    if not ok.any():
+        return done.iloc[:0].assign(hypervolume=[]), None
+    ref = reference_point(values[ok], dirs)
+    trace = hypervolume_trace(values, dirs, ref)
+    return done.assign(hypervolume=trace), ref
+
+
+def _hv_figure(go, hv: pd.DataFrame, ref, metrics):
+    fig = go.Figure(go.Scatter(x=np.arange(1, len(hv) + 1), y=hv["hypervolume"], mode="lines", line_shape="hv",
+                               name="hypervolume", customdata=hv["ended_at"].astype(str),
+                               hovertemplate="trial %{x} (ended %{customdata})<br>HV %{y:.4g}<extra></extra>"))
+    ref_txt = ", ".join(f"{m}={r:.4g}" for m, r in zip(metrics, ref)) if ref is not None else "n/a"
+    fig.update_layout(title=f"Hypervolume over completed trials (reference: {ref_txt})",
+                      xaxis_title="trials finished (completion order)", yaxis_title="hypervolume",
+                      height=420, template="plotly_white")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- tables / text
+SORT_JS = """<script>
+document.querySelectorAll("table.sortable th").forEach(function (th, col) {
+  th.addEventListener("click", function () {
+    var body = th.closest("table").tBodies[0], rows = Array.from(body.rows);
+    var asc = th.dataset.asc !== "1"; th.dataset.asc = asc ? "1" : "0";
+    rows.sort(function (a, b) {
+      var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v, nx = parseFloat(x), ny = parseFloat(y);
+      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
+      return asc ? c : -c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+</script>"""
+
+
+def _front_columns(df: pd.DataFrame, cols) -> list[str]:
+    wanted = ["trial_name", "status"] + [f"config_{c}" for c in TABLE_CONFIG] + ["hidden_width"] + list(cols)
+    wanted += ["best_top1", "epochs_run", "train_s"]
+    seen, out = set(), []
+    for c in wanted:
+        if c in df and c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _formatted(df: pd.DataFrame, col: str) -> pd.Series:
+    """Column as display strings (HTML-escaped); floats with 4 significant digits, missing -> ""."""
+    s = df[col]
+    if pd.api.types.is_float_dtype(s):
+        out = s.map(lambda v: f"{v:.4g}", na_action="ignore")
+    else:
+        out = s.map(str, na_action="ignore")
+    return pd.Series([html.escape(x) for x in out.fillna("")], index=df.index, dtype=object)
+
+
+def _html_table(df: pd.DataFrame, columns: list[str], table_id: str, front_flag: bool) -> str:
+    """Sortable table, one <tr data-trial-id=.. data-front=0|1> per trial; cells carry data-v for sorting."""
+    head = "".join(f"<th title='click to sort'>{html.escape(c.removeprefix('config_'))}</th>" for c in columns)
+    rows = pd.Series("", index=df.index, dtype=object)
+    for c in columns:
+        v = _formatted(df, c)
+        rows = rows + '<td data-v="' + v + '">' + v + "</td>"
+    flag = (' data-front="' + df["on_front"].astype(int).astype(str).astype(object) + '"') if front_flag else ""
+    ids = pd.Series([html.escape(t) for t in df["trial_id"]], index=df.index, dtype=object)
+    trs = '<tr data-trial-id="' + ids + '"' + flag + ">" + rows + "</tr>"
+    return f"<table id=\"{table_id}\" class=\"sortable\"><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
+
+
+def _markdown_table(df: pd.DataFrame, columns: list[str]) -> str:
+    lines = ["| " + " | ".join(c.removeprefix("config_") for c in columns) + " |",
+             "|" + "---|" * len(columns)]
+    for rec in df[columns].to_dict("records"):
+        lines.append("| " + " | ".join(_fmt(rec[c]).replace("|", "\\|") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _report_md(campaign: dict, df: pd.DataFrame, front: pd.DataFrame, metrics, cols, dirs, front_statuses, ref) -> str:
+    counts = df["status"].value_counts().sort_index()
+    objectives = ", ".join(f"{m} ({d})" for m, d in zip(metrics, dirs))
+    parts = [
+        f"# Pareto report: {campaign.get('name', '?')}", "",
+        f"- code version: {campaign.get('code_version', '?')}",
+        f"- objectives: {objectives}",
+        f"- trials: {len(df)} ({', '.join(f'{s} {n}' for s, n in counts.items())})",
+        f"- front from statuses: {', '.join(front_statuses)}; {len(front)} trials on the front",
+        f"- hypervolume reference: {', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
+        "", "## Pareto front", "", _markdown_table(front, _front_columns(front, cols)) if len(front) else "(empty)",
+        "", "## Campaign settings", "", "```json", json.dumps(campaign.get("spec", {}), indent=2, sort_keys=True), "```", "",
+    ]
+    return "\n".join(parts)
+
+
+def _page(title: str, campaign: dict, summary_html: str, figures_html: list[str], front_table: str, all_table: str) -> str:
+    spec = html.escape(json.dumps(campaign.get("spec", {}), indent=2, sort_keys=True))
+    style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
+             "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
+             "tr[data-front='1']{font-weight:bold;}")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{summary_html}"
+            + "".join(f"<div class='fig'>{f}</div>" for f in figures_html)
+            + f"<h2>Pareto front</h2>{front_table}"
+            + f"<details><summary>All trials</summary>{all_table}</details>"
+            + f"<details><summary>Campaign settings</summary><pre>{spec}</pre></details>{SORT_JS}</body></html>")
+
+
+# ---------------------------------------------------------------------------------------- output
+def _write_text(fs: pafs.FileSystem, path: str, text: str | bytes) -> None:
+    """Atomic write: hidden temp file beside ``path``, then rename."""
+    parent, base = path.rsplit("/", 1)
+    tmp = f"{parent}/.{base}.{uuid.uuid4().hex}.tmp"
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    fs.move(tmp, path)
+
+
+def _export_static(figures: dict, fs: pafs.FileSystem, out_path: str, out_text: str) -> dict[str, str]:
+    """png + svg of every figure through plotly's kaleido exporter; a one-line note when it can't."""
+    try:
+        import plotly.io as pio
+
+        with tempfile.TemporaryDirectory(prefix="qs-static-") as tmp:
+            names = [f"{n}.{ext}" for n in figures for ext in ("png", "svg")]
+            figs = [fig for fig in figures.values() for _ in ("png", "svg")]
+            pio.write_images(figs, [os.path.join(tmp, n) for n in names], width=1100, height=650)
+            written = {}
+            for n in names:
+                _write_text(fs, f"{out_path}/{n}", Path(tmp, n).read_bytes())
+                written[n.replace(".", "_")] = f"{out_text}/{n}"
+            return written
+    except Exception as exc:  # any exporter failure: the HTML report stands on its own
+        print(f"note: static png/svg figures skipped ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+              "they need the kaleido package and a Chromium browser (e.g. apt-get install chromium); pareto.html has every figure")
+        return {}
+
+
+def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_statuses=("completed",),
+                 reference_csv=None, objectives=None) -> dict[str, str]:
+    """Build the report of a campaign folder (local path or URI) into ``out_dir`` (default
+    ``<exp>/report/``). ``static=False`` skips png/svg export; ``reference_csv`` overrides the paper's
+    reference points file; ``objectives`` overrides the spec's. Returns {name: written path}."""
+    import plotly.graph_objects as go
+
+    campaign = load_campaign_record(experiment_dir)
+    objectives = objectives or (campaign.get("spec") or {}).get("objectives") or DEFAULT_OBJECTIVES
+    fs, out_path, out_text = resolve_out_dir(experiment_dir, out_dir, "report")
+    out_text = out_text.rstrip("/")
+    trials, epochs = collect(experiment_dir)
+    df, metrics, cols, dirs = _prepare(trials, objectives, front_statuses)
+    df["eligible"] = df["status"].isin(list(front_statuses))
+    size = paper_setting(df)
+    paper = _paper_points(size, reference_csv or PAPER_CSV) if size else None
+
+    figures = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(go, df, metrics, cols, dirs, j, paper)
+               for j in range(1, len(cols))}
+    if len(cols) >= 3:
+        figures["pareto_3d"] = _figure_3d(go, df, metrics, cols)
+    figures["learning_curves"] = _curves_figure(go, df, epochs)
+    hv, ref = _hypervolume(df, cols, dirs)
+    figures["hypervolume"] = _hv_figure(go, hv, ref, metrics)
+
+    front = df[df["on_front"]].sort_values(cols[0], ascending=dirs[0] == "min")
+    fcols = _front_columns(df, cols)
+    counts = df["status"].value_counts().sort_index()
+    summary = (f"<p>{len(df)} trials ({', '.join(f'{html.escape(s)} {n}' for s, n in counts.items())}); "
+               f"objectives: {', '.join(f'{m} ({d})' for m, d in zip(metrics, dirs))}; "
+               f"{len(front)} on the front (from {', '.join(front_statuses)} trials)"
+               + (f"; paper points: XCiT size {size}" if size else "") + "</p>")
+    figs_html = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%")
+                 for i, fig in enumerate(figures.values())]
+    page = _page(f"Pareto report: {campaign.get('name', '?')}", campaign, summary, figs_html,
+                 _html_table(front, fcols, "front", True),
+                 _html_table(df.sort_values("trial_id"), fcols + ["error"], "trials", True))
+
+    paths = {}
+    _write_text(fs, f"{out_path}/pareto.html", page)
+    paths["html"] = f"{out_text}/pareto.html"
+    buf = io.StringIO()
+    front[["trial_id"] + fcols + ["checkpoint_path", "config_json"]].to_csv(buf, index=False)
+    _write_text(fs, f"{out_path}/pareto.csv", buf.getvalue())
+    paths["csv"] = f"{out_text}/pareto.csv"
+    _write_text(fs, f"{out_path}/report.md", _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref))
+    paths["md"] = f"{out_text}/report.md"
+    paths.update(write_results(experiment_dir, out_dir=out_dir if out_dir is not None else out_text, tables=(trials, epochs)))
+    if static:
+        paths.update(_export_static(figures, fs, out_path, out_text))
+    return paths

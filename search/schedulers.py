@@ -1,0 +1,321 @@
+"""Multi-objective asynchronous successive halving (MO-ASHA) for Ray Tune.
+
+Rungs sit at ``grace_period * reduction_factor**k`` epochs, below ``max_t``. When a trial reports a
+result at or past a rung it has not yet been judged at, the objectives of that result join every
+result recorded at the rung, and the rung is ordered:
+
+1. by non-dominated rank (``search.pareto.nondominated_ranks``; 0 = the rung's Pareto front);
+2. inside a front, by crowding distance (NSGA-II), largest first: a front's extreme points (best on
+   some objective) have an infinite distance, so a unique trade-off always ranks first in its front.
+
+The candidate's position is the number of results strictly ahead of it (ties favour the candidate).
+It continues iff ``position * reduction_factor < n`` (n = results at the rung, itself included),
+i.e. it lies in the top ``ceil(n / reduction_factor)`` — the same count plain ASHA's percentile
+cutoff keeps. The first result at a rung always continues. Results at ``max_t`` or later are stopped
+(the trial is done), as ASHA does; those are not early stops and are not listed in ``stopped``.
+
+Missing or non-finite objectives: a result whose objective is absent, not a number, NaN or +/-inf
+ranks behind every complete result at its rung (it is judged, so it can still be stopped) but is not
+recorded there (it never raises the bar for later trials). A result without ``time_attr`` is ignored.
+
+State is plain Python (lists, dicts, floats) so the object pickles; ``get_state``/``set_state`` and
+``save``/``restore`` use JSON. Ray Tune 2.60 does not save a scheduler with the experiment state: on
+``Tuner.restore`` it unpickles the scheduler as it was when the ``Tuner`` was built. Pass
+``state_path`` (a local file) to persist the state after every rung decision; the restored scheduler
+reloads it on its first callback.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from search.pareto import NAN_RANK, nondominated_ranks, to_minimise
+
+__all__ = ["MOASHAScheduler", "crowding_distance", "promotable", "rung_positions"]
+
+_STATE_FORMAT = "qkvsearch.moasha/1"
+
+
+def crowding_distance(values, directions: Sequence[str], ranks: np.ndarray) -> np.ndarray:
+    """(n,) NSGA-II crowding distance of each row inside its own front (rows sharing a rank).
+
+    Per objective, a front's members sorted by value get inf at both ends and, in between, the gap
+    between their two neighbours divided by the front's range of that objective (0 if the range is
+    0), summed over objectives. Fronts of 1 or 2 members: inf. Rows with rank NAN_RANK: 0."""
+    pts = to_minimise(values, directions)  # (n, k)
+    out = np.zeros(pts.shape[0])
+    for r in np.unique(ranks):
+        if r == NAN_RANK:
+            continue
+        idx = np.flatnonzero(ranks == r)  # (m,) members of front r
+        if idx.size <= 2:
+            out[idx] = np.inf
+            continue
+        dist = np.zeros(idx.size)
+        for j in range(pts.shape[1]):
+            col = pts[idx, j]
+            order = np.argsort(col, kind="stable")
+            span = col[order[-1]] - col[order[0]]
+            dist[order[[0, -1]]] = np.inf
+            if span > 0:
+                dist[order[1:-1]] += (col[order[2:]] - col[order[:-2]]) / span
+        out[idx] = dist
+    return out
+
+
+def rung_positions(rung_values, directions: Sequence[str]) -> np.ndarray:
+    """(n, k) objective values at one rung -> (n,) int positions, 0 = best.
+
+    Position of row i = number of rows strictly ahead of it in the order (non-dominated rank
+    ascending, crowding distance descending); tied rows share a position. Non-finite values count
+    as missing: such rows rank behind every complete row."""
+    vals = np.array(rung_values, dtype=np.float64)
+    if vals.ndim != 2 or vals.shape[1] != len(directions):
+        raise ValueError(
+            f"rung_values: expected an array of shape (n, {len(directions)}) (one column per "
+            f"direction), got shape {vals.shape}"
+        )
+    vals[~np.isfinite(vals)] = np.nan  # +/-inf too: a diverged metric must not look best
+    ranks = nondominated_ranks(vals, directions)  # (n,) NaN rows: NAN_RANK
+    crowd = crowding_distance(vals, directions, ranks)  # (n,)
+    r_ahead = ranks[None, :] < ranks[:, None]  # (n, n) [i, j]: j has a better rank than i
+    c_ahead = (ranks[None, :] == ranks[:, None]) & (crowd[None, :] > crowd[:, None])
+    return (r_ahead | c_ahead).sum(axis=1)
+
+
+def promotable(rung_values, directions: Sequence[str], reduction_factor: float, candidate_index: int) -> bool:
+    """True iff row ``candidate_index`` of the (n, k) rung values is in the top ceil(n / rf) of the
+    rung, i.e. position * reduction_factor < n (see ``rung_positions``)."""
+    _check_reduction_factor(reduction_factor)
+    n = len(rung_values)
+    if not 0 <= candidate_index < n:
+        raise ValueError(f"candidate_index: expected an int in [0, {n}), got {candidate_index!r}")
+    position = int(rung_positions(rung_values, directions)[candidate_index])
+    return position * reduction_factor < n
+
+
+def _check_reduction_factor(rf) -> None:
+    if isinstance(rf, bool) or not isinstance(rf, (int, float)) or not rf > 1:
+        raise ValueError(f"reduction_factor: expected a number > 1, got {rf!r}")
+
+
+def _as_float(x) -> float:
+    """A reported value as a float; NaN when absent, not a number, or non-finite."""
+    if isinstance(x, bool) or x is None:
+        return math.nan
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+class MOASHAScheduler(FIFOScheduler):
+    """MO-ASHA: asynchronous successive halving over several objectives (see the module doc).
+
+    metrics/modes: the objectives and "min"/"max" for each. time_attr: the result key counting
+    progress (our workers report ``epoch``, which, unlike Tune's training_iteration, survives a
+    restore). Rungs at grace_period * reduction_factor**k < max_t; set max_t to the planned epochs.
+
+    After (or during) a run: ``stopped`` maps trial_id -> rung (epoch milestone) where this
+    scheduler stopped it early; ``rungs`` lists the milestones."""
+
+    def __init__(
+        self,
+        metrics: Sequence[str],
+        modes: Sequence[str],
+        time_attr: str = "epoch",
+        grace_period: float = 1,
+        reduction_factor: float = 3,
+        max_t: float = 100,
+        state_path: str | os.PathLike | None = None,
+    ):
+        super().__init__()
+        self._metrics, self._modes = _check_objectives(metrics, modes)
+        if not isinstance(time_attr, str) or not time_attr:
+            raise ValueError(f"time_attr: expected a non-empty result key, got {time_attr!r}")
+        _check_positive("grace_period", grace_period)
+        _check_reduction_factor(reduction_factor)
+        _check_positive("max_t", max_t)
+        if max_t < grace_period:
+            raise ValueError(f"max_t: expected a value >= grace_period ({grace_period}), got {max_t!r}")
+        self._time_attr = time_attr
+        self._rf = reduction_factor
+        self._max_t = max_t
+        self._milestones = _milestones(grace_period, reduction_factor, max_t)  # ascending
+        self._recorded: list[dict[str, list[float]]] = [{} for _ in self._milestones]  # per rung
+        self.stopped: dict[str, float] = {}  # trial_id -> milestone where it was stopped early
+        self._state_path = None if state_path is None else str(state_path)
+        self._loaded = False  # state_path read yet?
+
+    def __setstate__(self, state: dict) -> None:
+        # An unpickled copy (Tune's tuner.pkl on restore) re-reads state_path: the file is newer.
+        self.__dict__.update(state)
+        self._loaded = False
+
+    # ---- read-only views -------------------------------------------------------------------
+    @property
+    def metrics(self) -> list[str]:
+        return list(self._metrics)
+
+    @property
+    def modes(self) -> list[str]:
+        return list(self._modes)
+
+    @property
+    def rungs(self) -> list[float]:
+        return list(self._milestones)
+
+    def recorded(self, milestone: float) -> dict[str, list[float]]:
+        """trial_id -> objective values recorded at the rung ``milestone`` (a copy)."""
+        if milestone not in self._milestones:
+            raise ValueError(f"milestone: expected one of {self._milestones}, got {milestone!r}")
+        return {t: list(v) for t, v in self._recorded[self._milestones.index(milestone)].items()}
+
+    # ---- Tune callbacks --------------------------------------------------------------------
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        # The objectives come from the constructor; a TuneConfig metric/mode would conflict (Tune
+        # then raises). Scheduler.metric stays None, so Tune does not demand one metric per result.
+        return not metric and not mode
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._ensure_loaded()
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        self._ensure_loaded()
+        t = _as_float(result.get(self._time_attr))
+        if math.isnan(t):
+            return TrialScheduler.CONTINUE
+        if t >= self._max_t:
+            return TrialScheduler.STOP
+        return self._judge(trial.trial_id, t, self._objectives(result))
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        # A trial ending on its own between rungs still adds its last result to its rung.
+        self._ensure_loaded()
+        t = _as_float((result or {}).get(self._time_attr))
+        i = self._rung_index(t)
+        row = self._objectives(result or {})
+        if i is None or trial.trial_id in self._recorded[i] or math.isnan(sum(row)):
+            return
+        self._recorded[i][trial.trial_id] = row
+        self._persist()
+
+    def debug_string(self) -> str:
+        rungs = " | ".join(f"epoch {m:g}: {len(r)}" for m, r in zip(self._milestones, self._recorded))
+        return f"Using MOASHA: {len(self.stopped)} stopped early; recorded per rung: {rungs}"
+
+    # ---- rung logic ------------------------------------------------------------------------
+    def _objectives(self, result: dict) -> list[float]:
+        return [_as_float(result.get(m)) for m in self._metrics]
+
+    def _rung_index(self, t: float) -> int | None:
+        """Index of the highest milestone <= t, None if below the first (or t is NaN)."""
+        below = [i for i, m in enumerate(self._milestones) if m <= t]
+        return below[-1] if below else None
+
+    def _judge(self, trial_id: str, t: float, row: list[float]) -> str:
+        i = self._rung_index(t)
+        if i is None:
+            return TrialScheduler.CONTINUE
+        if trial_id in self.stopped:  # already stopped (a re-sent result): keep the decision
+            return TrialScheduler.STOP
+        if trial_id in self._recorded[i]:  # judged at this rung already and promoted
+            return TrialScheduler.CONTINUE
+        rung = self._recorded[i]
+        values = [*rung.values(), row]  # (n, k), candidate last
+        keep = promotable(np.array(values), self._modes, self._rf, len(values) - 1)
+        if not math.isnan(sum(row)):
+            rung[trial_id] = row
+        if not keep:
+            self.stopped[trial_id] = self._milestones[i]
+        self._persist()
+        return TrialScheduler.CONTINUE if keep else TrialScheduler.STOP
+
+    # ---- state -----------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """The decision state as plain JSON-able data."""
+        return {
+            "format": _STATE_FORMAT,
+            "metrics": list(self._metrics),
+            "modes": list(self._modes),
+            "time_attr": self._time_attr,
+            "milestones": list(self._milestones),
+            "recorded": [{t: list(v) for t, v in r.items()} for r in self._recorded],
+            "stopped": dict(self.stopped),
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Load ``get_state()`` output; the objectives and rungs must match this scheduler's."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"state: expected a dict with format {_STATE_FORMAT!r}, got {got!r}")
+        for key, mine in (("metrics", self._metrics), ("modes", self._modes),
+                          ("time_attr", self._time_attr), ("milestones", self._milestones)):
+            if state.get(key) != mine:
+                raise ValueError(f"state[{key!r}]: expected {mine!r} (this scheduler's), got {state.get(key)!r}")
+        self._recorded = [{str(t): [float(x) for x in v] for t, v in r.items()} for r in state["recorded"]]
+        self.stopped = {str(t): m for t, m in state["stopped"].items()}
+        self._loaded = True
+
+    def save(self, checkpoint_path: str) -> None:
+        _write_json_atomic(Path(checkpoint_path), self.get_state())
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.set_state(json.loads(Path(checkpoint_path).read_text()))
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        if self._state_path and Path(self._state_path).exists():
+            self.restore(self._state_path)
+
+    def _persist(self) -> None:
+        if self._state_path:
+            self.save(self._state_path)
+
+
+def _check_objectives(metrics, modes) -> tuple[list[str], list[str]]:
+    if isinstance(metrics, str) or not metrics or not all(isinstance(m, str) and m for m in metrics):
+        raise ValueError(f"metrics: expected a non-empty list of result keys, got {metrics!r}")
+    if len(set(metrics)) != len(metrics):
+        raise ValueError(f"metrics: expected distinct result keys, got {list(metrics)!r}")
+    if isinstance(modes, str) or len(modes) != len(metrics) or any(m not in ("min", "max") for m in modes):
+        raise ValueError(
+            f"modes: expected a list of {len(metrics)} entries 'min'/'max' (one per metric), got {modes!r}"
+        )
+    return list(metrics), list(modes)
+
+
+def _check_positive(name: str, x) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+        raise ValueError(f"{name}: expected a number > 0, got {x!r}")
+
+
+def _milestones(grace_period: float, rf: float, max_t: float) -> list[float]:
+    """grace_period * rf**k for k = 0, 1, ... while < max_t (ints kept as ints)."""
+    out, m = [], grace_period
+    while m < max_t:
+        out.append(int(m) if float(m).is_integer() else float(m))
+        m = m * rf
+    return out
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,59 @@
+"""Search-space definitions: the campaign schema and the shipped YAML presets.
+
+A campaign file (YAML; unknown keys are rejected at every level, with a did-you-mean hint)::
+
+    name: pareto-s                       # experiment folder name (default: the file name)
+    description: free text               # optional
+    model: {name: xcit_nano_12_p16_224, img_size: 224, num_classes: 1000,
+            in_chans: 3, embed_class_attn: false, drop_path_rate: 0.0, activation: relu}
+    data: {dataset: imagefolder, path: /data/imagenet, val_fraction: null}
+          # dataset: digits | cifar10 | cifar100 | imagefolder | synthetic; path required for cifar*/imagefolder
+    train: {epochs: 400, batch_size: 4096, lr: 5.0e-4, warmup_epochs: 5, ...}
+          # keys and checks: spaces.keys.TRAIN_KEYS; epochs required; unset = the trainer's default
+    space:                               # flat trial keys (spaces.keys.SEARCHABLE) -> dimension
+      embedding: {choice: [linear, sne, psne, fsne]}   # the searcher picks one
+      hidden_width: [0.5, 1.0, match]                  # a list is a choice; a scalar is a fixed value
+      code_size: {grid: [8, 16], when: {embedding: fsne}}   # grid: enumerated (algorithm grid only)
+      lr: {float: [1.0e-4, 1.0e-3], log: true}         # ranges: [low, high]; int ranges include both ends
+      seed: {int: [0, 3]}
+      variants: [{embedding: linear}, {embedding: sne, hidden_width: 0.5}]   # explicit combinations
+    objectives: [{metric: top1, mode: max}, {metric: gmacs, mode: min}]   # mode defaults per metric
+    constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs)
+    search: {algorithm: nsga2, num_trials: 64, seed: 0, population_size: 16}
+          # grid | random | tpe | nsga2; grid: num_trials = grid size x repeats (repeats: n)
+    scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3}   # fifo | asha (metric, mode) | moasha
+    resources: {workers_per_trial: 8, cpus_per_worker: 8, gpus_per_worker: 1,
+                max_concurrent_trials: auto, placement_strategy: PACK}
+    storage: results/                    # a local path or s3:// gs:// gcs:// file:// hdfs:// abfs://
+
+Trials: one variant (if any) x one value per active dimension. ``when: {key: value or [values]}``
+switches a dimension on only when the named space keys hold those values. hidden_width (sne/psne/
+fsne), code_size and code_sharing (fsne) get their embedding condition added automatically when the
+embedding may take other values; contradicting it is an error (see spaces.dimensions).
+
+Hidden widths: a positive int is absolute, a float in (0, 4] is a ratio of the token dim d, "match"
+raises the width until the model has the linear baseline's parameter count, null = paper default.
+
+API: load_campaign(path | preset name | dict, overrides=["train.epochs=10", ...]) -> CampaignSpec;
+spec.to_dict(); base_config(spec); expand_space(spec); suggest_config(spec, optuna_trial);
+smoke_test(spec); list_presets();
+preset_path(name). Errors: SpecError (a ValueError) listing every problem, one per line.
+"""
+from spaces.errors import SpecError
+from spaces.loader import list_presets, load_campaign, preset_path
+from spaces.schema import CampaignSpec, Dimension, Space
+from spaces.trials import base_config, expand_space, smoke_test, suggest_config
+
+__all__ = [
+    "CampaignSpec",
+    "Dimension",
+    "Space",
+    "SpecError",
+    "base_config",
+    "expand_space",
+    "list_presets",
+    "load_campaign",
+    "preset_path",
+    "smoke_test",
+    "suggest_config",
+]

@@ -1,0 +1,324 @@
+"""The ``space:`` section: parsing, conditions, and grid expansion.
+
+Grammar (one entry per flat trial key; see spaces/__init__.py for the whole file)::
+
+    space:
+      embedding: {choice: [linear, sne, psne, fsne]}     # sampled by the searcher
+      code_size: {grid: [8, 16], when: {embedding: fsne}} # enumerated (grid algorithm only)
+      lr: {float: [1.0e-4, 1.0e-3], log: true}           # range: [low, high], log-uniform if log
+      depth_seed: {int: [0, 3]}                          # int range, both ends included
+      activation: [relu, gelu]                           # a list = choice
+      code_sharing: shared                               # a scalar = fixed value
+      variants:                                          # explicit combinations, one per trial family
+        - {embedding: linear}
+        - {embedding: sne, hidden_width: 0.5}
+
+A trial takes one variant and one value for every *active* dimension. ``when: {key: v or [v, ...]}``
+switches a dimension on only when each named key (another dimension or a variant key) holds one of
+the values; an inactive key is left out of the trial config.
+
+Keys that only mean something for some embeddings (hidden_width: sne/psne/fsne; code_size and
+code_sharing: fsne) get that condition added automatically when the embedding can take other values,
+so a space never yields two trials that differ only in an ignored key. An explicit ``when`` on
+embedding that admits an embedding the key does not apply to is an error, and so is a variant that
+sets such a key without setting a matching embedding.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from spaces.errors import Collector, hint
+from spaces.errors import show as _show
+from spaces.keys import APPLIES_WHEN, SEARCHABLE, Bad, Check
+from spaces.schema import Dimension, FrozenMap, Space, tagged
+
+KINDS = ("choice", "grid", "int", "float")
+ABSENT = object()   # "this key is not set" among a key's possible values
+
+
+def parse_space(raw, c: Collector, path: str = "space") -> Space:
+    if raw is None:
+        return Space()
+    if not isinstance(raw, Mapping):
+        c.expected(path, "a mapping of trial keys to dimensions", raw)
+        return Space()
+    dims = []
+    for key, entry in raw.items():
+        if key == "variants":
+            continue
+        dim = _parse_dimension(str(key), entry, c, f"{path}.{key}")
+        if dim is not None:
+            dims.append(dim)
+    variants = _parse_variants(raw.get("variants"), {d.key for d in dims}, c, f"{path}.variants")
+    dims = [_apply_conditions(d, dims, variants, c, f"{path}.{d.key}") for d in dims]
+    _check_variant_applicability(variants, dims, c, f"{path}.variants")
+    ordered = _condition_order(dims, c, path)
+    return Space(tuple(ordered), tuple(variants))
+
+
+def check_value(check: Check, value, c: Collector, path: str):
+    """Normalised value, or ABSENT after recording an error naming the path."""
+    try:
+        return check(value)
+    except Bad as bad:
+        expected = bad.expected or check.expected
+        suffix = hint(value, check.options) if check.options and isinstance(value, str) else ""
+        c.add(path, f"expected {expected}, got {_show(value)}{suffix}")
+        return ABSENT
+
+
+def _parse_dimension(key: str, entry, c: Collector, path: str) -> Dimension | None:
+    if key == "epochs":
+        c.add(path, "epochs cannot be searched: it is the scheduler's budget (set train.epochs)")
+        return None
+    check = SEARCHABLE.get(key)
+    if check is None:
+        c.add(path, "unknown search key" + hint(key, [*SEARCHABLE, "variants"]))
+        return None
+    if isinstance(entry, list):
+        entry = {"choice": entry}
+    elif not isinstance(entry, Mapping):
+        value = check_value(check, entry, c, path)
+        return None if value is ABSENT else Dimension(key, "choice", (value,))
+    c.unknown_keys(path, entry, [*KINDS, "log", "when"])
+    kinds = [k for k in KINDS if k in entry]
+    if len(kinds) != 1:
+        c.add(path, f"expected exactly one of {', '.join(KINDS)}, got {kinds or 'none'}")
+        return None
+    kind = kinds[0]
+    when = _parse_when(entry.get("when"), c, f"{path}.when")
+    if kind in ("choice", "grid"):
+        if "log" in entry:
+            c.add(f"{path}.log", f"log applies to int and float ranges, not to {kind}")
+        values = _parse_values(check, entry[kind], c, f"{path}.{kind}")
+        return None if values is None else Dimension(key, kind, values, when=when)
+    bounds = _parse_range(key, check, kind, entry[kind], entry.get("log", False), c, path)
+    if bounds is None:
+        return None
+    return Dimension(key, kind, low=bounds[0], high=bounds[1], log=bounds[2], when=when)
+
+
+def _parse_values(check: Check, raw, c: Collector, path: str) -> tuple | None:
+    if not isinstance(raw, list):
+        c.expected(path, f"a list of {check.plural}", raw)
+        return None
+    if not raw:
+        c.expected(path, f"a non-empty list of {check.plural}", raw)
+        return None
+    values, seen, ok = [], set(), True
+    for i, item in enumerate(raw):
+        value = check_value(check, item, c, f"{path}[{i}]")
+        if value is ABSENT:
+            ok = False
+        elif tagged(value) in seen:
+            c.add(f"{path}[{i}]", f"duplicate value {_show(item)}")
+            ok = False
+        else:
+            seen.add(tagged(value))
+            values.append(value)
+    return tuple(values) if ok else None
+
+
+def _parse_range(key, check: Check, kind: str, raw, log, c: Collector, path: str):
+    """(low, high, log) for an int/float range, or None after recording errors."""
+    numeric = check.numeric or ""
+    if kind not in numeric:
+        what = "a choice (ranges need a numeric key)" if not numeric else f"a {numeric} range"
+        c.add(f"{path}.{kind}", f"{key} takes {check.expected}: expected {what}")
+        return None
+    if not isinstance(log, bool):
+        c.expected(f"{path}.log", "true or false", log)
+        return None
+    if not (isinstance(raw, list) and len(raw) == 2):
+        c.expected(f"{path}.{kind}", f"[low, high] ({kind}s)", raw)
+        return None
+    bounds = []
+    for i, item in enumerate(raw):
+        if kind == "int" and (not isinstance(item, int) or isinstance(item, bool)):
+            c.expected(f"{path}.{kind}[{i}]", "an int", item)
+            return None
+        if kind == "float" and isinstance(item, int) and not isinstance(item, bool):
+            item = float(item)
+        value = check_value(check, item, c, f"{path}.{kind}[{i}]")
+        if value is ABSENT:
+            return None
+        bounds.append(value)
+    low, high = bounds
+    if not low < high:
+        c.add(f"{path}.{kind}", f"expected low < high, got [{low}, {high}]")
+        return None
+    if log and low <= 0:
+        c.add(f"{path}.{kind}", f"a log range needs low > 0, got {low}")
+        return None
+    return low, high, log
+
+
+def _parse_when(raw, c: Collector, path: str) -> FrozenMap:
+    """{key: value or [values]} -> FrozenMap(key -> tuple); values are checked against the key later."""
+    if raw is None:
+        return FrozenMap()
+    if not isinstance(raw, Mapping) or not raw:
+        c.expected(path, "a mapping {key: value or [values]}", raw)
+        return FrozenMap()
+    out = {}
+    for key, value in raw.items():
+        values = tuple(value) if isinstance(value, list) else (value,)
+        if not values:
+            c.expected(f"{path}.{key}", "a value or a non-empty list of values", value)
+            continue
+        out[str(key)] = values
+    return FrozenMap(out)
+
+
+def _parse_variants(raw, dim_keys: set[str], c: Collector, path: str) -> list[FrozenMap]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not raw:
+        c.expected(path, "a non-empty list of mappings {trial key: value}", raw)
+        return []
+    variants, seen = [], set()
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        if not isinstance(item, Mapping) or not item:
+            c.expected(where, "a non-empty mapping {trial key: value}", item)
+            continue
+        variant = {}
+        for key, value in item.items():
+            check = SEARCHABLE.get(key)
+            if check is None or key == "epochs":
+                c.add(f"{where}.{key}", "unknown search key" + hint(key, SEARCHABLE))
+            elif key in dim_keys:
+                c.add(f"{where}.{key}", "is also a space dimension: set it in one place only")
+            else:
+                value = check_value(check, value, c, f"{where}.{key}")
+                if value is not ABSENT:
+                    variant[key] = value
+        frozen = FrozenMap(variant)
+        if len(variant) == len(item):
+            if frozen in seen:
+                c.add(where, "duplicate variant (each combination runs once; use search.repeats)")
+            seen.add(frozen)
+            variants.append(frozen)
+    return variants
+
+
+def possible_values(key: str, dims, variants) -> list | None:
+    """Values a key can take (ABSENT included when a trial may leave it unset); None for ranges."""
+    dim = next((d for d in dims if d.key == key), None)
+    if dim is not None:
+        if not dim.enumerable:
+            return None
+        return list(dim.values) + ([ABSENT] if dim.when else [])
+    if not any(key in v for v in variants):
+        return [ABSENT]
+    return [v.get(key, ABSENT) for v in variants]
+
+
+def _apply_conditions(dim: Dimension, dims, variants, c: Collector, path: str) -> Dimension:
+    """Check the dimension's explicit conditions and add the embedding condition it implies."""
+    keys = {d.key for d in dims} | {k for v in variants for k in v}
+    for key, allowed in dim.when.items():
+        where = f"{path}.when.{key}"
+        if key == dim.key:
+            c.add(where, "a key cannot be conditioned on itself")
+        elif key not in keys:
+            c.add(where, "unknown key: conditions name other space keys" + hint(key, keys - {dim.key}))
+        else:
+            _check_condition_values(key, allowed, dims, variants, c, where)
+    applies = APPLIES_WHEN.get(dim.key)
+    if applies is None:
+        return dim
+    return _implied_condition(dim, applies, dims, variants, c, path)
+
+
+def _check_condition_values(key, allowed, dims, variants, c: Collector, where: str) -> None:
+    possible = possible_values(key, dims, variants)
+    if possible is None:
+        c.add(where, f"conditions need a choice/grid key, but {key} is a range")
+        return
+    taken = {tagged(v) for v in possible if v is not ABSENT}
+    for value in allowed:
+        if check_value(SEARCHABLE[key], value, c, where) is ABSENT:
+            continue
+        if tagged(value) not in taken:
+            shown = ", ".join(_show(v) for v in possible if v is not ABSENT)
+            c.add(where, f"{key} never takes {_show(value)} in this space (it takes {shown})")
+
+
+def _implied_condition(dim: Dimension, applies, dims, variants, c: Collector, path: str) -> Dimension:
+    embeddings = possible_values("embedding", dims, variants)
+    need = " or ".join(applies)
+    if "embedding" in dim.when:
+        wrong = [e for e in dim.when["embedding"] if e not in applies]
+        if wrong:
+            c.add(f"{path}.when.embedding", f"{dim.key} applies only to embedding {need}, "
+                                            f"got {', '.join(map(_show, wrong))}")
+        return dim
+    if embeddings == [ABSENT]:
+        c.add(path, f"{dim.key} applies only when embedding is {need}, but the space does not set "
+                    f"embedding (add e.g. embedding: {applies[-1]})")
+        return dim
+    if all(e in applies for e in embeddings):
+        return dim
+    keep = tuple(dict.fromkeys(e for e in embeddings if e is not ABSENT and e in applies))
+    if not keep:
+        c.add(path, f"{dim.key} applies only when embedding is {need}, which this space never searches")
+        return dim
+    when = dict(dim.when)
+    when["embedding"] = keep
+    return Dimension(dim.key, dim.kind, dim.values, dim.low, dim.high, dim.log, FrozenMap(when))
+
+
+def _check_variant_applicability(variants, dims, c: Collector, path: str) -> None:
+    emb_dim = next((d for d in dims if d.key == "embedding"), None)
+    for i, variant in enumerate(variants):
+        for key, applies in APPLIES_WHEN.items():
+            if key not in variant:
+                continue
+            if "embedding" in variant:
+                ok = variant["embedding"] in applies
+            else:
+                ok = emb_dim is not None and emb_dim.enumerable and all(e in applies for e in emb_dim.values)
+            if not ok:
+                got = _show(variant["embedding"]) if "embedding" in variant else "no embedding"
+                c.add(f"{path}[{i}].{key}", f"applies only when embedding is {' or '.join(applies)}, "
+                                           f"but this variant has {got}")
+
+
+def _condition_order(dims: list[Dimension], c: Collector, path: str) -> list[Dimension]:
+    """Dimensions sorted so each comes after the dimensions its conditions name (input order otherwise)."""
+    by_key = {d.key: d for d in dims}
+    ordered, placed = [], set()
+    pending = list(dims)
+    while pending:
+        ready = [d for d in pending if all(k in placed or k not in by_key or k == d.key for k in d.when)]
+        if not ready:
+            c.add(path, "conditions form a cycle among " + ", ".join(d.key for d in pending))
+            return ordered + pending
+        for d in ready:
+            ordered.append(d)
+            placed.add(d.key)
+        pending = [d for d in pending if d.key not in placed]
+    return ordered
+
+
+def expand(space: Space) -> list[dict]:
+    """Every trial's space keys for an enumerable space: variants x active dimension values, each once."""
+    out: list[dict] = []
+    for variant in space.variants or (FrozenMap(),):
+        _walk(space.dimensions, 0, dict(variant), out)
+    return out
+
+
+def _walk(dims, i: int, partial: dict, out: list) -> None:
+    if i == len(dims):
+        out.append(dict(partial))
+        return
+    dim = dims[i]
+    if not dim.active(partial):
+        _walk(dims, i + 1, partial, out)
+        return
+    for value in dim.values:
+        partial[dim.key] = value
+        _walk(dims, i + 1, partial, out)
+    del partial[dim.key]

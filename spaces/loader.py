@@ -1,0 +1,507 @@
+"""Campaign YAML -> validated CampaignSpec; flat trial configs; smoke-test copies.
+
+Every problem in a file is collected and raised together as one SpecError (a ValueError), each
+message naming the field path, e.g. ``search.algorithm: expected one of grid, random, tpe, nsga2,
+got "bayes" (did you mean "tpe"?)``.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from spaces import dimensions
+from spaces.errors import Collector, SpecError, hint, show
+from spaces.keys import (
+    COST_METRICS,
+    DATA_KEYS,
+    DATASET_CLASSES,
+    DATASETS_WITH_PATH,
+    DEFAULT_IMG_SIZE,
+    METRICS,
+    MODEL_KEYS,
+    NONNEG_NUM,
+    POS_INT,
+    POS_NUM,
+    REQUIRED_TRAIN_KEYS,
+    SCHEDULER_METRICS,
+    TRAIN_KEYS,
+    integer,
+    is_number,
+    one_of,
+)
+from spaces.schema import (
+    SECTIONS,
+    CampaignSpec,
+    Constraint,
+    DataSpec,
+    ModelSpec,
+    Objective,
+    ResourcesSpec,
+    SchedulerSpec,
+    SearchSpec,
+    Space,
+    TrainSpec,
+)
+
+PRESET_DIR = Path(__file__).parent / "presets"
+ALGORITHMS = ("grid", "random", "tpe", "nsga2")
+SCHEDULERS = ("fifo", "asha", "moasha")
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MISSING = object()
+
+
+# ---------------------------------------------------------------- YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML that rejects duplicate keys and reads 5e-4 as a float (YAML 1.1 reads it as a string)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {show(key)} (first at line {seen[key]})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+            except TypeError:   # unhashable key: let PyYAML report it
+                pass
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str, source: str):
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        detail = f"{problem} ({context})" if context else problem
+        line = f" (line {mark.line + 1})" if mark else ""
+        raise SpecError([f"{where}: YAML syntax error{line}: {detail}"], source) from None
+
+
+# ---------------------------------------------------------------- presets and files
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise SpecError([f"unknown preset {show(name)}" + hint(name, list_presets())])
+    return path
+
+
+def _read(path_like) -> tuple[object, str, str]:
+    """(raw YAML data, source text for messages, default campaign name). A bare preset name works too."""
+    path = Path(os.fspath(path_like))
+    if not path.exists() and path.suffix == "" and (PRESET_DIR / f"{path.name}.yaml").is_file():
+        path = PRESET_DIR / f"{path.name}.yaml"
+    if not path.is_file():
+        raise SpecError([f"campaign file not found: {path} (presets: {', '.join(list_presets())})"])
+    return parse_yaml(path.read_text(), str(path)), str(path), path.stem
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str], c: Collector) -> None:
+    """Apply "a.b=value" strings in place; the value is a YAML scalar or flow collection."""
+    for text in overrides:
+        label = f"override {show(text)}"
+        key_path, sep, value_text = str(text).partition("=")
+        segments = key_path.strip().split(".")
+        if not sep or not all(s.strip() for s in segments):
+            c.add(label, "expected key.path=value, e.g. train.epochs=10")
+            continue
+        try:
+            value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else None  # noqa: S506
+        except yaml.YAMLError as exc:
+            c.add(label, f"the value is not valid YAML: {getattr(exc, 'problem', exc)}")
+            continue
+        if segments[0] not in SECTIONS:
+            c.add(label, f"unknown section {show(segments[0])}" + hint(segments[0], SECTIONS))
+            continue
+        problem = _set_path(raw, [s.strip() for s in segments], value)
+        if problem:
+            c.add(label, problem)
+
+
+def _set_path(node, segments: list[str], value) -> str | None:
+    for depth, seg in enumerate(segments):
+        last = depth == len(segments) - 1
+        here = ".".join(segments[:depth]) or "the spec"
+        if isinstance(node, list):
+            if not seg.isdigit() or int(seg) >= len(node):
+                return f"{here} is a list of {len(node)}: expected an index below {len(node)}, got {show(seg)}"
+            seg = int(seg)
+        elif not isinstance(node, dict):
+            return f"{here} is {show(node)}, not a mapping"
+        if last:
+            node[seg] = value
+        else:
+            if isinstance(node, dict) and node.get(seg) is None:
+                if segments[depth + 1].isdigit():
+                    return f"{'.'.join(segments[:depth + 1])} is not set, so it has no item {segments[depth + 1]}"
+                node[seg] = {}
+            node = node[seg]
+    return None
+
+
+# ---------------------------------------------------------------- public entry point
+
+
+def load_campaign(source, overrides: Sequence[str] = ()) -> CampaignSpec:
+    """A campaign YAML path (or preset name, or an already-parsed dict) -> validated, frozen CampaignSpec.
+
+    overrides: "key.path=value" strings applied before validation (values parsed as YAML).
+    Raises SpecError listing every problem found.
+    """
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if isinstance(source, Mapping):
+        raw, where, default_name = copy.deepcopy(dict(source)), None, None
+    else:
+        raw, where, default_name = _read(source)
+    c = Collector()
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError([f"expected a mapping of sections ({', '.join(SECTIONS)}), got {show(raw)}"], where)
+    apply_overrides(raw, overrides, c)
+    if "name" not in raw and default_name:
+        raw["name"] = default_name
+    spec = _build(raw, c, where)
+    c.raise_if_any(where)
+    return spec
+
+
+def _build(raw: dict, c: Collector, source) -> CampaignSpec | None:
+    c.unknown_keys("", raw, SECTIONS)
+    name = _parse_name(raw.get("name", MISSING), c)
+    description = raw.get("description") or ""
+    if not isinstance(description, str):
+        c.expected("description", "a string", description)
+    model = _parse_model(raw.get("model"), c)
+    data = _parse_data(raw.get("data"), c)
+    train = _parse_train(raw.get("train"), c)
+    space = dimensions.parse_space(raw.get("space"), c)
+    objectives = _parse_objectives(raw.get("objectives"), c)
+    constraints = _parse_constraints(raw.get("constraints"), c)
+    search = _parse_search(raw.get("search"), space, c)
+    scheduler = _parse_scheduler(raw.get("scheduler"), objectives, train, c)
+    resources = _parse_resources(raw.get("resources"), c)
+    storage = _parse_storage(raw.get("storage", "results/"), c)
+    if model.name is None and "model" not in space.keys:
+        c.add("model.name", "required (a timm model name, e.g. xcit_nano_12_p16_224)")
+    if c.errors:
+        return None
+    model = _dataset_defaults(model, data, c)
+    _cross_check(model, train, space, resources, c)
+    if c.errors:
+        return None
+    return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
+                        scheduler, resources, storage, description, source)
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _mapping(raw, c: Collector, path: str, what: str) -> dict | None:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        c.expected(path, what, raw)
+        return None
+    return dict(raw)
+
+
+def _parse_table(raw: dict, table: Mapping, c: Collector, path: str) -> dict:
+    """Check each key of a section against its table {key: (check, default)}; fill defaults."""
+    c.unknown_keys(path, raw, table)
+    out = {}
+    for key, (check, default) in table.items():
+        if key in raw and raw[key] is not None:
+            value = dimensions.check_value(check, raw[key], c, f"{path}.{key}")
+            out[key] = default if value is dimensions.ABSENT else value
+        else:
+            out[key] = default
+    return out
+
+
+def _parse_name(raw, c: Collector) -> str:
+    if raw is MISSING:
+        c.add("name", "required (it names the experiment folder under storage)")
+    elif not isinstance(raw, str) or not NAME_RE.match(raw):
+        c.expected("name", "letters, digits, '.', '_' or '-' (it names the experiment folder)", raw)
+    return raw if isinstance(raw, str) else ""
+
+
+def _parse_model(raw, c: Collector) -> ModelSpec:
+    raw = _mapping(raw, c, "model", "a mapping (name, img_size, num_classes, ...)")
+    if raw is None:
+        return ModelSpec(None)
+    table = {k: (check, default) for k, (_flat, check, default) in MODEL_KEYS.items()}
+    return ModelSpec(**_parse_table(raw, table, c, "model"))
+
+
+def _parse_data(raw, c: Collector) -> DataSpec:
+    raw = _mapping(raw, c, "data", "a mapping (dataset, path, val_fraction)")
+    if raw is None:
+        return DataSpec()
+    table = {k: (check, default) for k, (_flat, check, default) in DATA_KEYS.items()}
+    data = DataSpec(**_parse_table(raw, table, c, "data"))
+    if data.dataset in DATASETS_WITH_PATH and data.path is None:
+        c.add("data.path", f"required for dataset {data.dataset} (the dataset's root folder)")
+    return data
+
+
+def _parse_train(raw, c: Collector):
+    raw = _mapping(raw, c, "train", "a mapping of training keys (epochs, batch_size, lr, ...)")
+    if raw is None:
+        return TrainSpec()
+    for key in REQUIRED_TRAIN_KEYS:
+        if raw.get(key) is None:
+            c.add(f"train.{key}", "required (the number of epochs every trial trains for)")
+    return TrainSpec(**_parse_table(raw, TRAIN_KEYS, c, "train"))
+
+
+def _parse_objectives(raw, c: Collector) -> list[Objective]:
+    if raw is None:
+        return [Objective("top1", "max")]
+    if not isinstance(raw, list) or not raw:
+        c.expected("objectives", "a non-empty list of {metric, mode}", raw)
+        return []
+    out, seen = [], set()
+    for i, item in enumerate(raw):
+        path = f"objectives[{i}]"
+        if isinstance(item, str):
+            item = {"metric": item}
+        if not isinstance(item, Mapping):
+            c.expected(path, "a mapping {metric, mode} or a metric name", item)
+            continue
+        c.unknown_keys(path, item, ("metric", "mode"))
+        metric = item.get("metric")
+        if metric not in METRICS:
+            c.add(f"{path}.metric", f"expected one of {', '.join(METRICS)}, got {show(metric)}"
+                  + (hint(metric, METRICS, list_known=False) if isinstance(metric, str) else ""))
+            continue
+        mode = item.get("mode", METRICS[metric])
+        if mode not in ("max", "min"):
+            c.expected(f"{path}.mode", "max or min", mode)
+            continue
+        if metric in seen:
+            c.add(f"{path}.metric", f"duplicate objective {show(metric)}")
+        seen.add(metric)
+        out.append(Objective(metric, mode))
+    return out
+
+
+def _parse_constraints(raw, c: Collector) -> list[Constraint]:
+    raw = _mapping(raw, c, "constraints", "a mapping {cost metric: {max: x} or {min: x}}")
+    out = []
+    for metric, bound in (raw or {}).items():
+        path = f"constraints.{metric}"
+        if metric not in COST_METRICS:
+            why = " (constraints are checked before training)" if metric in METRICS else hint(metric, COST_METRICS)
+            c.add(path, f"expected a cost metric ({', '.join(COST_METRICS)}), got {show(metric)}{why}")
+            continue
+        if not isinstance(bound, Mapping) or not bound:
+            c.expected(path, "{max: number} and/or {min: number}", bound)
+            continue
+        c.unknown_keys(path, bound, ("max", "min"))
+        values = {}
+        for side in ("max", "min"):
+            if side in bound:
+                if is_number(bound[side]):
+                    values[side] = float(bound[side])
+                else:
+                    c.expected(f"{path}.{side}", "a number", bound[side])
+        if "max" in values and "min" in values and values["min"] > values["max"]:
+            c.add(path, f"expected min <= max, got min {values['min']:g} > max {values['max']:g}")
+        if values:
+            out.append(Constraint(metric, values.get("max"), values.get("min")))
+    return out
+
+
+def _parse_search(raw, space: Space, c: Collector) -> SearchSpec:
+    raw = _mapping(raw, c, "search", "a mapping (algorithm, num_trials, seed, ...)")
+    if raw is None:
+        raw = {}
+    c.unknown_keys("search", raw, ("algorithm", "num_trials", "seed", "population_size", "repeats"))
+    default_algorithm = "grid" if space.enumerable else "random"
+    algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
+                                       c, "search.algorithm")
+    seed = _opt(raw, "seed", integer(0), 0, c, "search")
+    repeats = _opt(raw, "repeats", POS_INT, None, c, "search")
+    population = _opt(raw, "population_size", integer(2), None, c, "search")
+    num_trials = _opt(raw, "num_trials", POS_INT, None, c, "search")
+    if algorithm is dimensions.ABSENT:
+        return SearchSpec("random", num_trials or 1, seed)
+    if repeats is not None and algorithm != "grid":
+        c.add("search.repeats", f"applies to algorithm grid only, not {algorithm} (use num_trials)")
+    if population is not None and algorithm != "nsga2":
+        c.add("search.population_size", f"applies to algorithm nsga2 only, not {algorithm}")
+    for dim in space.dimensions:
+        if dim.kind == "grid" and algorithm != "grid":
+            c.add(f"space.{dim.key}.grid", f"grid values are enumerated, which only search.algorithm grid "
+                                           f"does (got {algorithm}); use choice")
+    if algorithm == "grid":
+        return _grid_search(space, num_trials, seed, repeats or 1, c)
+    if num_trials is None:
+        c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
+        num_trials = 1
+    if algorithm == "nsga2" and population is None:
+        population = max(2, min(50, num_trials // 2))   # Optuna's default (50) when the budget allows
+    return SearchSpec(algorithm, num_trials, seed, population, 1)
+
+
+def _grid_search(space: Space, num_trials, seed, repeats, c: Collector) -> SearchSpec:
+    ranges = [d.key for d in space.dimensions if not d.enumerable]
+    if ranges:
+        c.add("search.algorithm", "grid needs every dimension to be choice/grid, but "
+                                  + ", ".join(f"space.{k}" for k in ranges) + " is a range")
+        return SearchSpec("grid", num_trials or 1, seed, None, repeats)
+    size = len(dimensions.expand(space)) * repeats
+    if num_trials is not None and num_trials != size:
+        c.add("search.num_trials", f"grid runs every grid point x repeats = {size} trials, got {num_trials} "
+                                   "(leave num_trials out)")
+    return SearchSpec("grid", size, seed, None, repeats)
+
+
+def _opt(raw: dict, key: str, check, default, c: Collector, section: str):
+    if raw.get(key) is None:
+        return default
+    value = dimensions.check_value(check, raw[key], c, f"{section}.{key}")
+    return default if value is dimensions.ABSENT else value
+
+
+def _parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> SchedulerSpec:
+    raw = _mapping(raw, c, "scheduler", "a mapping (type, grace_epochs, reduction_factor)")
+    if raw is None:
+        return SchedulerSpec()
+    c.unknown_keys("scheduler", raw, ("type", "grace_epochs", "reduction_factor", "metric", "mode"))
+    kind = dimensions.check_value(one_of(*SCHEDULERS), raw.get("type", "fifo"), c, "scheduler.type")
+    grace = _opt(raw, "grace_epochs", POS_INT, 1, c, "scheduler")
+    factor = _opt(raw, "reduction_factor", integer(2), 3, c, "scheduler")
+    epochs = train.epochs
+    if kind in ("asha", "moasha") and epochs is not None and grace > epochs:
+        c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), got {grace}")
+    metric, mode = raw.get("metric"), raw.get("mode")
+    if kind != "asha":
+        for key in ("metric", "mode"):
+            if raw.get(key) is not None:
+                c.add(f"scheduler.{key}", f"applies to type asha only ({kind} uses the objectives)")
+        if kind == "moasha" and objectives and not any(o.metric in SCHEDULER_METRICS for o in objectives):
+            c.add("scheduler.type", "moasha stops trials on training metrics, but every objective is known "
+                                    "before training; add e.g. {metric: top1, mode: max} or use fifo")
+        return SchedulerSpec(kind if kind is not dimensions.ABSENT else "fifo", grace, factor)
+    metric, mode = _asha_target(metric, mode, objectives, c)
+    return SchedulerSpec("asha", grace, factor, metric, mode)
+
+
+def _asha_target(metric, mode, objectives, c: Collector):
+    if metric is None:
+        if not objectives:
+            return None, None
+        metric = objectives[0].metric
+        if metric not in SCHEDULER_METRICS:
+            c.add("scheduler.metric", f"asha stops trials on a training metric; the first objective {metric} "
+                                      f"is known before training (set scheduler.metric)")
+            return None, None
+        mode = mode or objectives[0].mode
+    elif metric not in SCHEDULER_METRICS:
+        c.add("scheduler.metric", f"expected one of {', '.join(SCHEDULER_METRICS)}, got {show(metric)}"
+              + (hint(metric, SCHEDULER_METRICS, list_known=False) if isinstance(metric, str) else ""))
+        return None, None
+    mode = mode or METRICS[metric]
+    if mode not in ("max", "min"):
+        c.expected("scheduler.mode", "max or min", mode)
+    return metric, mode
+
+
+def _parse_resources(raw, c: Collector) -> ResourcesSpec:
+    raw = _mapping(raw, c, "resources", "a mapping (workers_per_trial, cpus_per_worker, ...)")
+    if raw is None:
+        return ResourcesSpec()
+    keys = ("workers_per_trial", "cpus_per_worker", "gpus_per_worker", "max_concurrent_trials",
+            "placement_strategy")
+    c.unknown_keys("resources", raw, keys)
+    workers = _opt(raw, "workers_per_trial", POS_INT, 1, c, "resources")
+    cpus = _opt(raw, "cpus_per_worker", POS_NUM, 1.0, c, "resources")
+    gpus = _opt(raw, "gpus_per_worker", NONNEG_NUM, 0.0, c, "resources")
+    placement = _opt(raw, "placement_strategy", one_of(*PLACEMENTS), "PACK", c, "resources")
+    concurrent = raw.get("max_concurrent_trials", "auto")
+    if concurrent != "auto" and not (isinstance(concurrent, int) and not isinstance(concurrent, bool)
+                                     and concurrent >= 1):
+        c.expected("resources.max_concurrent_trials", 'a positive int or "auto"', concurrent)
+        concurrent = "auto"
+    return ResourcesSpec(workers, cpus, gpus, concurrent, placement)
+
+
+def _parse_storage(raw, c: Collector) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        c.expected("storage", "a local path or a URI (s3://, gs://, file://)", raw)
+        return "results/"
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", raw)
+    if scheme and scheme.group(1).lower() not in STORAGE_SCHEMES:
+        c.expected("storage", "a local path or a URI with scheme " + ", ".join(f"{s}://" for s in STORAGE_SCHEMES),
+                   raw)
+    return raw
+
+
+def _dataset_defaults(model: ModelSpec, data: DataSpec, c: Collector) -> ModelSpec:
+    """Fill img_size / num_classes from the dataset (as trainers.recipe does) and check num_classes."""
+    classes = DATASET_CLASSES.get(data.dataset)
+    if model.num_classes is not None and classes is not None and model.num_classes != classes:
+        c.expected("model.num_classes", f"{classes} for dataset {data.dataset}", model.num_classes)
+    return replace(model, img_size=model.img_size or DEFAULT_IMG_SIZE[data.dataset],
+                   num_classes=model.num_classes or classes)
+
+
+def _cross_check(model: ModelSpec, train, space: Space, resources: ResourcesSpec, c: Collector) -> None:
+    """Checks that span sections (run only when every section parsed cleanly)."""
+    if train.warmup_epochs is not None and train.epochs is not None and train.warmup_epochs > train.epochs:
+        c.add("train.warmup_epochs", f"expected at most train.epochs ({train.epochs}), got {train.warmup_epochs:g}")
+    workers = resources.workers_per_trial
+    batches = _values_of("batch_size", train.batch_size, space)
+    per_worker = _values_of("batch_per_worker", train.batch_per_worker, space)
+    for batch in batches:
+        for bpw in per_worker:
+            if batch is None:
+                continue
+            share = workers * (bpw or 1)
+            if batch % share:
+                what = (f"resources.workers_per_trial ({workers}) x train.batch_per_worker ({bpw})" if bpw
+                        else f"resources.workers_per_trial ({workers})")
+                c.add("train.batch_size", f"expected a multiple of {what} so every worker gets the same "
+                                          f"share, got {batch}")
+
+
+def _values_of(key: str, base, space: Space) -> list:
+    """The values a train key can take over the space (base value where the space leaves it unset)."""
+    possible = dimensions.possible_values(key, space.dimensions, space.variants)
+    if possible is None:  # a range: checked per trial by the trainer
+        return [base]
+    return list(dict.fromkeys(base if v is dimensions.ABSENT else v for v in possible))

@@ -1,0 +1,266 @@
+"""The validated campaign spec: frozen dataclasses, built only by spaces.loader.
+
+Every section keeps what the YAML said after normalisation (defaults filled in, ints given for
+float keys turned into floats, conditions the loader implies made explicit), so
+``load_campaign(spec.to_dict()) == spec``. Values compare by type as well as value where it
+matters: ``hidden_width: 1`` (one unit) and ``hidden_width: 1.0`` (the token dim) differ.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any
+
+from spaces.keys import TRAIN_KEYS
+
+
+class FrozenMap(Mapping):
+    """A read-only dict that pickles (Ray ships specs between processes) and hashes."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data=()):
+        object.__setattr__(self, "_data", dict(data))
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("FrozenMap is read-only")
+
+    def __reduce__(self):
+        return (FrozenMap, (self._data,))
+
+    def __hash__(self):
+        return hash(tuple(sorted((k, tagged(v)) for k, v in self._data.items())))
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping) or set(self) != set(other):
+            return False
+        return all(tagged(self[k]) == tagged(other[k]) for k in self)
+
+    def __repr__(self):
+        return f"FrozenMap({self._data!r})"
+
+
+def tagged(value):
+    """A comparison key that tells 1 from 1.0 and True from 1 (both matter for hidden_width & co)."""
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(tagged(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def plain(value):
+    """Tuples and FrozenMaps -> lists and dicts, for JSON."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str | None                    # timm name; None only when the space searches "model"
+    img_size: int | None = None         # filled from the dataset when not given (32 px, or 224 for imagefolder)
+    num_classes: int | None = None      # filled from the dataset when known; imagefolder counts its folders
+    in_chans: int = 3
+    embed_class_attn: bool = False
+    drop_path_rate: float = 0.0
+    activation: str = "relu"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: str = "digits"
+    path: str | None = None             # required for cifar*/imagefolder; existence is checked at launch
+    val_fraction: float | None = None
+
+
+def _train_as_dict(self) -> dict:
+    return {k: getattr(self, k) for k in TRAIN_KEYS}
+
+
+# One field per known train key (spaces.keys.TRAIN_KEYS is the single table); None = the trainer's default.
+TrainSpec = make_dataclass(
+    "TrainSpec",
+    [(key, Any, field(default=default)) for key, (_check, default) in TRAIN_KEYS.items()],
+    frozen=True,
+    namespace={"as_dict": _train_as_dict, "__doc__": "Training keys of spaces.keys.TRAIN_KEYS."},
+)
+TrainSpec.__module__ = __name__   # so it pickles (make_dataclass takes module= only from Python 3.12)
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched key. kind: choice | grid (values) or int | float (low..high, log-uniform if log)."""
+
+    key: str
+    kind: str
+    values: tuple = ()
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    when: FrozenMap = field(default_factory=FrozenMap)   # key -> tuple of values that switch this key on
+
+    @property
+    def enumerable(self) -> bool:
+        return self.kind in ("choice", "grid")
+
+    def active(self, config: Mapping) -> bool:
+        """Whether this key takes a value given the keys decided so far (absent keys switch it off)."""
+        for key, allowed in self.when.items():
+            if key not in config or tagged(config[key]) not in {tagged(a) for a in allowed}:
+                return False
+        return True
+
+    def to_dict(self) -> dict:
+        if self.enumerable:
+            out: dict = {self.kind: list(self.values)}
+        else:
+            out = {self.kind: [self.low, self.high]}
+            if self.log:
+                out["log"] = True
+        if self.when:
+            out["when"] = {k: list(v) for k, v in self.when.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class Space:
+    """Searched keys. A trial takes one variant (a dict of fixed keys; one empty variant when none are
+    given) and one value per active dimension; dimensions come after the keys their conditions name."""
+
+    dimensions: tuple[Dimension, ...] = ()
+    variants: tuple[FrozenMap, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        seen = [k for v in self.variants for k in v] + [d.key for d in self.dimensions]
+        return tuple(dict.fromkeys(seen))
+
+    @property
+    def enumerable(self) -> bool:
+        return all(d.enumerable for d in self.dimensions)
+
+    def dimension(self, key: str) -> Dimension | None:
+        return next((d for d in self.dimensions if d.key == key), None)
+
+    def to_dict(self) -> dict:
+        out: dict = {d.key: d.to_dict() for d in self.dimensions}
+        if self.variants:
+            out["variants"] = [dict(v) for v in self.variants]
+        return out
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    mode: str                           # max | min
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A bound on a cost metric, checked from the config alone before a trial trains."""
+
+    metric: str
+    max: float | None = None
+    min: float | None = None
+
+    def violation(self, value: float) -> str | None:
+        if self.max is not None and value > self.max:
+            return f"{self.metric} {value:g} > max {self.max:g}"
+        if self.min is not None and value < self.min:
+            return f"{self.metric} {value:g} < min {self.min:g}"
+        return None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("max", "min") if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    algorithm: str                      # grid | random | tpe | nsga2
+    num_trials: int                     # grid: grid size x repeats
+    seed: int = 0
+    population_size: int | None = None  # nsga2 only
+    repeats: int = 1                    # grid only: each grid point runs this many times
+
+    def to_dict(self) -> dict:
+        out = vars_of(self)
+        if self.algorithm != "grid":
+            out.pop("repeats")
+        if self.population_size is None:
+            out.pop("population_size")
+        return out
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    type: str = "fifo"                  # fifo | asha | moasha
+    grace_epochs: int = 1
+    reduction_factor: int = 3
+    metric: str | None = None           # asha: the metric it stops on (default: first objective)
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    workers_per_trial: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    max_concurrent_trials: int | str = "auto"
+    placement_strategy: str = "PACK"
+
+
+SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
+            "search", "scheduler", "resources", "storage")
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    name: str
+    model: ModelSpec
+    data: DataSpec
+    train: Any                          # TrainSpec
+    space: Space
+    objectives: tuple[Objective, ...]
+    constraints: tuple[Constraint, ...] = ()
+    search: SearchSpec = field(default_factory=lambda: SearchSpec("random", 1))
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    storage: str = "results/"
+    description: str = ""
+    source: str | None = field(default=None, compare=False)   # the file it came from, for messages
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "model": vars_of(self.model),
+            "data": vars_of(self.data),
+            "train": self.train.as_dict(),
+            "space": self.space.to_dict(),
+            "objectives": [vars_of(o) for o in self.objectives],
+            "constraints": {c.metric: c.to_dict() for c in self.constraints},
+            "search": self.search.to_dict(),
+            "scheduler": vars_of(self.scheduler),
+            "resources": vars_of(self.resources),
+            "storage": self.storage,
+        }
+
+    def violations(self, cost: Mapping[str, float]) -> list[str]:
+        """Constraint violations of one trial's cost (trainers.cost.model_cost output); [] = feasible."""
+        found = (c.violation(float(cost[c.metric])) for c in self.constraints)
+        return [v for v in found if v]
+
+
+def vars_of(obj) -> dict:
+    return {k: plain(v) for k, v in vars(obj).items()}

@@ -1,0 +1,128 @@
+"""From a CampaignSpec to flat trial configs (the dicts trainers.build_model / model_cost / the loop take)."""
+from __future__ import annotations
+
+from spaces import dimensions
+from spaces.errors import SpecError
+from spaces.keys import DATA_KEYS, MODEL_KEYS
+from spaces.schema import CampaignSpec, FrozenMap
+
+
+def base_config(spec: CampaignSpec) -> dict:
+    """The flat config every trial shares: model keys, data keys, and the train keys that are set.
+
+    model.name -> "model", data.dataset -> "dataset", data.path -> "data_path"; keys left None
+    (the trainer's default) are left out. Space keys are not included; a trial's space values
+    override these.
+    """
+    out: dict = {}
+    for key, (flat, _check, _default) in MODEL_KEYS.items():
+        value = getattr(spec.model, key)
+        if value is not None:
+            out[flat] = value
+    for key, (flat, _check, _default) in DATA_KEYS.items():
+        value = getattr(spec.data, key)
+        if value is not None:
+            out[flat] = value
+    out.update({k: v for k, v in spec.train.as_dict().items() if v is not None})
+    return out
+
+
+def expand_space(spec: CampaignSpec) -> list[dict]:
+    """Every flat trial config of a grid-only space (all dimensions choice/grid), each combination once.
+
+    Order: variants in file order, then dimensions in condition order, last dimension fastest.
+    Keys whose conditions are off are absent (no code_size for a non-fsne trial). Repeats
+    (search.repeats) are not multiplied in: that is the campaign layer's business.
+    """
+    ranges = [d.key for d in spec.space.dimensions if not d.enumerable]
+    if ranges:
+        raise SpecError([f"space.{k}: a range cannot be enumerated (expand_space needs choice/grid "
+                         f"dimensions only)" for k in ranges], spec.source)
+    base = base_config(spec)
+    return [{**base, **combo} for combo in dimensions.expand(spec.space)]
+
+
+SMOKE_EPOCHS = 2
+SMOKE_STEPS = 2
+SMOKE_BATCH_PER_WORKER = 4
+SMOKE_TRIALS = 4
+
+
+def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSpec:
+    """A validated copy of spec shrunk for a quick end-to-end run. It changes:
+
+    - name: "<name>-smoke" (so it never mixes with the real experiment folder);
+    - train: epochs <= 2, max_steps_per_epoch 2, batch_size 4 per worker (batch_per_worker unset,
+      and batch keys dropped from the space), warmup_epochs 0, checkpoint_every 1;
+    - search: at most max_trials trials; a larger grid keeps max_trials evenly spaced grid points
+      (first and last included) as explicit variants; nsga2 population 2; repeats 1;
+    - scheduler: grace_epochs 1.
+    Model, data, objectives, constraints, resources and storage are kept (the point is to exercise them).
+    """
+    from spaces.loader import load_campaign
+
+    d = spec.to_dict()
+    workers = spec.resources.workers_per_trial
+    d["name"] = f"{spec.name}-smoke"
+    d["train"].update(epochs=min(spec.train.epochs, SMOKE_EPOCHS), max_steps_per_epoch=SMOKE_STEPS,
+                      batch_size=SMOKE_BATCH_PER_WORKER * workers, batch_per_worker=None,
+                      warmup_epochs=0, checkpoint_every=1)
+    d["space"] = _without_batch_keys(spec)
+    d["scheduler"]["grace_epochs"] = 1
+    search = d["search"]
+    if spec.search.algorithm == "grid":
+        search.update(repeats=1, num_trials=None)
+        shrunk = load_campaign({**d, "search": search})
+        grid = dimensions.expand(shrunk.space)
+        if len(grid) > max_trials:
+            step = (len(grid) - 1) / max(1, max_trials - 1)
+            picks = sorted({int(i * step + 0.5) for i in range(max_trials)})
+            d["space"] = {"variants": [grid[i] for i in picks]} if any(grid[i] for i in picks) else {}
+    else:
+        search["num_trials"] = min(spec.search.num_trials, max_trials)
+        if spec.search.algorithm == "nsga2":
+            search["population_size"] = 2
+    return load_campaign(d)
+
+
+def _without_batch_keys(spec: CampaignSpec) -> dict:
+    """The space as a dict with batch_size / batch_per_worker removed (duplicates and empties dropped)."""
+    space = spec.space.to_dict()
+    for key in ("batch_size", "batch_per_worker"):
+        space.pop(key, None)
+    if "variants" in space:
+        kept, seen = [], set()
+        for variant in space["variants"]:
+            slim = {k: v for k, v in variant.items() if k not in ("batch_size", "batch_per_worker")}
+            if slim and FrozenMap(slim) not in seen:
+                seen.add(FrozenMap(slim))
+                kept.append(slim)
+        if kept:
+            space["variants"] = kept
+        else:
+            space.pop("variants")
+    return space
+
+
+def suggest_config(spec: CampaignSpec, trial) -> dict:
+    """One trial's space keys, drawn through an Optuna-style trial (define-by-run; no optuna import here).
+
+    trial: anything with suggest_categorical / suggest_int / suggest_float (optuna.Trial), so
+    ``OptunaSearch(space=lambda t: suggest_config(spec, t))`` works. Variants are one categorical
+    parameter "variant" (their index); inactive dimensions are not suggested, hence absent.
+    """
+    space = spec.space
+    config: dict = {}
+    if space.variants:
+        index = trial.suggest_categorical("variant", list(range(len(space.variants))))
+        config.update(space.variants[index])
+    for dim in space.dimensions:
+        if not dim.active(config):
+            continue
+        if dim.enumerable:
+            config[dim.key] = trial.suggest_categorical(dim.key, list(dim.values))
+        elif dim.kind == "int":
+            config[dim.key] = trial.suggest_int(dim.key, dim.low, dim.high, log=dim.log)
+        else:
+            config[dim.key] = trial.suggest_float(dim.key, dim.low, dim.high, log=dim.log)
+    return config

@@ -1,0 +1,25 @@
+"""Shared fixtures. Ray is started once per test session, on loopback, and shut down at the end."""
+import os
+
+# Train's controller polls workers every 2 s by default: each report would arrive ~2 s late.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            resources={"trial_slot": 1},
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            log_to_driver=False,
+        )
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,158 @@
+"""End-to-end campaigns on local Ray: real Tune trials, each a real 2-worker DDP TorchTrainer on digits."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from search.cli import main
+from search.pareto import nondominated_mask
+from search.status import load_records
+from spaces import load_campaign
+
+pytestmark = pytest.mark.slow
+
+QUICKSTART = Path(__file__).resolve().parent.parent / "spaces" / "presets" / "quickstart.yaml"
+TINY_MODEL = "xcit_nano_12_p8_224"
+
+
+def _spec(tmp: Path) -> dict:
+    """A grid whose trials end every way a trial can: completed, stopped early (the learning-rate
+    sweep: MO-ASHA stops the poor ones at the first rung), infeasible, diverged and failed."""
+    lr_sweep = [{"embedding": "linear", "lr": lr} for lr in (3e-3, 2e-3, 1e-6, 1e-7)]
+    return {
+        "name": "mixed-endings",
+        "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
+        "data": {"dataset": "digits"},
+        "train": {"epochs": 3, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0,
+                  "max_steps_per_epoch": 6, "seed": 0},
+        # Grid order is run order; the first result at a rung always goes on, so the crash comes first.
+        "space": {"variants": [
+            {"embedding": "psne", "qs_fail_after_epoch": 1},                 # a crash in the worker
+            {"embedding": "sne", "qs_inject_nan_at_step": 2},                # non-finite loss
+            *lr_sweep,
+            {"embedding": "fsne", "hidden_width": 4.0, "code_size": 8},     # breaks params_m max
+        ]},
+        "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+        "constraints": {"params_m": {"max": 3.5}},
+        "search": {"algorithm": "grid"},
+        "scheduler": {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2},
+        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+        "storage": str(tmp),
+    }
+
+
+@pytest.fixture(scope="module")
+def campaign(ray_local, tmp_path_factory):
+    from search.campaign import launch
+
+    tmp = tmp_path_factory.mktemp("campaign")
+    exp = launch(load_campaign(_spec(tmp)))
+    return Path(exp), load_records(exp)
+
+
+def test_every_trial_is_recorded_with_config_status_metrics_and_cost(campaign):
+    exp, records = campaign
+    assert len(records) == 7
+    for rec in records:
+        assert rec["config"]["model"] == TINY_MODEL
+        assert rec["cost"]["params_m"] > 0 and rec["cost"]["gmacs"] > 0
+        assert rec["status"] in ("completed", "stopped_early", "infeasible", "diverged", "failed")
+        for epoch in rec["epochs"]:
+            assert {"epoch", "top1", "top5", "val_loss", "train_loss", "lr", "params_m", "gmacs"} <= set(epoch)
+            assert all(math.isfinite(v) for v in epoch.values())
+    statuses = sorted(r["status"] for r in records)
+    assert statuses.count("infeasible") == 1
+    assert statuses.count("diverged") == 1
+    assert statuses.count("failed") == 1
+
+
+def test_moasha_stops_poor_trials_early_and_they_are_not_completed(campaign):
+    _, records = campaign
+    sweep = [r for r in records if r["config"].get("embedding") == "linear"]
+    done = [r for r in sweep if r["status"] == "completed"]
+    stopped = [r for r in sweep if r["status"] == "stopped_early"]
+    assert done and stopped
+    assert all(len(r["epochs"]) < r["epochs_planned"] for r in stopped)
+    assert all(len(r["epochs"]) == r["epochs_planned"] for r in done)
+    # The lowest learning rates cannot learn in 6 steps: they are the ones stopped.
+    assert min(r["config"]["lr"] for r in done) > max(r["config"]["lr"] for r in stopped)
+    best = max(r["epochs"][-1]["top1"] for r in done)
+    assert best > 30.0, f"the best completed trial should be well above chance (10%), got {best:.1f}%"
+
+
+def test_infeasible_configuration_never_starts_a_trainer(campaign):
+    exp, records = campaign
+    (infeasible,) = [r for r in records if r["status"] == "infeasible"]
+    assert infeasible["cost"]["params_m"] > 3.5
+    assert "params_m" in infeasible["error"]
+    assert infeasible["epochs"] == []
+    train_runs = exp / "train_runs"
+    assert train_runs.is_dir()
+    started = {p.name for p in train_runs.iterdir()}
+    assert infeasible["trial_id"] not in started
+    assert any(r["trial_id"] in started for r in records if r["status"] == "completed")
+
+
+def test_diverged_and_failed_trials_do_not_stop_the_campaign(campaign):
+    _, records = campaign
+    (diverged,) = [r for r in records if r["status"] == "diverged"]
+    assert "epoch" in diverged["error"] and "step" in diverged["error"]
+    (failed,) = [r for r in records if r["status"] == "failed"]
+    assert failed["error"]
+    later = [r for r in records if r["started_at"] > max(diverged["ended_at"], failed["ended_at"])]
+    assert any(r["status"] == "completed" for r in later), "trials after the failures must still run"
+
+
+def test_status_command_lists_every_trial(campaign, capsys):
+    exp, records = campaign
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    for rec in records:
+        assert rec["trial_name"] in out
+    assert "7 trial(s)" in out
+
+
+def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
+    from search.report import build_report
+
+    exp, records = campaign
+    written = build_report(str(exp), out_dir=str(tmp_path), static=False)
+    import pyarrow.parquet as pq
+
+    trials = pq.read_table(written["trials"]).to_pandas()
+    assert len(trials) == len(records)
+    done = [r for r in records if r["status"] == "completed"]
+    values = np.array([[r["epochs"][-1]["top1"], r["cost"]["gmacs"]] for r in done])
+    expected = {r["trial_id"] for r, on in zip(done, nondominated_mask(values, ["max", "min"])) if on}
+    front = {line.split(",")[0] for line in Path(written["csv"]).read_text().splitlines()[1:]}
+    assert front == expected
+    html = Path(written["html"]).read_text()
+    assert all(r["trial_name"] in html for r in records)
+
+    from browser import chromium_path, render
+
+    if chromium_path() is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    errors = render(written["html"], str(tmp_path / "report.png"))
+    assert errors == []
+
+
+def test_quickstart_smoke_test_through_the_command_line(ray_local, tmp_path, capsys):
+    code = main(["launch", str(QUICKSTART), "--smoke-test", "--set", f"storage={tmp_path}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    exp = next(p for p in tmp_path.iterdir() if (p / "qs_campaign.json").exists())
+    records = load_records(str(exp))
+    assert records, "a smoke-test campaign must run at least one trial"
+    assert any(r["status"] in ("completed", "stopped_early") for r in records)
+    for rec in records:
+        assert rec["config"] and rec["cost"]["gmacs"] > 0
+        if rec["status"] == "completed":
+            assert rec["epochs"] and "top1" in rec["epochs"][-1]
+    saved = json.loads((exp / "qs_campaign.json").read_text())
+    assert saved["spec"]["name"] == exp.name
+    assert str(exp) in out

@@ -1,0 +1,164 @@
+"""trainers.data: real files in the CIFAR / ImageFolder formats, digits, sharding, dataset errors."""
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from trainers import data
+from trainers.data import DatasetError, check_dataset, eval_shard, load_data, train_shard
+from trainers.recipe import resolve_config
+
+CPU = torch.device("cpu")
+
+
+def _write_cifar(folder, files, label_key, n, num_classes, seed=0):
+    """Pickles in the authors' format: b"data" (n, 3072) uint8 row = R plane, G plane, B plane."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for f in files:
+        d = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+             label_key: [int(v) for v in rng.integers(0, num_classes, n)], b"batch_label": b"x"}
+        with open(folder / f, "wb") as fh:
+            pickle.dump(d, fh)
+        written[f] = d
+    return written
+
+
+CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def test_cifar10_format_is_read(tmp_path):
+    written = _write_cifar(tmp_path / "cifar-10-batches-py", CIFAR10_FILES, b"labels", 6, 10)
+    cfg = resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)})  # parent folder works too
+    check_dataset(cfg)
+    train, val = load_data(cfg)
+    assert isinstance(train, data.TensorSource) and (len(train), len(val)) == (30, 6)
+    assert train.images.shape == (30, 3, 32, 32) and train.images.dtype == torch.uint8
+    row = written["data_batch_2"][b"data"][1]  # image 1 of batch 2 = index 7
+    assert torch.equal(train.images[7, 1], torch.from_numpy(row[1024:2048].reshape(32, 32)))  # G plane
+    assert train.labels[7] == written["data_batch_2"][b"labels"][1]
+    x, y = next(val.batches(torch.arange(6), 4, CPU, drop_last=False))
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32 and y.tolist() == written["test_batch"][b"labels"][:4]
+
+
+def test_cifar100_format_with_fine_labels_and_resize(tmp_path):
+    written = _write_cifar(tmp_path, ["train", "test"], b"fine_labels", 8, 100)
+    cfg = resolve_config({"dataset": "cifar100", "data_path": str(tmp_path), "img_size": 48})
+    check_dataset(cfg)
+    train, val = load_data(cfg)
+    assert train.labels.tolist() == written["train"][b"fine_labels"]
+    x, _ = next(train.batches(torch.arange(8), 8, CPU, drop_last=True))
+    assert x.shape == (8, 3, 48, 48)
+
+
+def test_cifar_errors_name_path_and_expectation(tmp_path):
+    cfg = resolve_config({"dataset": "cifar10", "data_path": str(tmp_path / "nope")})
+    with pytest.raises(DatasetError, match=r"data_path: expected a folder holding data_batch_1..5 and test_batch.*nope.*does not exist"):
+        check_dataset(cfg)
+    with pytest.raises(DatasetError, match=r"needs data_path.*data_batch_1..5 and test_batch"):
+        check_dataset(resolve_config({"dataset": "cifar10"}))
+    _write_cifar(tmp_path, CIFAR10_FILES[:3], b"labels", 2, 10)
+    with pytest.raises(DatasetError, match=r"to hold data_batch_1..5 and test_batch.*missing: data_batch_4, data_batch_5, test_batch"):
+        check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
+    _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
+    (tmp_path / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(DatasetError, match=r"test_batch.*CIFAR python pickle with keys b'data'"):
+        check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
+
+
+def test_cifar_pickle_refuses_foreign_objects(tmp_path):
+    _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
+    with open(tmp_path / "test_batch", "wb") as fh:
+        pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": DatasetError("x")}, fh)
+    with pytest.raises(DatasetError, match=r"unexpected object trainers.data.DatasetError"):
+        check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
+
+
+def _write_imagefolder(root, classes, per_class, size=(20, 14)):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                a = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+                Image.fromarray(a).save(root / split / c / f"{i}.png")
+
+
+def test_imagefolder_is_read(tmp_path):
+    _write_imagefolder(tmp_path, ["ant", "bee", "cow"], 3)
+    cfg = resolve_config({"dataset": "imagefolder", "data_path": str(tmp_path), "img_size": 16})
+    assert cfg["num_classes"] == 3
+    check_dataset(cfg)
+    train, val = load_data(cfg)
+    assert isinstance(train, data.PilSource) and (len(train), len(val)) == (9, 9)
+    xs, ys = zip(*val.batches(eval_shard(9, 1, 0), 4, CPU, drop_last=False))
+    assert [len(y) for y in ys] == [4, 4, 1] and xs[0].shape == (4, 3, 16, 16)
+    assert torch.cat(ys).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # class index = sorted folder order
+    aug = resolve_config({**cfg, "randaugment": "rand-m9-mstd0.5", "augment": True})
+    x, _ = next(load_data(aug)[0].batches(torch.arange(9), 8, CPU, drop_last=True))
+    assert x.shape == (8, 3, 16, 16)
+
+
+def test_imagefolder_errors(tmp_path):
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    cfg = resolve_config({"dataset": "imagefolder", "data_path": str(tmp_path)})
+    with pytest.raises(DatasetError, match=r"train/ and val/ with one folder per class; missing val/"):
+        check_dataset(cfg)
+    (tmp_path / "val" / "a").mkdir(parents=True)
+    with pytest.raises(DatasetError, match=r"one folder per class \(at least 2\), found \['a'\]"):
+        check_dataset(cfg)
+    (tmp_path / "train" / "b").mkdir()
+    (tmp_path / "val" / "c").mkdir()
+    with pytest.raises(DatasetError, match=r"same class folders.*train=\['a', 'b'\] val=\['a', 'c'\]"):
+        check_dataset(cfg)
+    (tmp_path / "val" / "c").rmdir()
+    (tmp_path / "val" / "b").mkdir()
+    with pytest.raises(DatasetError, match=r"num_classes: expected 2 \(class folders in"):
+        check_dataset({**cfg, "num_classes": 5})
+
+
+def test_digits_split_and_batches():
+    cfg = resolve_config({"dataset": "digits", "img_size": 16})
+    train, val = load_data(cfg)
+    assert (len(train), len(val)) == (1437, 360)  # 1,797 images, val_fraction 0.2, stratified
+    assert sorted(set(val.labels.tolist())) == list(range(10))
+    x, y = next(train.batches(torch.arange(32), 32, CPU, drop_last=True))
+    assert x.shape == (32, 3, 16, 16) and torch.equal(x[:, 0], x[:, 1]) is False  # normalised per channel
+    assert torch.isfinite(x).all() and -3 < float(x.min()) and float(x.max()) < 3
+    again, _ = load_data(cfg)
+    assert torch.equal(again.images, train.images)  # the split is fixed
+
+
+def test_synthetic_has_fixed_size():
+    train, val = load_data(resolve_config({"dataset": "synthetic", "img_size": 24}))
+    assert (len(train), len(val)) == data.SYNTHETIC_SIZES
+    x, y = next(train.batches(torch.arange(4), 4, CPU, drop_last=True))
+    assert x.shape == (4, 3, 24, 24) and int(y.max()) < 10
+
+
+def test_sharding_is_disjoint_and_complete():
+    n, world = 103, 3
+    shards = [train_shard(n, world, r, seed=5, epoch=2) for r in range(world)]
+    joined = torch.cat(shards)
+    assert all(len(s) == n // world for s in shards) and len(set(joined.tolist())) == len(joined)
+    assert torch.equal(shards[0], train_shard(n, world, 0, seed=5, epoch=2))  # from (seed, epoch)
+    assert not torch.equal(shards[0], train_shard(n, world, 0, seed=5, epoch=3))
+    val = torch.cat([eval_shard(n, world, r) for r in range(world)])
+    assert sorted(val.tolist()) == list(range(n))  # every val image once: no padding, no duplicates
+
+
+def test_mixup_and_label_smoothing_losses():
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+    base = resolve_config({})
+    assert data.build_mixup(base) is None and isinstance(data.train_criterion(base), torch.nn.CrossEntropyLoss)
+    ls = resolve_config({"label_smoothing": 0.1})
+    assert isinstance(data.train_criterion(ls), LabelSmoothingCrossEntropy)
+    mix = resolve_config({"mixup": 0.8, "cutmix": 1.0, "label_smoothing": 0.1})
+    x, y = data.build_mixup(mix)(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+    assert y.shape == (4, 10) and torch.allclose(y.sum(1), torch.ones(4))
+    assert isinstance(data.train_criterion(mix), SoftTargetCrossEntropy)

@@ -1,0 +1,250 @@
+"""search.results on realistic record files written the way the campaign layer writes them."""
+import hashlib
+import json
+import os
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from search.results import EPOCHS_FILE, TRIALS_FILE, RecordWarning, collect, write_results
+
+STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")
+# (embedding, requested hidden_width, resolved width, code_size, params_m, gmacs) for XCiT-N12 at 224
+VARIANTS = [
+    ("linear", None, 0, None, 3.05, 0.55),
+    ("sne", None, 64, None, 3.07, 0.56),
+    ("psne", 96, 96, None, 3.06, 0.57),
+    ("fsne", None, 128, 8, 2.87, 0.52),
+    ("fsne", "match", 160, 16, 3.05, 0.55),
+    ("fsne", 0.5, 64, 8, 2.45, 0.47),
+]
+SPEC = {
+    "model": {"model": "xcit_nano_12_p16_224", "num_classes": 10, "img_size": 32},
+    "data": {"dataset": "cifar10", "data_path": None},
+    "train": {"epochs": 6, "batch_size": 128, "lr": 5e-4},
+    "space": {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]}},
+    "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"},
+                   {"metric": "params_m", "mode": "min"}],
+    "constraints": {"params_m": {"max": 3.2}},
+    "search": {"algorithm": "random", "num_samples": 14},
+    "scheduler": {"name": "fifo"},
+    "resources": {"workers_per_trial": 1},
+    "storage": "results",
+}
+
+
+def _atomic_json(path, obj):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def synthetic_record(i, status, *, rng, epochs_planned=6, campaign="synth", t0=1_700_000_000.0, size="S",
+                     overrides=None):
+    """One trial record as the campaign layer writes it; metrics rise with the epoch."""
+    emb, width_req, width, code, params_m, gmacs = VARIANTS[i % len(VARIANTS)]
+    scale = {"S": 1.0, "M": 2.2, "L": 8.5}[size]
+    params_m, gmacs = params_m * scale + 0.01 * (i % 7), gmacs * scale + 0.003 * (i % 5)
+    config = {"model": "xcit_nano_12_p16_224", "embedding": emb, "hidden_width": width_req,
+              "activation": "relu", "num_classes": 10, "img_size": 32, "dataset": "cifar10",
+              "epochs": epochs_planned, "batch_size": 128, "lr": float(rng.choice([3e-4, 5e-4, 1e-3])),
+              "seed": i, "deterministic": False, "tags": ["x", i]}
+    if emb == "fsne":
+        config.update(code_size=code, code_sharing="shared" if i % 2 else "per_block")
+    config.update(overrides or {})
+    n_ep = {"pending": 0, "infeasible": 0, "running": epochs_planned // 2, "completed": epochs_planned,
+            "stopped_early": 2, "diverged": 3, "failed": 1}[status]
+    ceiling = 55 + rng.uniform(0, 20)
+    epochs = []
+    for e in range(1, n_ep + 1):
+        top1 = ceiling * (1 - np.exp(-e / 2)) + rng.normal(0, 0.3)
+        epochs.append({"epoch": e, "train_loss": 2.3 / e, "val_loss": 2.4 / e + 0.05, "top1": float(top1),
+                       "top5": float(min(100, top1 + 20)), "lr": 5e-4 / e, "images_per_s": 900.0 + e,
+                       "epoch_s": 10.0 + 0.1 * e, "params_m": params_m, "gmacs": gmacs})
+    started = None if status in ("pending", "infeasible") else t0 + 30 * i
+    ended = None if status in ("pending", "running") else t0 + 30 * i + 10 * n_ep + 5
+    error = {"diverged": "non-finite train_loss at epoch 3", "failed": "RuntimeError: CUDA out of memory",
+             "infeasible": "constraint params_m <= 3.2 violated: 3.3"}.get(status)
+    return {
+        "trial_id": f"t{i:05d}", "trial_name": f"{emb}-h{width}-{i:04x}", "campaign": campaign,
+        "code_version": "0.1.0+abc123", "status": status, "config": config,
+        "cost": {"params": int(params_m * 1e6), "params_m": params_m, "embed_params": 1000 * width,
+                 "gmacs": gmacs, "hidden_width": width},
+        "epochs": epochs, "epochs_planned": epochs_planned, "error": error,
+        "checkpoint_path": f"/ckpt/t{i:05d}/checkpoint_{n_ep:06d}" if n_ep else None,
+        "started_at": started, "ended_at": ended, "train_s": float(sum(e["epoch_s"] for e in epochs)),
+    }
+
+
+def write_campaign(exp_dir, statuses, *, spec=SPEC, seed=0, epochs_planned=6, size="S", name="synth", overrides=None):
+    """Write qs_campaign.json and one qs_trials/<id>.json per status; returns the records."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(exp_dir, "qs_trials"), exist_ok=True)
+    _atomic_json(os.path.join(exp_dir, "qs_campaign.json"),
+                 {"name": name, "spec": spec, "code_version": "0.1.0+abc123", "created_at": 1_700_000_000.0})
+    records = [synthetic_record(i, s, rng=rng, epochs_planned=epochs_planned, size=size, campaign=name,
+                                overrides=overrides)
+               for i, s in enumerate(statuses)]
+    for rec in records:
+        _atomic_json(os.path.join(exp_dir, "qs_trials", f"{rec['trial_id']}.json"), rec)
+    return records
+
+
+ALL_STATUSES = list(STATUSES) + ["completed"] * 7  # 14 trials, every status present
+
+
+def _tree_digest(root, skip="results"):
+    out = {}
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != skip]
+        for f in files:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+# Documented fixed types (RESULTS_SCHEMA.md); spot-check the ones a reader relies on.
+EXPECTED_TRIAL_TYPES = {
+    "trial_id": pa.string(), "status": pa.string(), "config_model": pa.string(),
+    "config_hidden_width": pa.string(), "config_code_size": pa.int64(), "config_lr": pa.float64(),
+    "config_deterministic": pa.bool_(), "config_seed": pa.int64(), "config_tags": pa.string(),
+    "params_m": pa.float64(), "gmacs": pa.float64(), "params": pa.int64(), "hidden_width": pa.int64(),
+    "final_top1": pa.float64(), "best_top1": pa.float64(), "best_val_loss": pa.float64(),
+    "best_epoch": pa.int64(), "epochs_run": pa.int64(), "epochs_planned": pa.int64(),
+    "train_s": pa.float64(), "started_at": pa.timestamp("us", tz="UTC"),
+    "ended_at": pa.timestamp("us", tz="UTC"), "error": pa.string(), "config_json": pa.string(),
+}
+EXPECTED_EPOCH_TYPES = {"trial_id": pa.string(), "trial_name": pa.string(), "epoch": pa.int64(),
+                        "top1": pa.float64(), "val_loss": pa.float64(), "gmacs": pa.float64()}
+
+
+def test_collect_one_row_per_trial_with_documented_types(tmp_path):
+    records = write_campaign(tmp_path, ALL_STATUSES)
+    trials, epochs = collect(tmp_path)
+    assert trials.num_rows == len(records)
+    assert sorted(trials.column("status").to_pylist()) == sorted(ALL_STATUSES)
+    for name, typ in EXPECTED_TRIAL_TYPES.items():
+        assert trials.schema.field(name).type == typ, name
+    for name, typ in EXPECTED_EPOCH_TYPES.items():
+        assert epochs.schema.field(name).type == typ, name
+    assert epochs.num_rows == sum(len(r["epochs"]) for r in records)
+
+    rows = {r["trial_id"]: r for r in trials.to_pylist()}
+    for rec in records:
+        row = rows[rec["trial_id"]]
+        assert row["epochs_run"] == len(rec["epochs"])
+        assert row["hidden_width"] == rec["cost"]["hidden_width"]
+        requested = rec["config"]["hidden_width"]
+        assert row["config_hidden_width"] == (None if requested is None else
+                                              requested if isinstance(requested, str) else json.dumps(requested))
+        assert json.loads(row["config_json"]) == rec["config"]
+        if rec["epochs"]:
+            tops = [e["top1"] for e in rec["epochs"]]
+            assert row["final_top1"] == tops[-1]
+            assert row["best_top1"] == max(tops)
+            assert row["best_epoch"] == 1 + int(np.argmax(tops))
+            assert row["best_val_loss"] == min(e["val_loss"] for e in rec["epochs"])
+        else:
+            assert row["final_top1"] is None and row["best_top1"] is None and row["best_epoch"] is None
+        if rec["ended_at"] is not None:
+            assert row["ended_at"].timestamp() == pytest.approx(rec["ended_at"])
+        else:
+            assert row["ended_at"] is None
+    match = rows["t00004"]  # fsne "match": requested string, resolved int
+    assert match["config_hidden_width"] == "match" and match["hidden_width"] == 160
+
+
+def test_unreadable_records_are_skipped_with_a_warning(tmp_path):
+    write_campaign(tmp_path, ["completed", "running"])
+    (tmp_path / "qs_trials" / "broken.json").write_text('{"trial_id": "x", "epochs": [')
+    (tmp_path / "qs_trials" / "list.json").write_text("[1, 2]")
+    (tmp_path / "qs_trials" / "badtypes.json").write_text('{"trial_id": "y", "config": 3}')
+    (tmp_path / "qs_trials" / "t9.json.tmp").write_text("half")  # a temp file is not a record
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trials, _ = collect(tmp_path)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RecordWarning)]
+    assert len(msgs) == 3 and any("broken.json" in m for m in msgs) and any("badtypes.json" in m for m in msgs)
+    assert trials.column("trial_id").to_pylist() == ["t00000", "t00001"]
+
+
+def test_running_campaign_without_records_gives_empty_tables_with_schema(tmp_path):
+    write_campaign(tmp_path, [])
+    os.rmdir(tmp_path / "qs_trials")
+    trials, epochs = collect(tmp_path)
+    assert trials.num_rows == 0 and epochs.num_rows == 0
+    assert trials.schema.field("final_top1").type == pa.float64()
+    assert epochs.schema.field("top1").type == pa.float64()
+
+
+def test_not_a_campaign_dir_raises_value_error(tmp_path):
+    with pytest.raises(ValueError, match="experiment_dir"):
+        collect(tmp_path)
+
+
+def test_write_results_round_trips_and_leaves_campaign_files_alone(tmp_path):
+    write_campaign(tmp_path, ALL_STATUSES)
+    before = _tree_digest(tmp_path)
+    paths = write_results(tmp_path)
+    assert _tree_digest(tmp_path) == before
+    assert paths == {"trials": f"{tmp_path}/results/{TRIALS_FILE}", "epochs": f"{tmp_path}/results/{EPOCHS_FILE}"}
+    assert sorted(os.listdir(tmp_path / "results")) == sorted([TRIALS_FILE, EPOCHS_FILE])  # no temp left
+
+    import duckdb
+    import pandas as pd
+
+    df = pd.read_parquet(paths["trials"])
+    assert len(df) == len(ALL_STATUSES)
+    assert str(df["final_top1"].dtype) == "float64" and str(df["epochs_run"].dtype) == "int64"
+    assert str(df["ended_at"].dtype).startswith("datetime64[us, UTC]")
+    assert df.loc[df.trial_id == "t00004", "config_hidden_width"].item() == "match"
+    ep = pd.read_parquet(paths["epochs"])
+    assert str(ep["epoch"].dtype) == "int64" and str(ep["top1"].dtype) == "float64"
+
+    con = duckdb.connect()
+    described = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{paths['trials']}')").fetchall()
+    types = {row[0]: row[1] for row in described}  # column_name -> column_type
+    assert types["trial_id"] == "VARCHAR" and types["final_top1"] == "DOUBLE" and types["epochs_run"] == "BIGINT"
+    assert types["ended_at"] == "TIMESTAMP WITH TIME ZONE" and types["config_deterministic"] == "BOOLEAN"
+    n_completed, best = con.execute(
+        f"SELECT count(*), max(final_top1) FROM read_parquet('{paths['trials']}') WHERE status = 'completed'"
+    ).fetchone()
+    assert n_completed == ALL_STATUSES.count("completed") and best == df[df.status == "completed"].final_top1.max()
+    n_epochs = con.execute(f"SELECT count(*) FROM read_parquet('{paths['epochs']}')").fetchone()[0]
+    assert n_epochs == len(ep)
+
+
+def test_uri_and_out_dir(tmp_path):
+    exp = tmp_path / "exp"
+    write_campaign(exp, ["completed", "failed"])
+    trials, _ = collect(f"file://{exp}")
+    assert trials.num_rows == 2
+    out = write_results(f"file://{exp}", out_dir=f"file://{tmp_path}/elsewhere")
+    assert out["trials"] == f"file://{tmp_path}/elsewhere/{TRIALS_FILE}"
+    assert (tmp_path / "elsewhere" / TRIALS_FILE).exists()
+    with pytest.raises(ValueError, match="out_dir"):
+        write_results(exp, out_dir=exp)
+    with pytest.raises(ValueError, match="out_dir"):
+        write_results(exp, out_dir=exp / "qs_trials")
+
+
+def test_irregular_epochs_and_extra_metrics(tmp_path):
+    """Epoch dicts with differing keys, a non-numeric value and an extra metric still line up."""
+    write_campaign(tmp_path, ["completed"])
+    path = tmp_path / "qs_trials" / "t00000.json"
+    rec = json.loads(path.read_text())
+    rec["epochs"] = [{"epoch": 1, "top1": 10.0, "qs_note": "warmup"},
+                     {"top1": 20.0, "epoch": 2, "ema_top1": 21.0},
+                     {"epoch": 3, "val_loss": 0.5}]
+    _atomic_json(path, rec)
+    trials, epochs = collect(tmp_path)
+    assert epochs.column("epoch").to_pylist() == [1, 2, 3]
+    assert epochs.column("top1").to_pylist() == [10.0, 20.0, None]
+    assert epochs.column("ema_top1").to_pylist() == [None, 21.0, None]
+    assert epochs.column("qs_note").to_pylist() == [None, None, None]
+    row = trials.to_pylist()[0]
+    assert row["final_top1"] is None and row["best_top1"] == 20.0 and row["best_epoch"] == 2
+    assert row["final_ema_top1"] is None and row["final_val_loss"] == 0.5

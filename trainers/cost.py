@@ -1,0 +1,143 @@
+"""Model cost from the flat trial config, without training and without a GPU.
+
+``model_cost(cfg)`` -> {"params", "params_m", "embed_params", "gmacs", "hidden_width"}:
+
+- params: total trainable parameters (a Parameter shared by several modules, such as the network-wide
+  F-SNE codes, counts once), params_m = params / 1e6;
+- embed_params: parameters of the q/k/v embeddings alone (codes included);
+- gmacs: multiply-accumulates (1e9) of one image (batch 1) at the model's input size. MACs are
+  ``torch.utils.flop_counter.FlopCounterMode`` FLOPs / 2: matmuls, convolutions and attention products
+  only (not norms, softmax or activations), the convention of fvcore and of the XCiT paper's "GFLOPs";
+- hidden_width: the resolved hidden width (0 for linear).
+
+How: the linear baseline (timm's model) is built and counted once on the meta device per
+(model, num_classes, img_size, in_chans) and cached; each variant is then the baseline minus the
+replaced q/k/v projections plus the closed-form cost of its embedding (trainers.embeddings), so a
+configuration costs microseconds. ``measure_cost(cfg)`` builds and counts the variant itself (the slow,
+direct check the closed form is tested against).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainers.embeddings import FSNE, PSNE, SNE, embedding_macs, embedding_params
+from trainers.models import (
+    EmbeddingSpec,
+    ModelConfig,
+    Site,
+    build_model,
+    codes_params,
+    embedded_sites,
+    find_sites,
+    resolve_width,
+)
+
+__all__ = ["model_cost", "measure_cost", "count_macs"]
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """The linear baseline: total params and MACs, its q/k/v sites and their token counts."""
+
+    params: int
+    macs: int
+    sites: tuple[Site, ...]
+    tokens: dict  # site path -> tokens N entering the site (batch 1)
+
+
+def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int]:
+    if img_size is not None:
+        return img_size, img_size
+    size = model.pretrained_cfg["input_size"]  # (C, H, W) of timm's default config
+    return size[1], size[2]
+
+
+def count_macs(model: nn.Module, in_chans: int, img_size: int | None) -> int:
+    """MACs (= counted FLOPs / 2) of one eval forward of one image; runs on the model's device (meta ok)."""
+    h, w = _input_size(model, img_size)
+    device = next(model.parameters()).device
+    x = torch.zeros(1, in_chans, h, w, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() // 2
+
+
+def _linear_macs(site: Site, tokens: int) -> int:
+    """MACs of the host's own projections at a site: fused qkv on all tokens; ClassAttn's q on one."""
+    if site.class_attn:
+        return site.dim * site.dim_out + 2 * tokens * site.dim * site.dim_out
+    return embedding_macs("linear", site.dim, 0, tokens, site.dim_out)
+
+
+@lru_cache(maxsize=64)
+def host_profile(model: str, num_classes: int | None, img_size: int | None, in_chans: int) -> HostProfile:
+    """Build timm's model on the meta device, count it, and record each site's token count."""
+    with torch.device("meta"):
+        host = ModelConfig(model, EmbeddingSpec(), num_classes, img_size, in_chans).create_host()
+    sites = find_sites(host)
+    tokens: dict[str, int] = {}
+    hooks = [host.get_submodule(s.path).register_forward_pre_hook(
+        lambda _m, args, path=s.path: tokens.__setitem__(path, args[0].shape[1])) for s in sites]
+    try:
+        macs = count_macs(host, in_chans, img_size)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    params = sum(p.numel() for p in host.parameters())
+    return HostProfile(params, macs, sites, tokens)
+
+
+def model_cost(cfg: dict) -> dict:
+    """Cost of ``build_model(cfg)`` (see the module docstring); unknown keys of ``cfg`` are ignored."""
+    spec = ModelConfig.from_cfg(cfg)
+    host = host_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans)
+    emb = spec.emb
+    sites = embedded_sites(emb, host.sites, spec.model)
+    h = resolve_width(emb, sites, host.params)
+    n = emb.code_size or 0
+    kind = emb.kind
+    lin_params = sum(s.linear_params for s in sites)
+    lin_macs = sum(_linear_macs(s, host.tokens[s.path]) for s in sites)
+    if kind == "linear":
+        embed_params, embed_macs = lin_params, lin_macs
+    else:
+        embed_params = codes_params(emb, len(sites)) + sum(
+            embedding_params(kind, s.dim, h, s.dim_out, n) for s in sites)
+        embed_macs = sum(embedding_macs(kind, s.dim, h, host.tokens[s.path], s.dim_out, n) for s in sites)
+    params = host.params - lin_params + embed_params
+    macs = host.macs - lin_macs + embed_macs
+    return {"params": params, "params_m": params / 1e6, "embed_params": embed_params,
+            "gmacs": macs / 1e9, "hidden_width": h}
+
+
+def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
+    """The q/k/v embedding modules of a built model (for linear: the host's own projections)."""
+    if spec.emb.kind != "linear":
+        return [m for m in model.modules() if isinstance(m, (SNE, PSNE, FSNE))]
+    out = []
+    for s in embedded_sites(spec.emb, find_sites(model), spec.model):
+        attn = model.get_submodule(s.path)
+        out += [attn.q, attn.k, attn.v] if s.class_attn else [attn.qkv]
+    return out
+
+
+def measure_cost(cfg: dict) -> dict:
+    """Like ``model_cost`` but by building the variant on the meta device and counting it (slow)."""
+    spec = ModelConfig.from_cfg(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    embed = {id(p): p.numel() for m in _embedding_modules(model, spec) for p in m.parameters()}
+    params = sum(p.numel() for p in model.parameters())
+    macs = count_macs(model, spec.in_chans, spec.img_size)
+    return {"params": params, "params_m": params / 1e6, "embed_params": sum(embed.values()),
+            "gmacs": macs / 1e9, "hidden_width": model.qkv_config["hidden_width"]}

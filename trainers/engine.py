@@ -1,0 +1,362 @@
+"""The per-rank training engine, free of Ray: one Run object, train_one_epoch, evaluate, checkpoint I/O.
+
+Used by both adapters in trainers.loop: the Ray Train worker (train_worker) and the plain
+`python -m trainers.loop` path (one process, or torchrun + torch.distributed).
+
+Rules that make a run reproducible and resumable:
+- every rank builds the model after torch.manual_seed(seed): the same initial weights everywhere;
+- at the start of epoch e (0-based) every rank reseeds torch / numpy / random from (seed, rank, e),
+  and the data order comes from (seed, e): an epoch replays identically whether or not the run was
+  interrupted before it, so a checkpoint needs no RNG state;
+- the lr schedule steps per optimizer update (timm step_update(num_updates)); after a resume it is set
+  from the restored update count, so the lr sequence is the same as in an uninterrupted run;
+- one optimizer update = accum micro-batches of batch_per_worker images on each of world_size ranks
+  (accum * batch_per_worker * world_size == batch_size); each micro-batch loss is divided by accum and
+  DDP averages over ranks, so the gradient is the mean over the whole global batch. Epochs hold a
+  whole number of updates (the remainder of the shuffled training set is dropped, different each epoch).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainers import data as qdata
+from trainers.recipe import MODEL_KEYS, batch_plan, resolve_config
+
+STATE_FILE = "state.pt"
+STATE_FORMAT = 1
+
+
+class DivergenceError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+    def __init__(self, epoch: int, step: int, loss: float):
+        super().__init__(epoch, step, loss)  # args are the constructor's: the error pickles across processes
+        self.epoch, self.step, self.loss = epoch, step, loss
+
+    def __str__(self):
+        return (f"training diverged: non-finite loss {self.loss} at epoch {self.epoch} step {self.step} "
+                f"(epoch 1-based; step = optimizer update within the epoch, 1-based)")
+
+
+class SimulatedFailure(RuntimeError):
+    """Raised by the qs_fail_after_epoch test knob after a checkpoint was reported."""
+
+
+@dataclass
+class Dist:
+    """Where this rank runs. world_size > 1 needs an initialised torch.distributed process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch.distributed.all_reduce(t)
+        return t
+
+    def spread(self, value: float) -> float:
+        """max - min of a float over the ranks (0.0 when they agree exactly)."""
+        if self.world_size == 1:
+            return 0.0
+        t = torch.tensor([value, -value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t[0] + t[1])
+
+
+def seed_epoch(seed: int, rank: int, epoch: int) -> None:
+    """Reseed torch, numpy and random from (seed, rank, epoch): augmentation / drop-path per rank."""
+    s = np.random.SeedSequence([seed, rank, epoch]).generate_state(2)
+    torch.manual_seed(int(s[0]) << 32 | int(s[1]))
+    np.random.seed(s)
+    random.seed(int(s[0]))
+
+
+def param_checksum(model: torch.nn.Module) -> float:
+    """float64 sum of all parameters: equal on every rank when the replicas are identical."""
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def autocast_context(cfg: dict, device: torch.device):
+    """bf16 autocast on CUDA (amp None or "bf16"); nothing on CPU."""
+    amp = cfg["amp"]
+    if amp == "bf16" and device.type != "cuda":
+        warnings.warn("amp='bf16' is used on CUDA only; training in float32 on CPU", stacklevel=2)
+    if device.type == "cuda" and amp in (None, "bf16"):
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def accumulate_gradients(model, micro_batches, criterion, *, autocast=contextlib.nullcontext,
+                         mixup=None, loss_hook=None) -> torch.Tensor:
+    """Forward/backward over micro-batches [(x, y), ...] of equal size; grads = mean over all images.
+
+    DDP's all-reduce runs only on the last micro-batch (model.no_sync() before it).
+    Returns the mean loss, detached, shape ().
+    """
+    n = len(micro_batches)
+    total = torch.zeros((), device=micro_batches[0][0].device)
+    for i, (x, y) in enumerate(micro_batches):
+        if mixup is not None:
+            x, y = mixup(x, y)
+        last = i == n - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with autocast():
+                loss = criterion(model(x), y)
+            if loss_hook is not None:
+                loss = loss_hook(loss)
+            (loss / n).backward()
+        total += loss.detach().float()
+    return total / n
+
+
+class Run:
+    """One rank's training state: model, optimizer, schedule, data, counters and history."""
+
+    def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None):
+        self.cfg = cfg = resolve_config(cfg)
+        self.dist = dist = dist or Dist()
+        self.bpw, self.accum = batch_plan(cfg, dist.world_size)
+        _set_determinism(cfg["deterministic"])
+        qdata.check_dataset(cfg)
+        self.train_src, self.val_src = qdata.load_data(cfg)
+        self.updates_per_epoch = self._updates_per_epoch()
+        torch.manual_seed(cfg["seed"])  # same initial weights on every rank
+        self.raw = _build_model(cfg).to(dist.device)
+        self.model = wrap_model(self.raw) if wrap_model else self.raw
+        self.cost = None        # model_cost(cfg), computed after the first epoch (not before step 1)
+        self.optimizer, self.scheduler = self._optimizer_and_schedule()
+        self.criterion = qdata.train_criterion(cfg)
+        self.mixup = qdata.build_mixup(cfg)
+        self.autocast = autocast_context(cfg, dist.device)
+        self.epoch = 0          # completed epochs
+        self.updates = 0        # completed optimizer updates, all epochs
+        self.history = []       # rank-0-style metrics of every completed epoch
+        self.first_step_at = None  # time.time() of this process's first training step
+
+    def _updates_per_epoch(self):
+        per_update = self.bpw * self.accum * self.dist.world_size  # == batch_size
+        full = len(self.train_src) // per_update
+        if full == 0:
+            raise ValueError(f"batch_size: expected at most {len(self.train_src)} (training images of "
+                             f"{self.cfg['dataset']!r}), given {self.cfg['batch_size']}")
+        cap = self.cfg["max_steps_per_epoch"]
+        return min(full, cap) if cap else full
+
+    def _optimizer_and_schedule(self):
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import create_scheduler_v2
+
+        c = self.cfg
+        opt = create_optimizer_v2(self.raw, opt=c["opt"], lr=c["lr"], weight_decay=c["weight_decay"])
+        if c["sched"] == "none":
+            return opt, None
+        sched, _ = create_scheduler_v2(
+            opt, sched=c["sched"], num_epochs=c["epochs"], warmup_epochs=c["warmup_epochs"],
+            min_lr=c["min_lr"], warmup_lr=c["warmup_lr"], step_on_epochs=False,
+            updates_per_epoch=self.updates_per_epoch)
+        return opt, sched
+
+    # -- checkpoint state ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Tensors and plain types only (loadable with torch.load(weights_only=True))."""
+        return {
+            "format": STATE_FORMAT, "epoch": self.epoch, "updates": self.updates,
+            "model": self.raw.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "config": dict(self.cfg), "history": list(self.history),
+            "seed_rule": "epoch e reseeds from numpy SeedSequence([seed, rank, e]); order from (seed, e)",
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_same_model(state["config"], self.cfg)
+        self.raw.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.updates, self.history = state["epoch"], state["updates"], list(state["history"])
+        self._set_lr()
+
+    def _set_lr(self):
+        if self.scheduler is not None:
+            self.scheduler.step_update(num_updates=self.updates)
+
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.cfg["epochs"]
+
+    def lr(self) -> float:
+        return max(g["lr"] for g in self.optimizer.param_groups)
+
+    # -- one epoch --------------------------------------------------------------------------------
+
+    def run_epoch(self) -> dict:
+        """Train and evaluate one epoch; returns the flat metrics (finite floats) and appends them."""
+        t0 = time.perf_counter()
+        seed_epoch(self.cfg["seed"], self.dist.rank, self.epoch)
+        train = train_one_epoch(self)
+        t1 = time.perf_counter()
+        val = evaluate(self.raw, self.val_src, self.dist, batch_size=max(2 * self.bpw, 128), autocast=self.autocast)
+        t2 = time.perf_counter()
+        self.epoch += 1
+        self.cost = self.cost or _model_cost(self.cfg)
+        metrics = {
+            "epoch": float(self.epoch), "step": float(self.updates),
+            "train_loss": train["loss"], **val, "lr": self.lr(),
+            "images_per_s": train["images"] / (t1 - t0), "epoch_s": t2 - t0,
+            "train_s": t1 - t0, "eval_s": t2 - t1,
+            "params_m": float(self.cost["params_m"]), "gmacs": float(self.cost["gmacs"]),
+            "qs_param_checksum": (checksum := param_checksum(self.raw)),  # this rank's replica
+            "qs_param_spread": self.dist.spread(checksum),  # max - min over ranks: 0.0 = identical
+            "qs_world_size": float(self.dist.world_size), "qs_accum_steps": float(self.accum),
+            "qs_first_step_at": float(self.first_step_at or 0.0),
+        }
+        self.history.append(metrics)
+        return metrics
+
+
+def train_one_epoch(run: Run) -> dict:
+    """run.updates_per_epoch optimizer updates over this rank's shard; -> {"loss", "images"} (global)."""
+    cfg, dist, model = run.cfg, run.dist, run.model
+    model.train()
+    order = qdata.train_shard(len(run.train_src), dist.world_size, dist.rank, cfg["seed"], run.epoch)
+    batches = run.train_src.batches(order, run.bpw, dist.device, drop_last=True)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
+    for step in range(1, run.updates_per_epoch + 1):
+        micro = [next(batches) for _ in range(run.accum)]
+        if run.first_step_at is None:
+            run.first_step_at = time.time()
+        run.optimizer.zero_grad(set_to_none=True)
+        hook = _nan_hook(cfg, run.updates + 1)
+        loss = accumulate_gradients(model, micro, run.criterion, autocast=run.autocast,
+                                    mixup=run.mixup, loss_hook=hook)
+        loss = dist.all_reduce_sum(loss.double().reshape(1)) / dist.world_size  # same value on all ranks
+        if not torch.isfinite(loss).all():  # checked before the update: weights stay finite
+            raise DivergenceError(run.epoch + 1, step, float(loss))
+        if cfg["clip_grad"] is not None:
+            torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg["clip_grad"])
+        run.optimizer.step()
+        run.updates += 1
+        if run.scheduler is not None:
+            run.scheduler.step_update(num_updates=run.updates)
+        loss_sum += loss[0]
+    images = run.updates_per_epoch * cfg["batch_size"]
+    return {"loss": float(loss_sum) / run.updates_per_epoch, "images": float(images)}
+
+
+def _nan_hook(cfg, global_update):
+    """Test knob qs_inject_nan_at_step: the loss of that global update (1-based) becomes NaN."""
+    if cfg.get("qs_inject_nan_at_step") == global_update:
+        return lambda loss: loss * float("nan")
+    return None
+
+
+@torch.no_grad()
+def evaluate(model, source, dist: Dist, *, batch_size: int, autocast=contextlib.nullcontext) -> dict:
+    """top1 / top5 (percent) and mean CE loss over the WHOLE val set: each rank takes its shard,
+    sums are all-reduced. Uses the unwrapped model: no collectives inside, shards may differ in size."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=dist.device)  # loss, correct1, correct5, count
+    idx = qdata.eval_shard(len(source), dist.world_size, dist.rank)
+    for x, y in source.batches(idx, batch_size, dist.device, drop_last=False):
+        with autocast():
+            logits = model(x)
+        logits = logits.float()  # (B, classes)
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices  # (B, 5)
+        sums[0] += F.cross_entropy(logits, y, reduction="sum")
+        sums[1] += (top[:, 0] == y).sum()
+        sums[2] += (top == y[:, None]).any(dim=1).sum()
+        sums[3] += len(y)
+    dist.all_reduce_sum(sums)
+    model.train(was_training)
+    n = max(float(sums[3]), 1.0)
+    return {"val_loss": float(sums[0]) / n, "top1": 100.0 * float(sums[1]) / n,
+            "top5": 100.0 * float(sums[2]) / n, "val_images": float(sums[3])}
+
+
+# -- checkpoint files ---------------------------------------------------------------------------
+
+
+def save_state(state: dict, directory: str) -> str:
+    """Write <directory>/state.pt atomically (temp file + os.replace); returns the path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, STATE_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_state(directory: str) -> dict:
+    """Read <directory>/state.pt onto the CPU with weights_only=True (tensors and plain types)."""
+    path = os.path.join(directory, STATE_FILE)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path}: expected checkpoint format {STATE_FORMAT}, given {state.get('format')!r}")
+    return state
+
+
+def _check_same_model(saved: dict, cfg: dict):
+    diff = {k: (saved.get(k), cfg.get(k)) for k in MODEL_KEYS if saved.get(k) != cfg.get(k)}
+    if diff:
+        raise ValueError("checkpoint: expected the same model keys as the config, given checkpoint vs config "
+                         + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
+
+
+def _set_determinism(on: bool):
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
+def _build_model(cfg):
+    from trainers import build_model
+
+    return build_model(cfg)
+
+
+def _model_cost(cfg):
+    from trainers.cost import model_cost
+
+    return model_cost(cfg)
+
+
+def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None) -> Run:
+    """Train to cfg["epochs"], resuming from restore() -> state|None; report(metrics, state_fn|None)
+    after every epoch (state_fn builds the checkpoint state: given every checkpoint_every epochs and
+    at the last one). A run that had already finished re-reports its last metrics and returns."""
+    run = Run(cfg, dist, wrap_model)
+    state = restore() if restore else None
+    if state is not None:
+        run.load_state_dict(state)
+    report = report or (lambda metrics, state_fn: None)
+    if run.finished and run.history:
+        report(run.history[-1], None)
+        return run
+    every, last, fail_at = run.cfg["checkpoint_every"], run.cfg["epochs"], run.cfg["qs_fail_after_epoch"]
+    while not run.finished:
+        metrics = run.run_epoch()
+        save = run.epoch % every == 0 or run.epoch == last
+        report(metrics, run.state_dict if save else None)
+        if fail_at == run.epoch and not run.finished:
+            raise SimulatedFailure(f"qs_fail_after_epoch={fail_at}: stopping after epoch {run.epoch}")
+    return run
+
+
+def finite_metrics(metrics: dict) -> bool:
+    return all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())

@@ -1,0 +1,270 @@
+"""Adapters around trainers.engine: a Ray Train worker (train_worker, run_trainer) and a plain CLI.
+
+Ray path: run_trainer(config, ...) validates the config and the dataset on the driver, then fits a
+TorchTrainer whose workers run train_worker(config): one DDP rank each; every rank calls
+ray.train.report once per epoch, rank 0 attaching a checkpoint directory with state.pt.
+
+Plain path (no Ray imported):
+    python -m trainers.loop --config examples/trial.yaml [--set key=value ...] [--checkpoint-dir DIR]
+runs the same engine in-process (world size 1) or under `torchrun --nproc_per_node=N` (gloo on CPU,
+nccl on CUDA) and prints one JSON line of metrics per epoch from rank 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+
+from trainers.engine import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
+from trainers.recipe import batch_plan, resolve_config
+
+__all__ = ["DivergenceError", "find_divergence", "main", "run_trainer", "train_worker"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Train adapter
+
+
+def train_worker(config: dict) -> list[dict] | None:
+    """Per-worker entry point of the TorchTrainer: one DDP rank of one trial.
+
+    Returns (rank 0) the metrics of every completed epoch, including those before a resume: the
+    Result's return_value. (Result.metrics_dataframe only lists the epochs whose checkpoints are kept.)
+    """
+    import ray.train
+    import ray.train.torch
+
+    from trainers import engine
+
+    _set_threads_from_ray()
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    dist = engine.Dist(rank, ctx.get_world_size(), ray.train.torch.get_device())
+    run = engine.fit(config, dist, wrap_model=ray.train.torch.prepare_model,  # DDP when world_size > 1
+                     restore=_ray_restore, report=_RayReporter(rank))
+    return run.history if rank == 0 else None
+
+
+def _set_threads_from_ray():
+    """torch intra-op threads = CPUs Ray assigned to this worker (cpus_per_worker)."""
+    import ray
+    import torch
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    torch.set_num_threads(max(1, int(cpus)))
+
+
+def _ray_restore():
+    """The state of this Train run's latest checkpoint, or None on a fresh start."""
+    import ray.train
+
+    from trainers.engine import load_state
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return None
+    with ckpt.as_directory() as d:
+        return load_state(d)
+
+
+class _RayReporter:
+    """report(metrics, state_fn): every rank reports; rank 0 attaches <tmp>/state.pt when asked."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def __call__(self, metrics: dict, state_fn) -> None:
+        import ray.train
+
+        from trainers.engine import save_state
+
+        if state_fn is None or self.rank != 0:
+            ray.train.report(metrics, checkpoint=None)
+            return
+        with tempfile.TemporaryDirectory(prefix="qs_ckpt_") as d:
+            save_state(state_fn(), d)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
+                             checkpoint_dir_name=f"checkpoint_epoch_{int(metrics['epoch']):04d}")
+
+
+def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
+                name: str, storage_path: str, callbacks=(), placement_strategy: str = "PACK",
+                num_to_keep: int | None = 2):
+    """Validate config and dataset (no worker starts on bad input), then fit a TorchTrainer.
+
+    Returns the ray.train.Result. A run whose <storage_path>/<name> holds a checkpoint resumes from it.
+    Worker errors raise ray.train.TrainingFailedError from fit(); find_divergence(err) tells divergence.
+    """
+    from trainers.data import check_dataset
+
+    cfg = resolve_config(config)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers: expected an int >= 1, given {num_workers!r}")
+    batch_plan(cfg, num_workers)
+    check_dataset(cfg)
+
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    resources = {"CPU": cpus_per_worker}
+    if gpus_per_worker:
+        resources["GPU"] = gpus_per_worker
+    trainer = TorchTrainer(
+        train_worker, train_loop_config=cfg,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=num_workers, use_gpu=gpus_per_worker > 0, resources_per_worker=resources,
+            placement_strategy=placement_strategy),
+        run_config=ray.train.RunConfig(
+            name=name, storage_path=os.path.abspath(storage_path) if "://" not in storage_path else storage_path,
+            callbacks=list(callbacks), failure_config=ray.train.FailureConfig(max_failures=0),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=num_to_keep)))
+    return trainer.fit()
+
+
+def find_divergence(error: BaseException) -> DivergenceError | None:
+    """The DivergenceError behind a failed fit() (ray.train.WorkerGroupError), if any."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, DivergenceError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+        todo += list(getattr(e, "worker_failures", {}).values())
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain adapter: python -m trainers.loop / torchrun
+
+
+def _yaml_loader():
+    """PyYAML SafeLoader that also reads 1e-3 as a float (YAML 1.2), not as the string '1e-3'."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.?[0-9_]*(?:[eE][-+]?[0-9]+)?$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$"
+                   r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+        list("-+0123456789."))
+    return Loader
+
+
+def _parse_value(text: str):
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # noqa: S506  (a SafeLoader subclass)
+
+
+def load_cli_config(path: str | None, overrides: list[str]) -> dict:
+    """YAML mapping + key=value overrides -> resolved config. ValueError on bad input."""
+    import yaml
+
+    cfg = {}
+    if path:
+        with open(path) as f:
+            cfg = yaml.load(f, Loader=_yaml_loader()) or {}  # noqa: S506
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--config: expected a YAML mapping of config keys in {path!r}, "
+                             f"given a {type(cfg).__name__}")
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set: expected key=value, given {item!r}")
+        cfg[key.strip()] = _parse_value(text)
+    return resolve_config(cfg)
+
+
+def _init_torch_distributed():
+    """-> engine.Dist from torchrun's env vars (RANK, WORLD_SIZE, LOCAL_RANK), else world size 1."""
+    import torch
+
+    from trainers.engine import Dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world == 1:
+        return Dist(0, 1, device)
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    return Dist(torch.distributed.get_rank(), world, device)
+
+
+def _ddp_wrapper(dist):
+    if dist.world_size == 1:
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    return lambda m: DistributedDataParallel(m, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+
+
+def _plain_reporter(dist, checkpoint_dir):
+    from trainers.engine import save_state
+
+    def report(metrics, state_fn):
+        if dist.rank != 0:
+            return
+        if state_fn is not None and checkpoint_dir:
+            save_state(state_fn(), checkpoint_dir)
+        print(json.dumps(metrics), flush=True)
+
+    return report
+
+
+def _plain_restore(checkpoint_dir):
+    from trainers.engine import STATE_FILE, load_state
+
+    if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, STATE_FILE)):
+        return lambda: load_state(checkpoint_dir)
+    return None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainers.loop", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="YAML file with a flat trial config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (YAML value syntax); repeatable")
+    parser.add_argument("--checkpoint-dir", help="write state.pt here; resume from it when present")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_cli_config(args.config, args.overrides)
+        from trainers.data import check_dataset
+
+        check_dataset(cfg)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))  # exits 2
+    import torch
+
+    from trainers.engine import fit
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dist = _init_torch_distributed()
+    try:
+        fit(cfg, dist, wrap_model=_ddp_wrapper(dist), restore=_plain_restore(args.checkpoint_dir),
+            report=_plain_reporter(dist, args.checkpoint_dir))
+    except DivergenceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if dist.world_size > 1:
+            import torch
+
+            torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
