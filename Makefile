@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/qkvsearch launch spaces/presets/quickstart.yaml
+	$(BIN)/qkvsearch launch spaces/presets/quickstart.yaml --overwrite
 	$(BIN)/qkvsearch report results/quickstart
 
 test: $(STAMP)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 
 # Set before Ray starts: a local cluster's processes inherit them.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports otherwise arrive ~2 s late
 os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")       # Train runs on the dashboard
-os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")    # no TensorBoard/CSV we never read
 
 import ray
 from ray import tune
@@ -41,21 +41,45 @@ class Cluster:
     started_here: bool
 
 
+def start_local_ray(trial_slots: int, num_cpus: int | None = None):
+    """Start a local Ray bound to 127.0.0.1 and return its context.
+
+    Ray processes find their own cluster through RAY_ADDRESS; without it, Train's State API calls
+    fail ("Found multiple active Ray instances") whenever another Ray runs on the same machine, and
+    a stopped trial's placement group is never cleaned up. So the GCS port is chosen up front and
+    every process of the job is told the address.
+    """
+    port = _free_port()
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
+    try:
+        env = {k: os.environ[k] for k in _RAY_ENV} | {"RAY_ADDRESS": f"127.0.0.1:{port}"}
+        return ray.init(num_cpus=num_cpus, resources={TRIAL_SLOT: trial_slots}, _node_ip_address="127.0.0.1",
+                        include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
+                        runtime_env={"env_vars": env})
+    finally:
+        del os.environ["RAY_GCS_SERVER_PORT"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def connect(max_concurrent: int) -> Cluster:
     """Join RAY_ADDRESS's cluster, or start a local Ray bound to 127.0.0.1 with `trial_slot`s."""
     started = False
     if not ray.is_initialized():
-        env = {"env_vars": {k: os.environ[k] for k in _RAY_ENV}}
         if os.environ.get("RAY_ADDRESS"):
+            env = {"env_vars": {k: os.environ[k] for k in _RAY_ENV}}
             ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False)
         else:
             # The dashboard stays on: Train's placement-group cleanup uses the State API.
-            ctx = ray.init(resources={TRIAL_SLOT: max_concurrent}, include_dashboard=True,
-                           dashboard_host="127.0.0.1", log_to_driver=False)
+            ctx = start_local_ray(max_concurrent)
             started = True
         url = ctx.dashboard_url
     else:
-        url = ray.get_runtime_context().get_node_id() and _dashboard_url()
+        url = _dashboard_url()
     total = ray.cluster_resources()
     return Cluster(total.get("CPU", 0.0), total.get("GPU", 0.0), total.get(TRIAL_SLOT, 0.0), url, started)
 

@@ -13,13 +13,9 @@ def ray_local():
     """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""
     import ray
 
+    from search.campaign import start_local_ray
+
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=2,
-            resources={"trial_slot": 1},
-            include_dashboard=True,
-            dashboard_host="127.0.0.1",
-            log_to_driver=False,
-        )
+        start_local_ray(trial_slots=1, num_cpus=2)
     yield ray
     ray.shutdown()

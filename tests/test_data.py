@@ -51,6 +51,10 @@ def test_cifar100_format_with_fine_labels_and_resize(tmp_path):
     assert train.labels.tolist() == written["train"][b"fine_labels"]
     x, _ = next(train.batches(torch.arange(8), 8, CPU, drop_last=True))
     assert x.shape == (8, 3, 48, 48)
+    aug_train, aug_val = load_data({**cfg, "augment": True, "randaugment": "rand-m9-mstd0.5-inc1"})
+    assert isinstance(aug_train, data.PilSource) and isinstance(aug_val, data.TensorSource)
+    x, y = next(aug_train.batches(torch.arange(8), 4, CPU, drop_last=True))  # uint8 -> PIL -> timm transform
+    assert x.shape == (4, 3, 48, 48) and y.tolist() == written["train"][b"fine_labels"][:4]
 
 
 def test_cifar_errors_name_path_and_expectation(tmp_path):
@@ -162,3 +166,15 @@ def test_mixup_and_label_smoothing_losses():
     x, y = data.build_mixup(mix)(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
     assert y.shape == (4, 10) and torch.allclose(y.sum(1), torch.ones(4))
     assert isinstance(data.train_criterion(mix), SoftTargetCrossEntropy)
+
+
+def test_randaugment_posterize_at_full_magnitude_does_not_crash():
+    """rand-...-inc1 with magnitude noise reaches PosterizeIncreasing level 10 = keep 0 bits, which the
+    installed Pillow rejects: a worker would crash at a random step without the clamp."""
+    from PIL import Image
+    from timm.data.auto_augment import AugmentOp
+
+    data.train_transform(resolve_config({"randaugment": "rand-m9-mstd0.5-inc1"}))
+    img = Image.fromarray(np.full((8, 8, 3), 200, np.uint8))
+    out = AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)(img)
+    assert np.asarray(out).max() == 128  # 1 bit kept: 200 -> 128

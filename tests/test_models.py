@@ -190,3 +190,18 @@ def test_biases_are_named_as_biases_for_weight_decay(kind):
     biases = [n for n, _ in model.named_parameters() if ".qkv." in n and "bias" in n]
     assert biases and all(n.endswith(".bias") for n in biases)
     assert all(id(p) in no_decay for n, p in model.named_parameters() if n.endswith(".bias"))
+
+
+def test_fsne_codes_are_not_weight_decayed_like_cls_token():
+    from timm.optim import create_optimizer_v2
+
+    from trainers import build_model
+
+    model = build_model({"model": "xcit_nano_12_p8_224", "embedding": "fsne", "img_size": 16, "num_classes": 10})
+    (codes,) = [p for n, p in model.named_parameters() if n.endswith("codes")]
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    decay_of_codes = [g["weight_decay"] for g in opt.param_groups if any(p is codes for p in g["params"])]
+    assert decay_of_codes == [0.0]
+    assert "cls_token" in model.no_weight_decay()
+    decayed = [g for g in opt.param_groups if g["weight_decay"] > 0]
+    assert decayed and all(p.ndim > 1 for g in decayed for p in g["params"])

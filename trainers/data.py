@@ -277,8 +277,24 @@ def train_transform(cfg):
     """timm training transform: random resized crop, flip, optional auto_augment (PIL -> tensor)."""
     from timm.data import create_transform
 
+    if cfg["randaugment"]:
+        _posterize_keeps_a_bit()
     return create_transform(input_size=(3, cfg["img_size"], cfg["img_size"]), is_training=True,
                             auto_augment=cfg["randaugment"], mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
+def _posterize_keeps_a_bit():
+    """timm's PosterizeIncreasing asks for 0 bits at level 10 (reachable with magnitude noise, e.g.
+    rand-m9-mstd0.5-inc1); the installed Pillow rejects bits < 1 and the worker would crash at a random
+    step. Clamp to 1 bit, the nearest image Pillow allows."""
+    from PIL import ImageOps
+    from timm.data import auto_augment
+
+    def posterize(img, bits_to_keep, **_):
+        return img if bits_to_keep >= 8 else ImageOps.posterize(img, max(1, int(bits_to_keep)))
+
+    for name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+        auto_augment.NAME_TO_OP[name] = posterize
 
 
 def eval_transform(cfg):

@@ -65,6 +65,13 @@ class Dist:
             torch.distributed.all_reduce(t)
         return t
 
+    def broadcast_buffers(self, module: torch.nn.Module) -> None:
+        """Rank 0's buffers (BatchNorm running stats) to every rank. DDP syncs them before each
+        training forward, so after the epoch's last forward they differ by one local update."""
+        if self.world_size > 1:
+            for b in module.buffers():
+                torch.distributed.broadcast(b, src=0)
+
     def spread(self, value: float) -> float:
         """max - min of a float over the ranks (0.0 when they agree exactly)."""
         if self.world_size == 1:
@@ -83,9 +90,9 @@ def seed_epoch(seed: int, rank: int, epoch: int) -> None:
 
 
 def param_checksum(model: torch.nn.Module) -> float:
-    """float64 sum of all parameters: equal on every rank when the replicas are identical."""
+    """float64 sum of all parameters and buffers: equal on every rank when the replicas are identical."""
     with torch.no_grad():
-        return float(sum(p.detach().double().sum() for p in model.parameters()))
+        return float(sum(t.detach().double().sum() for t in (*model.parameters(), *model.buffers())))
 
 
 def autocast_context(cfg: dict, device: torch.device):
@@ -126,6 +133,7 @@ class Run:
     """One rank's training state: model, optimizer, schedule, data, counters and history."""
 
     def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None):
+        self.created_at = time.time()
         self.cfg = cfg = resolve_config(cfg)
         self.dist = dist = dist or Dist()
         self.bpw, self.accum = batch_plan(cfg, dist.world_size)
@@ -194,9 +202,16 @@ class Run:
         if self.scheduler is not None:
             self.scheduler.step_update(num_updates=self.updates)
 
-    @property
-    def finished(self) -> bool:
-        return self.epoch >= self.cfg["epochs"]
+    def train(self, report=None) -> None:
+        """Epochs from self.epoch to cfg["epochs"]; report(metrics, state_fn | None) after each."""
+        every, last, fail_at = self.cfg["checkpoint_every"], self.cfg["epochs"], self.cfg["qs_fail_after_epoch"]
+        while self.epoch < last:
+            metrics = self.run_epoch()
+            save = self.epoch % every == 0 or self.epoch == last
+            if report:
+                report(metrics, self.state_dict if save else None)
+            if fail_at == self.epoch and self.epoch < last:
+                raise SimulatedFailure(f"qs_fail_after_epoch={fail_at}: stopping after epoch {self.epoch}")
 
     def lr(self) -> float:
         return max(g["lr"] for g in self.optimizer.param_groups)
@@ -208,6 +223,7 @@ class Run:
         t0 = time.perf_counter()
         seed_epoch(self.cfg["seed"], self.dist.rank, self.epoch)
         train = train_one_epoch(self)
+        self.dist.broadcast_buffers(self.raw)  # evaluate and save one replica, the same on every rank
         t1 = time.perf_counter()
         val = evaluate(self.raw, self.val_src, self.dist, batch_size=max(2 * self.bpw, 128), autocast=self.autocast)
         t2 = time.perf_counter()
@@ -222,7 +238,8 @@ class Run:
             "qs_param_checksum": (checksum := param_checksum(self.raw)),  # this rank's replica
             "qs_param_spread": self.dist.spread(checksum),  # max - min over ranks: 0.0 = identical
             "qs_world_size": float(self.dist.world_size), "qs_accum_steps": float(self.accum),
-            "qs_first_step_at": float(self.first_step_at or 0.0),
+            "qs_first_step_at": float(self.first_step_at or 0.0),  # unix time, this process
+            "qs_setup_s": float((self.first_step_at or self.created_at) - self.created_at),  # data, model...
         }
         self.history.append(metrics)
         return metrics
@@ -336,26 +353,25 @@ def _model_cost(cfg):
     return model_cost(cfg)
 
 
-def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None) -> Run:
-    """Train to cfg["epochs"], resuming from restore() -> state|None; report(metrics, state_fn|None)
-    after every epoch (state_fn builds the checkpoint state: given every checkpoint_every epochs and
-    at the last one). A run that had already finished re-reports its last metrics and returns."""
-    run = Run(cfg, dist, wrap_model)
+def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None) -> list[dict]:
+    """Train to cfg["epochs"], resuming from restore() -> state | None; returns every epoch's metrics.
+
+    report(metrics, state_fn | None) runs after every epoch; state_fn builds the checkpoint state and is
+    given every checkpoint_every epochs and at the last one. A run whose checkpoint had already finished
+    re-reports its last metrics without building the model or loading data.
+    """
+    cfg = resolve_config(cfg)
     state = restore() if restore else None
+    if state is not None and state["epoch"] >= cfg["epochs"] and state["history"]:
+        _check_same_model(state["config"], cfg)
+        if report:
+            report(state["history"][-1], None)
+        return list(state["history"])
+    run = Run(cfg, dist, wrap_model)
     if state is not None:
         run.load_state_dict(state)
-    report = report or (lambda metrics, state_fn: None)
-    if run.finished and run.history:
-        report(run.history[-1], None)
-        return run
-    every, last, fail_at = run.cfg["checkpoint_every"], run.cfg["epochs"], run.cfg["qs_fail_after_epoch"]
-    while not run.finished:
-        metrics = run.run_epoch()
-        save = run.epoch % every == 0 or run.epoch == last
-        report(metrics, run.state_dict if save else None)
-        if fail_at == run.epoch and not run.finished:
-            raise SimulatedFailure(f"qs_fail_after_epoch={fail_at}: stopping after epoch {run.epoch}")
-    return run
+    run.train(report)
+    return run.history
 
 
 def finite_metrics(metrics: dict) -> bool:

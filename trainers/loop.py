@@ -43,9 +43,9 @@ def train_worker(config: dict) -> list[dict] | None:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     dist = engine.Dist(rank, ctx.get_world_size(), ray.train.torch.get_device())
-    run = engine.fit(config, dist, wrap_model=ray.train.torch.prepare_model,  # DDP when world_size > 1
-                     restore=_ray_restore, report=_RayReporter(rank))
-    return run.history if rank == 0 else None
+    history = engine.fit(config, dist, wrap_model=ray.train.torch.prepare_model,  # DDP if world_size > 1
+                         restore=_ray_restore, report=_RayReporter(rank))
+    return history if rank == 0 else None
 
 
 def _set_threads_from_ray():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import timm
@@ -338,7 +338,17 @@ def apply_embedding(
             _set_submodule(model, site.path, EmbeddedClassAttn(attn, new))
         else:
             attn.qkv = new
+    if codes is not None:
+        model.no_weight_decay = partial(_no_weight_decay, getattr(model, "no_weight_decay", None))
     return model
+
+
+CODES_PATTERN = "*.codes"  # fnmatch pattern, as timm's optimizer factory matches no_weight_decay names
+
+
+def _no_weight_decay(inner) -> set[str]:
+    """F-SNE codes are learned token-like vectors (as cls_token): timm's optimizer leaves them undecayed."""
+    return (set(inner()) if callable(inner) else set()) | {CODES_PATTERN}
 
 
 def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
