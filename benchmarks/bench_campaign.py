@@ -57,8 +57,8 @@ def run_plain(configs: list[dict]) -> tuple[float, float]:
     t0 = time.perf_counter()
     train_s = 0.0
     for cfg in configs:
-        run = fit(dict(cfg), Dist())
-        train_s += sum(m["train_s"] for m in run.history)
+        history = fit(dict(cfg), Dist())
+        train_s += sum(m["train_s"] for m in history)
     return time.perf_counter() - t0, train_s
 
 

@@ -52,7 +52,10 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None):
     port = _free_port()
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
     try:
-        env = {k: os.environ[k] for k in _RAY_ENV} | {"RAY_ADDRESS": f"127.0.0.1:{port}"}
+        env = {k: os.environ[k] for k in _RAY_ENV} | {
+            "RAY_ADDRESS": f"127.0.0.1:{port}",
+            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
+        }
         return ray.init(num_cpus=num_cpus, resources={TRIAL_SLOT: trial_slots}, _node_ip_address="127.0.0.1",
                         include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
                         runtime_env={"env_vars": env})

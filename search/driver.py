@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from trainers.cost import model_cost
-
 # Tune's iteration counter restarts at 1 when a trial is restored; `epoch` does not.
 TIME_ATTR = "epoch"
 
@@ -72,11 +70,12 @@ def run_trial(sampled: dict, settings: TrialSettings) -> None:
     from trainers.loop import find_divergence, run_trainer
 
     cfg = trial_config(settings, sampled)
-    cost = model_cost(cfg)
-    broken = [v for c in settings.constraints if (v := c.violation(float(cost[c.metric])))]
-    if broken:  # never start a TorchTrainer for a configuration that cannot be kept
-        tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
-        return
+    if settings.constraints:  # never start a TorchTrainer for a configuration that cannot be kept
+        cost = _cost(cfg)
+        broken = [v for c in settings.constraints if (v := c.violation(float(cost[c.metric])))]
+        if broken:
+            tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
+            return
     try:
         run_trainer(
             cfg,
@@ -92,4 +91,11 @@ def run_trial(sampled: dict, settings: TrialSettings) -> None:
         diverged = find_divergence(exc)
         if diverged is None:
             raise
-        tune.report(_terminal_report(settings, "diverged", str(diverged), cost))
+        tune.report(_terminal_report(settings, "diverged", str(diverged), _cost(cfg)))
+
+
+def _cost(cfg: dict) -> dict:
+    # Imported here: timm's import costs seconds on the path from trial start to the first DDP step.
+    from trainers.cost import model_cost
+
+    return model_cost(cfg)

@@ -33,10 +33,17 @@ def _weights(state_dir):
     return load_state(str(state_dir))["model"]
 
 
-def _assert_same_weights(a, b):
+def _assert_same_weights(a, b, rel_l2=0.0):
+    """Bitwise equal, or (rel_l2 > 0, weights from two processes) equal up to float rounding:
+    ||a - b|| / ||a|| <= rel_l2 over all tensors. A wrong resume (lr, data order, optimizer state)
+    moves the weights by ~lr per element, orders of magnitude more."""
     assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    if all(torch.equal(a[k], b[k]) for k in a):
+        return
+    diff = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a) ** 0.5
+    norm = sum(float(a[k].double().pow(2).sum()) for k in a) ** 0.5
+    worst = max(a, key=lambda k: float((a[k].double() - b[k].double()).abs().max()))
+    assert diff <= rel_l2 * norm, f"relative L2 difference {diff / norm:.3g}; worst tensor {worst}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +192,7 @@ def test_two_worker_ddp_learns_digits_and_replicas_agree(ray_local, tmp_path):
     assert [len(r["ranks"]) for r in reports] == [2, 2, 2] and all(r["checkpoint"] for r in reports)
     for r in reports:  # both ranks hold identical parameters after every epoch
         rank0, rank1 = r["ranks"]
-        assert rank0["qs_param_checksum"] == rank1["qs_param_checksum"] and rank0["qs_param_spread"] == 0.0
+        assert rank0["qs_param_checksum"] == rank1["qs_param_checksum"] and rank0["qs_param_spread"] == 0.0, r
     epochs = result.return_value  # rank 0's metrics of every epoch
     assert [m["epoch"] for m in epochs] == [1, 2, 3] == [r["ranks"][0]["epoch"] for r in reports]
     assert all(METRIC_KEYS <= set(m) and engine.finite_metrics(m) for m in epochs)
@@ -222,8 +229,9 @@ def test_ray_divergence_then_resume_matches_straight_run(ray_local, tmp_path, on
 
     straight = Run(cfg)
     straight.train()
-    _assert_same_weights(_weights(resumed.checkpoint.path), straight.raw.state_dict())
-    assert resumed.return_value == [{**m, **_timing(r)} for m, r in zip(straight.history, resumed.return_value)]
+    _assert_same_weights(_weights(resumed.checkpoint.path), straight.raw.state_dict(), rel_l2=1e-6)
+    for r, m in zip(resumed.return_value, straight.history):
+        assert r["top1"] == m["top1"] and r["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
 
     log.unlink()
     again = run_trainer(cfg, num_workers=1, name="nan", storage_path=str(tmp_path),

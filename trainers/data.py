@@ -13,9 +13,11 @@ range(rank, N, world_size), so the ranks cover the val set exactly once between 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -219,15 +221,37 @@ def load_data(cfg: dict):
 
 
 def _digits(cfg):
-    """sklearn's 1,797 8x8 digits (values 0..16) as uint8 (N, 1, 8, 8), split by val_fraction."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """sklearn's 1,797 8x8 digits (values 0..16) as uint8 (N, 1, 8, 8), stratified split by val_fraction."""
+    pixels, labels = _digits_file()
+    images = np.round(pixels * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (1797, 1, 8, 8)
+    val = _stratified_pick(labels, cfg["val_fraction"], DIGITS_SPLIT_SEED)
+    return _tensors(images[~val], labels[~val]), _tensors(images[val], labels[val])
 
-    d = load_digits()
-    images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (1797, 1, 8, 8)
-    tr_x, va_x, tr_y, va_y = train_test_split(images, d.target, test_size=cfg["val_fraction"],
-                                              random_state=DIGITS_SPLIT_SEED, stratify=d.target)
-    return _tensors(tr_x, tr_y), _tensors(va_x, va_y)
+
+def _digits_file():
+    """The digits file scikit-learn ships (what load_digits reads), read without importing sklearn:
+    its import costs seconds in every freshly started worker. -> (1797, 8, 8) float, (1797,) int64."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError("dataset: 'digits' needs scikit-learn installed (it ships the images)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    table = np.loadtxt(path, delimiter=",", dtype=np.float64)  # (1797, 65): 64 pixels, then the label
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+
+
+def _stratified_pick(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Seeded boolean mask of ceil(fraction * N) items, shared among classes in proportion to their size
+    (largest remainders get the leftover items), as scikit-learn's stratified split sizes it."""
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = fraction * counts
+    quota = np.floor(exact).astype(int)
+    leftover = int(np.ceil(fraction * len(labels))) - quota.sum()
+    quota[np.argsort(-(exact - quota), kind="stable")[:leftover]] += 1
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(labels), dtype=bool)
+    for c, k in zip(classes, quota):
+        mask[rng.permutation(np.flatnonzero(labels == c))[:k]] = True
+    return mask
 
 
 def _synthetic(cfg):

@@ -30,26 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from trainers import data as qdata
+from trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from trainers.recipe import MODEL_KEYS, batch_plan, resolve_config
 
 STATE_FILE = "state.pt"
 STATE_FORMAT = 1
-
-
-class DivergenceError(RuntimeError):
-    """The training loss became NaN or infinite."""
-
-    def __init__(self, epoch: int, step: int, loss: float):
-        super().__init__(epoch, step, loss)  # args are the constructor's: the error pickles across processes
-        self.epoch, self.step, self.loss = epoch, step, loss
-
-    def __str__(self):
-        return (f"training diverged: non-finite loss {self.loss} at epoch {self.epoch} step {self.step} "
-                f"(epoch 1-based; step = optimizer update within the epoch, 1-based)")
-
-
-class SimulatedFailure(RuntimeError):
-    """Raised by the qs_fail_after_epoch test knob after a checkpoint was reported."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ import re
 import sys
 import tempfile
 
-from trainers.engine import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
+from trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
 from trainers.recipe import batch_plan, resolve_config
 
 __all__ = ["DivergenceError", "find_divergence", "main", "run_trainer", "train_worker"]
