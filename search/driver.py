@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from spaces.schema import violations
+
 # Tune's iteration counter restarts at 1 when a trial is restored; `epoch` does not.
 TIME_ATTR = "epoch"
 
@@ -72,7 +74,7 @@ def run_trial(sampled: dict, settings: TrialSettings) -> None:
     cfg = trial_config(settings, sampled)
     if settings.constraints:  # never start a TorchTrainer for a configuration that cannot be kept
         cost = _cost(cfg)
-        broken = [v for c in settings.constraints if (v := c.violation(float(cost[c.metric])))]
+        broken = violations(settings.constraints, cost)
         if broken:
             tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
             return

@@ -258,8 +258,13 @@ class CampaignSpec:
 
     def violations(self, cost: Mapping[str, float]) -> list[str]:
         """Constraint violations of one trial's cost (trainers.cost.model_cost output); [] = feasible."""
-        found = (c.violation(float(cost[c.metric])) for c in self.constraints)
-        return [v for v in found if v]
+        return violations(self.constraints, cost)
+
+
+def violations(constraints, cost: Mapping[str, float]) -> list[str]:
+    """The messages of the constraints a cost (trainers.cost.model_cost output) breaks; [] = feasible."""
+    found = (c.violation(float(cost[c.metric])) for c in constraints)
+    return [v for v in found if v]
 
 
 def vars_of(obj) -> dict:
