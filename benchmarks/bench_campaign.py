@@ -38,9 +38,9 @@ def campaign_spec(storage: str, trials: int, epochs: int, steps: int) -> dict:
 
 
 def run_campaign(spec: dict) -> tuple[float, list[dict]]:
-    from search.campaign import launch
-    from search.status import load_records
-    from spaces import load_campaign
+    from qkvsearch.search.campaign import launch
+    from qkvsearch.search.status import load_records
+    from qkvsearch.spaces import load_campaign
 
     t0 = time.perf_counter()
     exp = launch(load_campaign(spec), echo=lambda *_: None)
@@ -50,8 +50,7 @@ def run_campaign(spec: dict) -> tuple[float, list[dict]]:
 def run_plain(configs: list[dict]) -> tuple[float, float]:
     """The same trainings in this process, one after another (world size 1, same global batch)."""
     import torch
-
-    from trainers.engine import Dist, fit
+    from qkvsearch.trainers.engine import Dist, fit
 
     torch.set_num_threads(2)
     t0 = time.perf_counter()

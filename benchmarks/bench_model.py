@@ -16,9 +16,8 @@ import time
 
 import timm
 import torch
-
-from trainers import build_model
-from trainers.cost import model_cost
+from qkvsearch.trainers import build_model
+from qkvsearch.trainers.cost import model_cost
 
 VARIANTS = {  # name -> model keys on top of the base config
     "timm": None,

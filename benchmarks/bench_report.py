@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from search.pareto import hypervolume_trace, nondominated_mask, reference_point  # noqa: E402
-from search.report import build_report  # noqa: E402
-from search.results import collect  # noqa: E402
+from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point  # noqa: E402
+from qkvsearch.search.report import build_report  # noqa: E402
+from qkvsearch.search.results import collect  # noqa: E402
 
 EMBEDDINGS = ("linear", "sne", "psne", "fsne")
 STATUSES = ("completed",) * 8 + ("stopped_early", "diverged", "failed", "running")

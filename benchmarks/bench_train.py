@@ -26,7 +26,7 @@ CFG = {"model": "xcit_nano_12_p8_224", "embedding": "fsne", "hidden_width": 64, 
 
 def engine_epoch(run, steps):
     """Seconds for `steps` optimizer updates of the engine (the code a Ray worker runs)."""
-    from trainers import engine
+    from qkvsearch.trainers import engine
 
     run.updates_per_epoch = steps
     engine.seed_epoch(run.cfg["seed"], 0, run.epoch)
@@ -37,9 +37,9 @@ def engine_epoch(run, steps):
 
 def plain_setup(cfg):
     """A plain loop's pieces: model, AdamW, and the training images prepared once as float tensors."""
-    from trainers import build_model
-    from trainers.data import load_data, prepare_images
-    from trainers.recipe import resolve_config
+    from qkvsearch.trainers import build_model
+    from qkvsearch.trainers.data import load_data, prepare_images
+    from qkvsearch.trainers.recipe import resolve_config
 
     cfg = resolve_config(cfg)
     torch.manual_seed(0)
@@ -66,7 +66,7 @@ def plain_epoch(model, opt, x, y, batch, steps, epoch):
 
 
 def bench_throughput(repeats, steps):
-    from trainers.engine import Run
+    from qkvsearch.trainers.engine import Run
 
     cfg = dict(CFG, max_steps_per_epoch=steps)
     run = Run(cfg)
@@ -91,8 +91,7 @@ def bench_throughput(repeats, steps):
 
 def bench_startup(workers, repeats):
     import ray
-
-    from trainers.loop import run_trainer
+    from qkvsearch.trainers.loop import run_trainer
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)

@@ -16,13 +16,12 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports oth
 os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")       # Train runs on the dashboard
 
 import ray
+from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial, trial_config
+from qkvsearch.search.records import TrialRecorder, code_version, read_json, write_json
+from qkvsearch.search.searchers import build_search
+from qkvsearch.spaces import SpecError, base_config, smoke_test
+from qkvsearch.trainers.cost import model_cost
 from ray import tune
-
-from search.driver import TIME_ATTR, TrialSettings, run_trial, trial_config
-from search.records import TrialRecorder, code_version, read_json, write_json
-from search.searchers import build_search
-from spaces import SpecError, base_config, smoke_test
-from trainers.cost import model_cost
 
 _RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
 TRIAL_SLOT = "trial_slot"
@@ -133,7 +132,7 @@ def _scheduler(spec_d: dict, epochs: int, exp: str):
         metric = sched.get("metric") or objectives[0]["metric"]
         mode = next((o["mode"] for o in objectives if o["metric"] == metric), "max")
         return tune.schedulers.ASHAScheduler(metric=metric, mode=mode, **common)
-    from search.schedulers import MOASHAScheduler
+    from qkvsearch.search.schedulers import MOASHAScheduler
 
     # Tune does not save schedulers with the experiment: MO-ASHA keeps its rungs in a file of its own.
     state = None if "://" in exp else f"{exp}/qs_scheduler.json"
@@ -187,7 +186,7 @@ def _settings(spec, exp: str) -> TrialSettings:
 
 
 def _check_launchable(spec, base: dict, exp: str, overwrite: bool) -> None:
-    from trainers.data import check_dataset
+    from qkvsearch.trainers.data import check_dataset
 
     check_dataset(base)  # a missing dataset fails here, before Ray or any worker starts
     if "://" not in exp and os.path.exists(os.path.join(exp, "qs_campaign.json")):
@@ -252,7 +251,7 @@ def _run_config(spec_d: dict, exp: str, describe: _Describe, echo):
 
 def resume(exp: str, *, echo=print) -> str:
     """Continue an interrupted campaign: finished trials stay, unfinished ones resume from checkpoints."""
-    from spaces import load_campaign
+    from qkvsearch.spaces import load_campaign
 
     exp = exp.rstrip("/")
     if "://" not in exp:

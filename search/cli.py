@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from spaces import SpecError
+    from qkvsearch.spaces import SpecError
 
     try:
         return _COMMANDS[args.command](args)
@@ -75,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _load(args):
-    from spaces import load_campaign
+    from qkvsearch.spaces import load_campaign
 
     return load_campaign(args.spec, overrides=args.overrides)
 
 
 def cmd_launch(args) -> int:
     spec = _load(args)
-    from search.campaign import launch
+    from qkvsearch.search.campaign import launch
 
     exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite)
     print(_status_table(exp))
@@ -94,7 +94,7 @@ def cmd_launch(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from search.campaign import resume
+    from qkvsearch.search.campaign import resume
 
     exp = resume(args.dir)
     print(_status_table(exp))
@@ -113,7 +113,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_cost(args) -> int:
-    from search.costs import cost_table, format_table
+    from qkvsearch.search.costs import cost_table, format_table
 
     rows = cost_table(_load(args))
     print(format_table(rows, as_csv=args.csv))
@@ -126,7 +126,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from search.report import build_report
+    from qkvsearch.search.report import build_report
 
     written = build_report(args.dir, out_dir=args.out)
     for kind, path in written.items():
@@ -135,7 +135,7 @@ def cmd_report(args) -> int:
 
 
 def _records(exp: str) -> list[dict]:
-    from search.status import load_records
+    from qkvsearch.search.status import load_records
 
     return load_records(exp)
 
@@ -145,7 +145,7 @@ def _count(exp: str, status: str) -> int:
 
 
 def _status_table(exp: str) -> str:
-    from search.status import status_table
+    from qkvsearch.search.status import status_table
 
     return status_table(exp)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import csv
 import io
 
-from spaces import base_config
-from trainers.cost import model_cost
+from qkvsearch.spaces import base_config
+from qkvsearch.trainers.cost import model_cost
 
 COST_KEYS = ("model", "embedding", "hidden_width", "code_size", "code_sharing", "activation",
              "embed_class_attn", "img_size", "num_classes", "in_chans")

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from qkvsearch.spaces.schema import violations
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
-
-from spaces.schema import violations
 
 # Tune's iteration counter restarts at 1 when a trial is restored; `epoch` does not.
 TIME_ATTR = "epoch"
@@ -69,7 +68,7 @@ class _ForwardToTune(TuneReportCallback):
 
 def run_trial(sampled: dict, settings: TrialSettings) -> None:
     """Tune function trainable (bound to `settings` with `tune.with_parameters`)."""
-    from trainers.loop import find_divergence, run_trainer
+    from qkvsearch.trainers.loop import find_divergence, run_trainer
 
     cfg = trial_config(settings, sampled)
     if settings.constraints:  # never start a TorchTrainer for a configuration that cannot be kept
@@ -98,6 +97,6 @@ def run_trial(sampled: dict, settings: TrialSettings) -> None:
 
 def _cost(cfg: dict) -> dict:
     # Imported here: timm's import costs seconds on the path from trial start to the first DDP step.
-    from trainers.cost import model_cost
+    from qkvsearch.trainers.cost import model_cost
 
     return model_cost(cfg)

@@ -1,7 +1,7 @@
 """Pareto report of a campaign: pareto.html (self-contained, loads offline), pareto.csv, report.md,
 trials.parquet / epochs.parquet and, when a static exporter works here, png/svg figures.
 
-    from search.report import build_report
+    from qkvsearch.search.report import build_report
     paths = build_report("results/my-campaign")   # -> {"html": ..., "csv": ..., ...}
 
 Everything shown is recomputed from the collected tables (search.results). Objectives come from
@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 import uuid
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -26,16 +27,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-
-from search.pareto import hypervolume_trace, nondominated_mask, reference_point
-from search.results import collect, load_campaign_record, resolve_out_dir, write_results
+from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point
+from qkvsearch.search.results import collect, load_campaign_record, resolve_out_dir, write_results
 
 __all__ = ["build_report", "DEFAULT_OBJECTIVES", "objective_columns", "paper_setting"]
 
 DEFAULT_OBJECTIVES = ({"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"},
                       {"metric": "params_m", "mode": "min"})
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PAPER_CSV = REPO_ROOT / "results" / "reference" / "sne_paper_imagenet.csv"
+PAPER_CSV = resources.files("qkvsearch.reference") / "sne_paper_imagenet.csv"   # package data
 PAPER_SIZES = {"xcit_nano_12": "S", "xcit_tiny_12": "M", "xcit_small_12": "L"}
 AXIS_TITLES = {
     "gmacs": "GMACs (multiply-accumulates; the papers' 'FLOPs')",

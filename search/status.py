@@ -5,8 +5,7 @@ import json
 from collections import Counter
 
 import pyarrow.fs as pafs
-
-from search.records import fs_and_path
+from qkvsearch.search.records import fs_and_path
 
 
 def load_records(exp: str) -> list[dict]:

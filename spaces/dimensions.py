@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spaces.errors import Collector, hint
-from spaces.errors import show as _show
-from spaces.keys import APPLIES_WHEN, SEARCHABLE, Bad, Check
-from spaces.schema import Dimension, FrozenMap, Space, tagged
+from qkvsearch.spaces.errors import Collector, hint
+from qkvsearch.spaces.errors import show as _show
+from qkvsearch.spaces.keys import APPLIES_WHEN, SEARCHABLE, Bad, Check
+from qkvsearch.spaces.schema import Dimension, FrozenMap, Space, tagged
 
 KINDS = ("choice", "grid", "int", "float")
 ABSENT = object()   # "this key is not set" among a key's possible values

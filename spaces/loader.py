@@ -14,10 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
-
-from spaces import dimensions
-from spaces.errors import Collector, SpecError, hint, show
-from spaces.keys import (
+from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.errors import Collector, SpecError, hint, show
+from qkvsearch.spaces.keys import (
     COST_METRICS,
     DATA_KEYS,
     DATASET_CLASSES,
@@ -35,7 +34,7 @@ from spaces.keys import (
     is_number,
     one_of,
 )
-from spaces.schema import (
+from qkvsearch.spaces.schema import (
     SECTIONS,
     CampaignSpec,
     Constraint,

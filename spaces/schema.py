@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from spaces.keys import TRAIN_KEYS
+from qkvsearch.spaces.keys import TRAIN_KEYS
 
 
 class FrozenMap(Mapping):

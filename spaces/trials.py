@@ -1,10 +1,10 @@
 """From a CampaignSpec to flat trial configs (the dicts trainers.build_model / model_cost / the loop take)."""
 from __future__ import annotations
 
-from spaces import dimensions
-from spaces.errors import SpecError
-from spaces.keys import DATA_KEYS, MODEL_KEYS
-from spaces.schema import CampaignSpec, FrozenMap
+from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.errors import SpecError
+from qkvsearch.spaces.keys import DATA_KEYS, MODEL_KEYS
+from qkvsearch.spaces.schema import CampaignSpec, FrozenMap
 
 
 def base_config(spec: CampaignSpec) -> dict:
@@ -59,7 +59,7 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
     - scheduler: grace_epochs 1.
     Model, data, objectives, constraints, resources and storage are kept (the point is to exercise them).
     """
-    from spaces.loader import load_campaign
+    from qkvsearch.spaces.loader import load_campaign
 
     d = spec.to_dict()
     workers = spec.resources.workers_per_trial

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from search.cli import main
-from search.pareto import nondominated_mask
-from search.status import load_records
-from spaces import load_campaign
+from qkvsearch.search.cli import main
+from qkvsearch.search.pareto import nondominated_mask
+from qkvsearch.search.status import load_records
+from qkvsearch.spaces import load_campaign
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +46,7 @@ def _spec(tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def campaign(ray_local, tmp_path_factory):
-    from search.campaign import launch
+    from qkvsearch.search.campaign import launch
 
     tmp = tmp_path_factory.mktemp("campaign")
     exp = launch(load_campaign(_spec(tmp)))
@@ -117,7 +116,7 @@ def test_status_command_lists_every_trial(campaign, capsys):
 
 
 def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
-    from search.report import build_report
+    from qkvsearch.search.report import build_report
 
     exp, records = campaign
     written = build_report(str(exp), out_dir=str(tmp_path), static=False)

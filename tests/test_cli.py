@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from search.cli import main
+from qkvsearch.search.cli import main
 
 PRESETS = Path(__file__).resolve().parent.parent / "spaces" / "presets"
 

@@ -4,10 +4,9 @@ import pickle
 import numpy as np
 import pytest
 import torch
-
-from trainers import data
-from trainers.data import DatasetError, check_dataset, eval_shard, load_data, train_shard
-from trainers.recipe import resolve_config
+from qkvsearch.trainers import data
+from qkvsearch.trainers.data import DatasetError, check_dataset, eval_shard, load_data, train_shard
+from qkvsearch.trainers.recipe import resolve_config
 
 CPU = torch.device("cpu")
 
@@ -76,7 +75,7 @@ def test_cifar_pickle_refuses_foreign_objects(tmp_path):
     _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
     with open(tmp_path / "test_batch", "wb") as fh:
         pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": DatasetError("x")}, fh)
-    with pytest.raises(DatasetError, match=r"unexpected object trainers.data.DatasetError"):
+    with pytest.raises(DatasetError, match=r"unexpected object qkvsearch.trainers.data.DatasetError"):
         check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
 
 

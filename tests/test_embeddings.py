@@ -2,9 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
-
-from trainers.embeddings import (
+from qkvsearch.trainers.embeddings import (
     FSNE,
     PSNE,
     SNE,
@@ -13,6 +11,7 @@ from trainers.embeddings import (
     embedding_params,
     make_codes,
 )
+from torch.utils.flop_counter import FlopCounterMode
 
 B, N, D, H = 2, 5, 16, 12
 

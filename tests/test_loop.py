@@ -8,10 +8,9 @@ import pickle
 
 import pytest
 import torch
-
-from trainers import engine
-from trainers.engine import DivergenceError, Run, load_state
-from trainers.loop import find_divergence, main, run_trainer
+from qkvsearch.trainers import engine
+from qkvsearch.trainers.engine import DivergenceError, Run, load_state
+from qkvsearch.trainers.loop import find_divergence, main, run_trainer
 
 # A ~2.5M-parameter XCiT with the fully-shared embedding; 16x16 digits, 1 token: fast on one core.
 TINY = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 32, "img_size": 16,
@@ -136,7 +135,7 @@ def test_cli_bad_keys_exit_2(tmp_path, capsys):
 
 
 def test_cli_reads_floats_like_1e_3(tmp_path):
-    from trainers.loop import load_cli_config
+    from qkvsearch.trainers.loop import load_cli_config
 
     cfg = load_cli_config(str(_write_yaml(tmp_path / "t.yaml", {})), ["lr=1e-3", "epochs=2", "amp=none"])
     assert cfg["lr"] == 1e-3 and cfg["epochs"] == 2 and cfg["amp"] == "none"
@@ -154,7 +153,7 @@ def test_missing_dataset_fails_before_any_worker(tmp_path):
 
 
 def test_example_trial_yaml_is_valid():
-    from trainers.loop import load_cli_config
+    from qkvsearch.trainers.loop import load_cli_config
 
     here = os.path.dirname(__file__)
     cfg = load_cli_config(os.path.join(here, "..", "examples", "trial.yaml"), [])

@@ -3,8 +3,7 @@ import itertools
 
 import numpy as np
 import pytest
-
-from search.pareto import (
+from qkvsearch.search.pareto import (
     NAN_RANK,
     hypervolume,
     hypervolume_trace,

@@ -3,8 +3,7 @@ import csv
 from pathlib import Path
 
 import pytest
-
-from spaces import base_config, expand_space, list_presets, load_campaign, smoke_test
+from qkvsearch.spaces import base_config, expand_space, list_presets, load_campaign, smoke_test
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "sne_paper_imagenet.csv"
 SIZES = {"s": ("xcit_nano_12_p16_224", 128, 4096), "m": ("xcit_tiny_12_p16_224", 192, 2816),
@@ -57,7 +56,7 @@ def test_paper_grid_is_exactly_the_papers_variants(size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_paper_widths_resolve_to_table_1(size):
-    models = pytest.importorskip("trainers.models", reason="trainers.models.resolve_hidden_width not available")
+    models = pytest.importorskip("qkvsearch.trainers.models", reason="trainers.models.resolve_hidden_width not available")
     _model, d, _batch = SIZES[size]
     for t in expand_space(load_campaign(f"paper-{size}")):
         width = models.resolve_hidden_width(t)
@@ -70,7 +69,7 @@ def test_paper_widths_resolve_to_table_1(size):
 
 
 def test_paper_configs_pass_the_trainer_recipe():
-    recipe = pytest.importorskip("trainers.recipe", reason="trainers.recipe not available")
+    recipe = pytest.importorskip("qkvsearch.trainers.recipe", reason="trainers.recipe not available")
     for name in list_presets():
         spec = load_campaign(name)
         for cfg in expand_space(spec) if spec.space.enumerable else [base_config(spec)]:
@@ -104,7 +103,7 @@ def test_quickstart_fits_a_laptop():
 
 
 def test_quickstart_model_is_small():
-    trainers = pytest.importorskip("trainers", reason="trainers.build_model not available")
+    trainers = pytest.importorskip("qkvsearch.trainers", reason="trainers.build_model not available")
     torch = pytest.importorskip("torch")
     spec = load_campaign("quickstart")
     cfg = {**base_config(spec), "embedding": "fsne", "hidden_width": "match", "code_size": 16}

@@ -1,7 +1,6 @@
 """trainers.recipe: defaults, validation messages, the accumulation rule."""
 import pytest
-
-from trainers.recipe import MODEL_KEYS, TRAINING_DEFAULTS, batch_plan, resolve_config
+from qkvsearch.trainers.recipe import MODEL_KEYS, TRAINING_DEFAULTS, batch_plan, resolve_config
 
 MODEL = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 64, "code_size": 8,
          "code_sharing": "shared", "activation": "relu", "embed_class_attn": False, "drop_path_rate": 0.1}

@@ -7,8 +7,7 @@ import warnings
 import numpy as np
 import pyarrow as pa
 import pytest
-
-from search.results import EPOCHS_FILE, TRIALS_FILE, RecordWarning, collect, write_results
+from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, RecordWarning, collect, write_results
 
 STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")
 # (embedding, requested hidden_width, resolved width, code_size, params_m, gmacs) for XCiT-N12 at 224

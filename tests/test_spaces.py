@@ -6,8 +6,7 @@ import sys
 import textwrap
 
 import pytest
-
-from spaces import SpecError, base_config, expand_space, load_campaign, smoke_test, suggest_config
+from qkvsearch.spaces import SpecError, base_config, expand_space, load_campaign, smoke_test, suggest_config
 
 
 def minimal(**sections):
@@ -351,7 +350,7 @@ def test_smoke_test_shrinks_a_grid_and_a_search():
 
 
 def test_importing_spaces_stays_light():
-    code = "import sys, spaces; print(sorted(m for m in ('torch', 'ray', 'timm', 'optuna') if m in sys.modules))"
+    code = "import sys, qkvsearch.spaces; print(sorted(m for m in ('torch', 'ray', 'timm', 'optuna') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

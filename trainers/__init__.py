@@ -9,7 +9,7 @@ __all__ = ["build_model"]
 
 def __getattr__(name: str):
     if name == "build_model":
-        from trainers.models import build_model
+        from qkvsearch.trainers.models import build_model
 
         return build_model
     raise AttributeError(f"module 'trainers' has no attribute {name!r}")

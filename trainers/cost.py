@@ -22,11 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
-
-from trainers.embeddings import FSNE, PSNE, SNE, embedding_macs, embedding_params
-from trainers.models import (
+from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, embedding_macs, embedding_params
+from qkvsearch.trainers.models import (
     EmbeddingSpec,
     ModelConfig,
     Site,
@@ -36,6 +33,8 @@ from trainers.models import (
     find_sites,
     resolve_width,
 )
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["model_cost", "measure_cost", "count_macs"]
 

@@ -1,7 +1,7 @@
 """The per-rank training engine, free of Ray: one Run object, train_one_epoch, evaluate, checkpoint I/O.
 
 Used by both adapters in trainers.loop: the Ray Train worker (train_worker) and the plain
-`python -m trainers.loop` path (one process, or torchrun + torch.distributed).
+`python -m qkvsearch.trainers.loop` path (one process, or torchrun + torch.distributed).
 
 Rules that make a run reproducible and resumable:
 - every rank builds the model after torch.manual_seed(seed): the same initial weights everywhere;
@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from trainers import data as qdata
-from trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
-from trainers.recipe import MODEL_KEYS, batch_plan, resolve_config
+from qkvsearch.trainers import data as qdata
+from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
+from qkvsearch.trainers.recipe import MODEL_KEYS, batch_plan, resolve_config
 
 STATE_FILE = "state.pt"
 STATE_FORMAT = 1
@@ -327,13 +326,13 @@ def _set_determinism(on: bool):
 
 
 def _build_model(cfg):
-    from trainers import build_model
+    from qkvsearch.trainers import build_model
 
     return build_model(cfg)
 
 
 def _model_cost(cfg):
-    from trainers.cost import model_cost
+    from qkvsearch.trainers.cost import model_cost
 
     return model_cost(cfg)
 

@@ -5,7 +5,7 @@ TorchTrainer whose workers run train_worker(config): one DDP rank each; every ra
 ray.train.report once per epoch, rank 0 attaching a checkpoint directory with state.pt.
 
 Plain path (no Ray imported):
-    python -m trainers.loop --config examples/trial.yaml [--set key=value ...] [--checkpoint-dir DIR]
+    python -m qkvsearch.trainers.loop --config examples/trial.yaml [--set key=value ...] [--checkpoint-dir DIR]
 runs the same engine in-process (world size 1) or under `torchrun --nproc_per_node=N` (gloo on CPU,
 nccl on CUDA) and prints one JSON line of metrics per epoch from rank 0.
 """
@@ -18,8 +18,8 @@ import re
 import sys
 import tempfile
 
-from trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
-from trainers.recipe import batch_plan, resolve_config
+from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
+from qkvsearch.trainers.recipe import batch_plan, resolve_config
 
 __all__ = ["DivergenceError", "find_divergence", "main", "run_trainer", "train_worker"]
 
@@ -36,8 +36,7 @@ def train_worker(config: dict) -> list[dict] | None:
     """
     import ray.train
     import ray.train.torch
-
-    from trainers import engine
+    from qkvsearch.trainers import engine
 
     _set_threads_from_ray()
     ctx = ray.train.get_context()
@@ -60,8 +59,7 @@ def _set_threads_from_ray():
 def _ray_restore():
     """The state of this Train run's latest checkpoint, or None on a fresh start."""
     import ray.train
-
-    from trainers.engine import load_state
+    from qkvsearch.trainers.engine import load_state
 
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
@@ -78,8 +76,7 @@ class _RayReporter:
 
     def __call__(self, metrics: dict, state_fn) -> None:
         import ray.train
-
-        from trainers.engine import save_state
+        from qkvsearch.trainers.engine import save_state
 
         if state_fn is None or self.rank != 0:
             ray.train.report(metrics, checkpoint=None)
@@ -98,7 +95,7 @@ def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, g
     Returns the ray.train.Result. A run whose <storage_path>/<name> holds a checkpoint resumes from it.
     Worker errors raise ray.train.TrainingFailedError from fit(); find_divergence(err) tells divergence.
     """
-    from trainers.data import check_dataset
+    from qkvsearch.trainers.data import check_dataset
 
     cfg = resolve_config(config)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
@@ -140,7 +137,7 @@ def find_divergence(error: BaseException) -> DivergenceError | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Plain adapter: python -m trainers.loop / torchrun
+# Plain adapter: python -m qkvsearch.trainers.loop / torchrun
 
 
 def _yaml_loader():
@@ -186,8 +183,7 @@ def load_cli_config(path: str | None, overrides: list[str]) -> dict:
 def _init_torch_distributed():
     """-> engine.Dist from torchrun's env vars (RANK, WORLD_SIZE, LOCAL_RANK), else world size 1."""
     import torch
-
-    from trainers.engine import Dist
+    from qkvsearch.trainers.engine import Dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -210,7 +206,7 @@ def _ddp_wrapper(dist):
 
 
 def _plain_reporter(dist, checkpoint_dir):
-    from trainers.engine import save_state
+    from qkvsearch.trainers.engine import save_state
 
     def report(metrics, state_fn):
         if dist.rank != 0:
@@ -223,7 +219,7 @@ def _plain_reporter(dist, checkpoint_dir):
 
 
 def _plain_restore(checkpoint_dir):
-    from trainers.engine import STATE_FILE, load_state
+    from qkvsearch.trainers.engine import STATE_FILE, load_state
 
     if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, STATE_FILE)):
         return lambda: load_state(checkpoint_dir)
@@ -231,7 +227,7 @@ def _plain_restore(checkpoint_dir):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainers.loop", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m qkvsearch.trainers.loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="YAML file with a flat trial config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key (YAML value syntax); repeatable")
@@ -240,14 +236,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_cli_config(args.config, args.overrides)
-        from trainers.data import check_dataset
+        from qkvsearch.trainers.data import check_dataset
 
         check_dataset(cfg)
     except (ValueError, OSError) as e:
         parser.error(str(e))  # exits 2
     import torch
-
-    from trainers.engine import fit
+    from qkvsearch.trainers.engine import fit
 
     if args.threads:
         torch.set_num_threads(args.threads)

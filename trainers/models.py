@@ -33,11 +33,16 @@ from typing import Any
 
 import timm
 import torch
+from qkvsearch.trainers.embeddings import (
+    ACTIVATIONS,
+    EMBEDDINGS,
+    build_embedding,
+    embedding_params,
+    make_codes,
+)
 from timm.models import register_model
 from timm.models.cait import ClassAttn
 from torch import nn
-
-from trainers.embeddings import ACTIVATIONS, EMBEDDINGS, build_embedding, embedding_params, make_codes
 
 __all__ = [
     "EmbeddingSpec",

@@ -1,0 +1,68 @@
+"""qkvsearch: distributed search over the query/key/value embedding of vision transformers.
+
+The source folders ``search/``, ``spaces/`` and ``trainers/`` install as ``qkvsearch.search``,
+``qkvsearch.spaces`` and ``qkvsearch.trainers``; this module is the package root (pyproject.toml maps
+it). After ``import qkvsearch`` timm knows the ``qkv_<timm name>`` models::
+
+    import qkvsearch, timm
+    model = timm.create_model("qkv_xcit_nano_12_p16_224", embedding="fsne", code_size=8)
+
+Public API: ``build_model(cfg)``, ``model_cost(cfg)``, ``load_campaign(path)``.
+
+Importing the package stays light (no torch, no timm): Ray's controller and trial processes import
+``qkvsearch.*`` modules on the path to a trial's first step. The models are registered when timm is
+imported (at once if it already is).
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+__all__ = ["build_model", "load_campaign", "model_cost"]
+
+
+def __getattr__(name: str):
+    if name == "build_model":
+        from qkvsearch.trainers.models import build_model
+
+        return build_model
+    if name == "model_cost":
+        from qkvsearch.trainers.cost import model_cost
+
+        return model_cost
+    if name == "load_campaign":
+        from qkvsearch.spaces import load_campaign
+
+        return load_campaign
+    raise AttributeError(f"module 'qkvsearch' has no attribute {name!r}")
+
+
+def _register_models() -> None:
+    import qkvsearch.trainers.models  # noqa: F401  (registers qkv_* with timm on import)
+
+
+class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
+    """Finds timm like the rest of sys.meta_path, then registers our models once timm has loaded."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "timm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("timm")
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _register_models()
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+if "timm" in sys.modules:
+    _register_models()
+elif not any(isinstance(f, _RegisterAfterTimm) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterAfterTimm())
