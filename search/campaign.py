@@ -19,7 +19,7 @@ import ray
 from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial, trial_config
 from qkvsearch.search.records import TrialRecorder, code_version, read_json, write_json
 from qkvsearch.search.searchers import build_search
-from qkvsearch.spaces import SpecError, base_config, smoke_test
+from qkvsearch.spaces import BadInput, SpecError, base_config, smoke_test
 from qkvsearch.trainers.cost import model_cost
 from ray import tune
 
@@ -27,7 +27,7 @@ _RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKIN
 TRIAL_SLOT = "trial_slot"
 
 
-class ResourceError(ValueError):
+class ResourceError(BadInput):
     """The campaign asks for more per trial than the cluster has."""
 
 

@@ -47,15 +47,15 @@ def to_minimise(values, directions: Sequence[str]) -> np.ndarray:
     elif arr.ndim == 1:
         arr = arr.reshape(-1, 1) if len(directions) == 1 else arr.reshape(1, -1)
     if arr.ndim != 2:
-        raise ValueError(f"values: expected an array of shape (n, k), got shape {arr.shape}")
+        raise ValueError(f"values: expected an array of shape (n, k), given shape {arr.shape}")
     if isinstance(directions, str) or len(directions) != arr.shape[1]:
         raise ValueError(
             f"directions: expected a list of {arr.shape[1]} entries 'min'/'max' (one per objective), "
-            f"got {directions!r}"
+            f"given {directions!r}"
         )
     for j, d in enumerate(directions):
         if d not in _DIRECTIONS:
-            raise ValueError(f"directions[{j}]: expected 'min' or 'max', got {d!r}")
+            raise ValueError(f"directions[{j}]: expected 'min' or 'max', given {d!r}")
         if d == "max":
             arr[:, j] = -arr[:, j]
     return arr
@@ -234,7 +234,7 @@ def reference_point(values, directions: Sequence[str], margin: float = 0.1) -> n
 def _reference_min(reference, directions: Sequence[str], k: int) -> np.ndarray:
     ref = np.asarray(reference, dtype=np.float64).reshape(-1)
     if ref.shape != (k,) or np.isnan(ref).any():
-        raise ValueError(f"reference: expected {k} numbers (one per objective), got {reference!r}")
+        raise ValueError(f"reference: expected {k} numbers (one per objective), given {reference!r}")
     return to_minimise(ref.reshape(1, k), directions)[0]
 
 
@@ -298,7 +298,7 @@ def hypervolume_trace(values, directions: Sequence[str], reference, order=None) 
     ref = _reference_min(reference, directions, k)
     seq = np.arange(n) if order is None else np.asarray(order, dtype=np.int64).reshape(-1)
     if seq.size and (seq.min() < 0 or seq.max() >= n):
-        raise ValueError(f"order: expected row indices in [0, {n}), got values from {seq.min()} to {seq.max()}")
+        raise ValueError(f"order: expected row indices in [0, {n}), given values from {seq.min()} to {seq.max()}")
     trace = np.zeros(seq.size, dtype=np.float64)
     front = np.empty((0, k))
     current = 0.0

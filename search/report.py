@@ -60,16 +60,16 @@ def objective_columns(trials: pa.Table, objectives) -> tuple[list[str], list[str
     for i, obj in enumerate(objectives):
         metric, mode = (obj or {}).get("metric"), (obj or {}).get("mode")
         if mode not in ("min", "max"):
-            raise ValueError(f"objectives[{i}].mode: expected 'min' or 'max', got {mode!r}")
+            raise ValueError(f"objectives[{i}].mode: expected 'min' or 'max', given {mode!r}")
         col = metric if metric in trials.column_names and not str(metric).startswith("config_") else f"final_{metric}"
         if col not in trials.column_names:
             raise ValueError(f"objectives[{i}].metric: expected a reported metric or a cost column "
-                             f"(e.g. top1, gmacs, params_m), got {metric!r}")
+                             f"(e.g. top1, gmacs, params_m), given {metric!r}")
         metrics.append(metric)
         cols.append(col)
         dirs.append(mode)
     if not metrics:
-        raise ValueError("objectives: expected at least one objective, got none")
+        raise ValueError("objectives: expected at least one objective, given none")
     return metrics, cols, dirs
 
 

@@ -102,10 +102,10 @@ def load_campaign_record(experiment_dir) -> dict:
     fs, root = open_experiment(experiment_dir)
     path = f"{root}/{CAMPAIGN_FILE}"
     if fs.get_file_info(path).type != pafs.FileType.File:
-        raise ValueError(f"experiment_dir: expected a campaign folder holding {CAMPAIGN_FILE}, got {experiment_dir!s}")
+        raise ValueError(f"experiment_dir: expected a campaign folder holding {CAMPAIGN_FILE}, given {experiment_dir!s}")
     record = _read_json(fs, path)
     if not isinstance(record, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(record).__name__}")
+        raise ValueError(f"{path}: expected a JSON object, given {type(record).__name__}")
     return record
 
 
@@ -231,7 +231,7 @@ def _epochs_table(trial_ids: list[str], names: list[str], epoch_lists: list[list
 def _clean_epochs(rec: dict) -> list[dict]:
     epochs = rec.get("epochs") or []
     if not isinstance(epochs, list):
-        raise TypeError(f"epochs: expected a list, got {type(epochs).__name__}")
+        raise TypeError(f"epochs: expected a list, given {type(epochs).__name__}")
     return [e for e in epochs if isinstance(e, dict)]
 
 
@@ -379,7 +379,7 @@ def resolve_out_dir(experiment_dir, out_dir, default: str) -> tuple[pafs.FileSys
         fs, path = open_experiment(out_dir)
     same_fs = type(fs) is type(open_experiment(experiment_dir)[0])
     if same_fs and path.rstrip("/") in (root, f"{root}/{TRIALS_DIR}"):
-        raise ValueError(f"out_dir: expected a folder other than the campaign's own ({root}), got {text}")
+        raise ValueError(f"out_dir: expected a folder other than the campaign's own ({root}), given {text}")
     fs.create_dir(path, recursive=True)
     return fs, path, text
 

@@ -79,7 +79,7 @@ def rung_positions(rung_values, directions: Sequence[str]) -> np.ndarray:
     if vals.ndim != 2 or vals.shape[1] != len(directions):
         raise ValueError(
             f"rung_values: expected an array of shape (n, {len(directions)}) (one column per "
-            f"direction), got shape {vals.shape}"
+            f"direction), given shape {vals.shape}"
         )
     vals[~np.isfinite(vals)] = np.nan  # +/-inf too: a diverged metric must not look best
     ranks = nondominated_ranks(vals, directions)  # (n,) NaN rows: NAN_RANK
@@ -95,14 +95,14 @@ def promotable(rung_values, directions: Sequence[str], reduction_factor: float, 
     _check_reduction_factor(reduction_factor)
     n = len(rung_values)
     if not 0 <= candidate_index < n:
-        raise ValueError(f"candidate_index: expected an int in [0, {n}), got {candidate_index!r}")
+        raise ValueError(f"candidate_index: expected an int in [0, {n}), given {candidate_index!r}")
     position = int(rung_positions(rung_values, directions)[candidate_index])
     return position * reduction_factor < n
 
 
 def _check_reduction_factor(rf) -> None:
     if isinstance(rf, bool) or not isinstance(rf, (int, float)) or not rf > 1:
-        raise ValueError(f"reduction_factor: expected a number > 1, got {rf!r}")
+        raise ValueError(f"reduction_factor: expected a number > 1, given {rf!r}")
 
 
 def _as_float(x) -> float:
@@ -139,12 +139,12 @@ class MOASHAScheduler(FIFOScheduler):
         super().__init__()
         self._metrics, self._modes = _check_objectives(metrics, modes)
         if not isinstance(time_attr, str) or not time_attr:
-            raise ValueError(f"time_attr: expected a non-empty result key, got {time_attr!r}")
+            raise ValueError(f"time_attr: expected a non-empty result key, given {time_attr!r}")
         _check_positive("grace_period", grace_period)
         _check_reduction_factor(reduction_factor)
         _check_positive("max_t", max_t)
         if max_t < grace_period:
-            raise ValueError(f"max_t: expected a value >= grace_period ({grace_period}), got {max_t!r}")
+            raise ValueError(f"max_t: expected a value >= grace_period ({grace_period}), given {max_t!r}")
         self._time_attr = time_attr
         self._rf = reduction_factor
         self._max_t = max_t
@@ -175,7 +175,7 @@ class MOASHAScheduler(FIFOScheduler):
     def recorded(self, milestone: float) -> dict[str, list[float]]:
         """trial_id -> objective values recorded at the rung ``milestone`` (a copy)."""
         if milestone not in self._milestones:
-            raise ValueError(f"milestone: expected one of {self._milestones}, got {milestone!r}")
+            raise ValueError(f"milestone: expected one of {self._milestones}, given {milestone!r}")
         return {t: list(v) for t, v in self._recorded[self._milestones.index(milestone)].items()}
 
     # ---- Tune callbacks --------------------------------------------------------------------
@@ -255,11 +255,11 @@ class MOASHAScheduler(FIFOScheduler):
         """Load ``get_state()`` output; the objectives and rungs must match this scheduler's."""
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"state: expected a dict with format {_STATE_FORMAT!r}, got {got!r}")
+            raise ValueError(f"state: expected a dict with format {_STATE_FORMAT!r}, given {got!r}")
         for key, mine in (("metrics", self._metrics), ("modes", self._modes),
                           ("time_attr", self._time_attr), ("milestones", self._milestones)):
             if state.get(key) != mine:
-                raise ValueError(f"state[{key!r}]: expected {mine!r} (this scheduler's), got {state.get(key)!r}")
+                raise ValueError(f"state[{key!r}]: expected {mine!r} (this scheduler's), given {state.get(key)!r}")
         self._recorded = [{str(t): [float(x) for x in v] for t, v in r.items()} for r in state["recorded"]]
         self.stopped = {str(t): m for t, m in state["stopped"].items()}
         self._loaded = True
@@ -284,19 +284,19 @@ class MOASHAScheduler(FIFOScheduler):
 
 def _check_objectives(metrics, modes) -> tuple[list[str], list[str]]:
     if isinstance(metrics, str) or not metrics or not all(isinstance(m, str) and m for m in metrics):
-        raise ValueError(f"metrics: expected a non-empty list of result keys, got {metrics!r}")
+        raise ValueError(f"metrics: expected a non-empty list of result keys, given {metrics!r}")
     if len(set(metrics)) != len(metrics):
-        raise ValueError(f"metrics: expected distinct result keys, got {list(metrics)!r}")
+        raise ValueError(f"metrics: expected distinct result keys, given {list(metrics)!r}")
     if isinstance(modes, str) or len(modes) != len(metrics) or any(m not in ("min", "max") for m in modes):
         raise ValueError(
-            f"modes: expected a list of {len(metrics)} entries 'min'/'max' (one per metric), got {modes!r}"
+            f"modes: expected a list of {len(metrics)} entries 'min'/'max' (one per metric), given {modes!r}"
         )
     return list(metrics), list(modes)
 
 
 def _check_positive(name: str, x) -> None:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
-        raise ValueError(f"{name}: expected a number > 0, got {x!r}")
+        raise ValueError(f"{name}: expected a number > 0, given {x!r}")
 
 
 def _milestones(grace_period: float, rf: float, max_t: float) -> list[float]:

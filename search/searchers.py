@@ -62,7 +62,7 @@ def _sampler(search: dict):
     if algorithm == "nsga2":
         population = search.get("population_size") or 50
         return optuna.samplers.NSGAIISampler(population_size=population, seed=seed)
-    raise ValueError(f"search.algorithm: expected one of grid, random, tpe, nsga2, got {algorithm!r}")
+    raise ValueError(f"search.algorithm: expected one of grid, random, tpe, nsga2, given {algorithm!r}")
 
 
 def build_search(spec):

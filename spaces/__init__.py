@@ -39,12 +39,13 @@ spec.to_dict(); base_config(spec); expand_space(spec); suggest_config(spec, optu
 smoke_test(spec); list_presets();
 preset_path(name). Errors: SpecError (a ValueError) listing every problem, one per line.
 """
-from qkvsearch.spaces.errors import SpecError
+from qkvsearch.spaces.errors import BadInput, SpecError
 from qkvsearch.spaces.loader import list_presets, load_campaign, preset_path
 from qkvsearch.spaces.schema import CampaignSpec, Dimension, Space
 from qkvsearch.spaces.trials import base_config, expand_space, smoke_test, suggest_config
 
 __all__ = [
+    "BadInput",
     "CampaignSpec",
     "Dimension",
     "Space",

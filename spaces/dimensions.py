@@ -63,7 +63,7 @@ def check_value(check: Check, value, c: Collector, path: str):
     except Bad as bad:
         expected = bad.expected or check.expected
         suffix = hint(value, check.options) if check.options and isinstance(value, str) else ""
-        c.add(path, f"expected {expected}, got {_show(value)}{suffix}")
+        c.add(path, f"expected {expected}, given {_show(value)}{suffix}")
         return ABSENT
 
 
@@ -83,7 +83,7 @@ def _parse_dimension(key: str, entry, c: Collector, path: str) -> Dimension | No
     c.unknown_keys(path, entry, [*KINDS, "log", "when"])
     kinds = [k for k in KINDS if k in entry]
     if len(kinds) != 1:
-        c.add(path, f"expected exactly one of {', '.join(KINDS)}, got {kinds or 'none'}")
+        c.add(path, f"expected exactly one of {', '.join(KINDS)}, given {kinds or 'none'}")
         return None
     kind = kinds[0]
     when = _parse_when(entry.get("when"), c, f"{path}.when")
@@ -145,10 +145,10 @@ def _parse_range(key, check: Check, kind: str, raw, log, c: Collector, path: str
         bounds.append(value)
     low, high = bounds
     if not low < high:
-        c.add(f"{path}.{kind}", f"expected low < high, got [{low}, {high}]")
+        c.add(f"{path}.{kind}", f"expected low < high, given [{low}, {high}]")
         return None
     if log and low <= 0:
-        c.add(f"{path}.{kind}", f"a log range needs low > 0, got {low}")
+        c.add(f"{path}.{kind}", f"a log range needs low > 0, given {low}")
         return None
     return low, high, log
 
@@ -252,7 +252,7 @@ def _implied_condition(dim: Dimension, applies, dims, variants, c: Collector, pa
         wrong = [e for e in dim.when["embedding"] if e not in applies]
         if wrong:
             c.add(f"{path}.when.embedding", f"{dim.key} applies only to embedding {need}, "
-                                            f"got {', '.join(map(_show, wrong))}")
+                                            f"given {', '.join(map(_show, wrong))}")
         return dim
     if embeddings == [ABSENT]:
         c.add(path, f"{dim.key} applies only when embedding is {need}, but the space does not set "

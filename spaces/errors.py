@@ -1,7 +1,7 @@
 """Spec errors: every problem found in one campaign file is collected and reported together.
 
 A message names the field path, what was expected and what was given, e.g.
-``space.code_size.choice: expected a list of positive ints, got "big"``.
+``space.code_size.choice: expected a list of positive ints, given "big"``.
 """
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import json
 from collections.abc import Iterable
 
 
-class SpecError(ValueError):
+class BadInput(ValueError):
+    """Input the user can fix (a spec, a path, a data folder, resources): the command line exits 2.
+
+    Every error that says "your input is wrong" derives from it; anything else is a failure (exit 1).
+    """
+
+
+class SpecError(BadInput):
     """A campaign spec is invalid. ``errors`` holds one message per problem; str() lists them one per line."""
 
     def __init__(self, errors: Iterable[str], source: str | None = None):
@@ -65,7 +72,7 @@ class Collector:
         self.errors.append(f"{path}: {message}" if path else message)
 
     def expected(self, path: str, expected: str, given) -> None:
-        self.add(path, f"expected {expected}, got {show(given)}")
+        self.add(path, f"expected {expected}, given {show(given)}")
 
     def unknown_keys(self, path: str, mapping: dict, known: Iterable[str]) -> None:
         known = list(known)

@@ -2,7 +2,7 @@
 
 Every problem in a file is collected and raised together as one SpecError (a ValueError), each
 message naming the field path, e.g. ``search.algorithm: expected one of grid, random, tpe, nsga2,
-got "bayes" (did you mean "tpe"?)``.
+given "bayes" (did you mean "tpe"?)``.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def _set_path(node, segments: list[str], value) -> str | None:
         here = ".".join(segments[:depth]) or "the spec"
         if isinstance(node, list):
             if not seg.isdigit() or int(seg) >= len(node):
-                return f"{here} is a list of {len(node)}: expected an index below {len(node)}, got {show(seg)}"
+                return f"{here} is a list of {len(node)}: expected an index below {len(node)}, given {show(seg)}"
             seg = int(seg)
         elif not isinstance(node, dict):
             return f"{here} is {show(node)}, not a mapping"
@@ -187,7 +187,7 @@ def load_campaign(source, overrides: Sequence[str] = ()) -> CampaignSpec:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise SpecError([f"expected a mapping of sections ({', '.join(SECTIONS)}), got {show(raw)}"], where)
+        raise SpecError([f"expected a mapping of sections ({', '.join(SECTIONS)}), given {show(raw)}"], where)
     apply_overrides(raw, overrides, c)
     if "name" not in raw and default_name:
         raw["name"] = default_name
@@ -303,7 +303,7 @@ def _parse_objectives(raw, c: Collector) -> list[Objective]:
         c.unknown_keys(path, item, ("metric", "mode"))
         metric = item.get("metric")
         if metric not in METRICS:
-            c.add(f"{path}.metric", f"expected one of {', '.join(METRICS)}, got {show(metric)}"
+            c.add(f"{path}.metric", f"expected one of {', '.join(METRICS)}, given {show(metric)}"
                   + (hint(metric, METRICS, list_known=False) if isinstance(metric, str) else ""))
             continue
         mode = item.get("mode", METRICS[metric])
@@ -324,7 +324,7 @@ def _parse_constraints(raw, c: Collector) -> list[Constraint]:
         path = f"constraints.{metric}"
         if metric not in COST_METRICS:
             why = " (constraints are checked before training)" if metric in METRICS else hint(metric, COST_METRICS)
-            c.add(path, f"expected a cost metric ({', '.join(COST_METRICS)}), got {show(metric)}{why}")
+            c.add(path, f"expected a cost metric ({', '.join(COST_METRICS)}), given {show(metric)}{why}")
             continue
         if not isinstance(bound, Mapping) or not bound:
             c.expected(path, "{max: number} and/or {min: number}", bound)
@@ -338,7 +338,7 @@ def _parse_constraints(raw, c: Collector) -> list[Constraint]:
                 else:
                     c.expected(f"{path}.{side}", "a number", bound[side])
         if "max" in values and "min" in values and values["min"] > values["max"]:
-            c.add(path, f"expected min <= max, got min {values['min']:g} > max {values['max']:g}")
+            c.add(path, f"expected min <= max, given min {values['min']:g} > max {values['max']:g}")
         if values:
             out.append(Constraint(metric, values.get("max"), values.get("min")))
     return out
@@ -365,7 +365,7 @@ def _parse_search(raw, space: Space, c: Collector) -> SearchSpec:
     for dim in space.dimensions:
         if dim.kind == "grid" and algorithm != "grid":
             c.add(f"space.{dim.key}.grid", f"grid values are enumerated, which only search.algorithm grid "
-                                           f"does (got {algorithm}); use choice")
+                                           f"does (given {algorithm}); use choice")
     if algorithm == "grid":
         return _grid_search(space, num_trials, seed, repeats or 1, c)
     if num_trials is None:
@@ -384,7 +384,7 @@ def _grid_search(space: Space, num_trials, seed, repeats, c: Collector) -> Searc
         return SearchSpec("grid", num_trials or 1, seed, None, repeats)
     size = len(dimensions.expand(space)) * repeats
     if num_trials is not None and num_trials != size:
-        c.add("search.num_trials", f"grid runs every grid point x repeats = {size} trials, got {num_trials} "
+        c.add("search.num_trials", f"grid runs every grid point x repeats = {size} trials, given {num_trials} "
                                    "(leave num_trials out)")
     return SearchSpec("grid", size, seed, None, repeats)
 
@@ -406,7 +406,7 @@ def _parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> S
     factor = _opt(raw, "reduction_factor", integer(2), 3, c, "scheduler")
     epochs = train.epochs
     if kind in ("asha", "moasha") and epochs is not None and grace > epochs:
-        c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), got {grace}")
+        c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), given {grace}")
     metric, mode = raw.get("metric"), raw.get("mode")
     if kind != "asha":
         for key in ("metric", "mode"):
@@ -431,7 +431,7 @@ def _asha_target(metric, mode, objectives, c: Collector):
             return None, None
         mode = mode or objectives[0].mode
     elif metric not in SCHEDULER_METRICS:
-        c.add("scheduler.metric", f"expected one of {', '.join(SCHEDULER_METRICS)}, got {show(metric)}"
+        c.add("scheduler.metric", f"expected one of {', '.join(SCHEDULER_METRICS)}, given {show(metric)}"
               + (hint(metric, SCHEDULER_METRICS, list_known=False) if isinstance(metric, str) else ""))
         return None, None
     mode = mode or METRICS[metric]
@@ -482,7 +482,7 @@ def _dataset_defaults(model: ModelSpec, data: DataSpec, c: Collector) -> ModelSp
 def _cross_check(model: ModelSpec, train, space: Space, resources: ResourcesSpec, c: Collector) -> None:
     """Checks that span sections (run only when every section parsed cleanly)."""
     if train.warmup_epochs is not None and train.epochs is not None and train.warmup_epochs > train.epochs:
-        c.add("train.warmup_epochs", f"expected at most train.epochs ({train.epochs}), got {train.warmup_epochs:g}")
+        c.add("train.warmup_epochs", f"expected at most train.epochs ({train.epochs}), given {train.warmup_epochs:g}")
     workers = resources.workers_per_trial
     batches = _values_of("batch_size", train.batch_size, space)
     per_worker = _values_of("batch_per_worker", train.batch_per_worker, space)
@@ -495,7 +495,7 @@ def _cross_check(model: ModelSpec, train, space: Space, resources: ResourcesSpec
                 what = (f"resources.workers_per_trial ({workers}) x train.batch_per_worker ({bpw})" if bpw
                         else f"resources.workers_per_trial ({workers})")
                 c.add("train.batch_size", f"expected a multiple of {what} so every worker gets the same "
-                                          f"share, got {batch}")
+                                          f"share, given {batch}")
 
 
 def _values_of(key: str, base, space: Space) -> list:

@@ -80,7 +80,7 @@ def test_moasha_stops_poor_trials_early_and_they_are_not_completed(campaign):
     # The lowest learning rates cannot learn in 6 steps: they are the ones stopped.
     assert min(r["config"]["lr"] for r in done) > max(r["config"]["lr"] for r in stopped)
     best = max(r["epochs"][-1]["top1"] for r in done)
-    assert best > 30.0, f"the best completed trial should be well above chance (10%), got {best:.1f}%"
+    assert best > 30.0, f"the best completed trial should be well above chance (10%), given {best:.1f}%"
 
 
 def test_infeasible_configuration_never_starts_a_trainer(campaign):

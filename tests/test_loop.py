@@ -147,7 +147,7 @@ def test_missing_dataset_fails_before_any_worker(tmp_path):
     with pytest.raises(ValueError, match=r"data_path: expected a folder holding data_batch_1..5 and test_batch"):
         run_trainer({**TINY, "dataset": "cifar10", "data_path": str(tmp_path / "absent")}, num_workers=2,
                     name="never", storage_path=str(tmp_path / "runs"))
-    assert not (tmp_path / "runs").exists()  # Ray never got the trainer
+    assert not (tmp_path / "runs").exists()  # Ray never given the trainer
     with pytest.raises(ValueError, match=r"batch_size: expected a multiple of the number of workers \(3\)"):
         run_trainer(TINY, num_workers=3, name="never", storage_path=str(tmp_path / "runs"))
 

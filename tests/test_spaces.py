@@ -53,32 +53,32 @@ def test_unknown_nested_key_names_its_path_and_hint():
 def test_bad_embedding_name():
     msg = one_error(minimal(space={"embedding": {"choice": ["linear", "fsen"]}}))
     assert msg.startswith("space.embedding.choice[1]: expected one of linear, sne, psne, fsne")
-    assert 'got "fsen"' in msg and 'did you mean "fsne"' in msg
+    assert 'given "fsen"' in msg and 'did you mean "fsne"' in msg
 
 
 def test_code_size_not_a_list_of_positive_ints():
     msg = one_error(minimal(space={"embedding": "fsne", "code_size": {"choice": "big"}}))
-    assert msg == 'space.code_size.choice: expected a list of positive ints, got "big"'
+    assert msg == 'space.code_size.choice: expected a list of positive ints, given "big"'
     msg = one_error(minimal(space={"embedding": "fsne", "code_size": [8, 0]}))
-    assert msg == "space.code_size.choice[1]: expected a positive int, got 0"
+    assert msg == "space.code_size.choice[1]: expected a positive int, given 0"
 
 
 def test_hidden_width_ratio_out_of_range():
     msg = one_error(minimal(space={"embedding": "sne", "hidden_width": [0.5, 6.5]}))
-    assert msg == "space.hidden_width.choice[1]: expected a width ratio in (0, 4] of the token dim, got 6.5"
+    assert msg == "space.hidden_width.choice[1]: expected a width ratio in (0, 4] of the token dim, given 6.5"
     msg = one_error(minimal(space={"embedding": "sne", "hidden_width": "wide"}))
     assert msg.startswith("space.hidden_width: expected a positive int (absolute), a ratio")
-    assert msg.endswith('got "wide"')
+    assert msg.endswith('given "wide"')
 
 
 def test_bad_objective_mode():
     msg = one_error(minimal(objectives=[{"metric": "top1", "mode": "maximize"}]))
-    assert msg == 'objectives[0].mode: expected max or min, got "maximize"'
+    assert msg == 'objectives[0].mode: expected max or min, given "maximize"'
 
 
 def test_unknown_objective_metric():
     msg = one_error(minimal(objectives=[{"metric": "acc", "mode": "max"}]))
-    assert msg.startswith("objectives[0].metric: expected one of top1, top5") and 'got "acc"' in msg
+    assert msg.startswith("objectives[0].metric: expected one of top1, top5") and 'given "acc"' in msg
 
 
 def test_constraint_on_unknown_metric_or_not_a_number():
@@ -87,28 +87,28 @@ def test_constraint_on_unknown_metric_or_not_a_number():
     msg = one_error(minimal(constraints={"top1": {"min": 50}}))
     assert "constraints.top1" in msg and "checked before training" in msg
     msg = one_error(minimal(constraints={"params_m": {"max": "4M"}}))
-    assert msg == 'constraints.params_m.max: expected a number, got "4M"'
+    assert msg == 'constraints.params_m.max: expected a number, given "4M"'
 
 
 def test_bad_algorithm():
     msg = one_error(minimal(search={"algorithm": "bayes", "num_trials": 4}))
     assert msg.startswith("search.algorithm: expected one of grid, random, tpe, nsga2")
-    assert 'got "bayes"' in msg
+    assert 'given "bayes"' in msg
 
 
 def test_grace_epochs_beyond_epochs():
     msg = one_error(minimal(scheduler={"type": "asha", "grace_epochs": 10}))
-    assert msg == "scheduler.grace_epochs: expected at most train.epochs (4), got 10"
+    assert msg == "scheduler.grace_epochs: expected at most train.epochs (4), given 10"
 
 
 def test_workers_per_trial_zero():
     msg = one_error(minimal(resources={"workers_per_trial": 0}))
-    assert msg == "resources.workers_per_trial: expected a positive int, got 0"
+    assert msg == "resources.workers_per_trial: expected a positive int, given 0"
 
 
 def test_empty_choice():
     msg = one_error(minimal(space={"embedding": {"choice": []}}))
-    assert msg == "space.embedding.choice: expected a non-empty list of values among linear, sne, psne, fsne, got []"
+    assert msg == "space.embedding.choice: expected a non-empty list of values among linear, sne, psne, fsne, given []"
 
 
 def test_condition_on_unknown_key():
@@ -126,7 +126,7 @@ def test_condition_value_never_taken():
 
 def test_int_range_low_above_high():
     msg = one_error(minimal(space={"seed": {"int": [5, 2]}}, search={"algorithm": "random", "num_trials": 2}))
-    assert msg == "space.seed.int: expected low < high, got [5, 2]"
+    assert msg == "space.seed.int: expected low < high, given [5, 2]"
 
 
 def test_range_on_a_categorical_key():
@@ -178,12 +178,12 @@ def test_grid_algorithm_refuses_ranges_and_grid_values_need_grid():
 def test_batch_must_split_evenly_over_workers():
     msg = one_error(minimal(train={"epochs": 2, "batch_size": 10}, resources={"workers_per_trial": 4}))
     assert msg == ("train.batch_size: expected a multiple of resources.workers_per_trial (4) so every worker "
-                   "gets the same share, got 10")
+                   "gets the same share, given 10")
 
 
 def test_num_classes_must_match_the_dataset():
     msg = one_error(minimal(model={"name": "xcit_nano_12_p16_224", "num_classes": 1000}))
-    assert msg == "model.num_classes: expected 10 for dataset digits, got 1000"
+    assert msg == "model.num_classes: expected 10 for dataset digits, given 1000"
 
 
 def test_storage_scheme():
@@ -232,7 +232,7 @@ def test_embedding_conditions_are_added_and_expansion_runs_each_combination_once
 def test_explicit_condition_that_admits_a_wrong_embedding_is_an_error():
     space = {"embedding": ["sne", "fsne"], "code_size": {"choice": [8], "when": {"embedding": ["sne", "fsne"]}}}
     msg = one_error(minimal(space=space))
-    assert msg == 'space.code_size.when.embedding: code_size applies only to embedding fsne, got "sne"'
+    assert msg == 'space.code_size.when.embedding: code_size applies only to embedding fsne, given "sne"'
 
 
 def test_code_size_without_any_embedding_is_an_error():
@@ -320,7 +320,7 @@ def test_overrides_set_nested_values_and_lists():
     assert spec.space.dimension("embedding").values == ("sne", "fsne")
     assert spec.resources.max_concurrent_trials == 2 and spec.objectives[0].mode == "max"
     msg = one_error(minimal(), ["train.epochs=abc"])
-    assert msg == 'train.epochs: expected a positive int, got "abc"'
+    assert msg == 'train.epochs: expected a positive int, given "abc"'
 
 
 def test_round_trip_pickle_and_frozen():

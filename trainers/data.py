@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qkvsearch.spaces.errors import BadInput
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SYNTHETIC_SIZES = (1024, 256)   # (train, val) images of the synthetic dataset
@@ -36,7 +38,7 @@ CIFAR_FILES = {
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-class DatasetError(ValueError):
+class DatasetError(BadInput):
     """The dataset named by the config is missing or not in the expected format."""
 
 

@@ -34,7 +34,7 @@ def make_activation(name: str) -> nn.Module:
         return nn.ReLU(inplace=True)
     if name == "gelu":
         return nn.GELU()
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+    raise ValueError(f"activation: expected one of {ACTIVATIONS}, given {name!r}")
 
 
 def _init_linear(layer: nn.Linear) -> None:
@@ -114,7 +114,7 @@ class PSNE(nn.Module):
 def make_codes(code_size: int) -> nn.Parameter:
     """Trainable codes (Cq, Ck, Cv) as one (3, n) Parameter, N(0, 1) initialised."""
     if code_size < 1:
-        raise ValueError(f"code_size must be an integer >= 1, got {code_size!r}")
+        raise ValueError(f"code_size: expected an integer >= 1, given {code_size!r}")
     return nn.Parameter(torch.randn(3, code_size))
 
 
@@ -142,7 +142,7 @@ class FSNE(nn.Module):
         self.dim, self.hidden, self.dim_out = dim, hidden, dim_out
         self.codes = make_codes(code_size) if codes is None else codes  # (3, n): Cq, Ck, Cv
         if self.codes.shape != (3, code_size):
-            raise ValueError(f"codes must have shape (3, {code_size}), got {tuple(self.codes.shape)}")
+            raise ValueError(f"codes must have shape (3, {code_size}), given {tuple(self.codes.shape)}")
         self.code_size = code_size
         self.fc1 = nn.Linear(dim + code_size, hidden)  # Ws1ᵀ
         self.act = make_activation(activation)
@@ -187,7 +187,7 @@ def build_embedding(
         return PSNE(dim, hidden, dim_out, activation)
     if kind == "fsne":
         return FSNE(dim, hidden, code_size, dim_out, activation, codes)
-    raise ValueError(f"embedding must be one of {EMBEDDINGS[1:]} here, got {kind!r}")
+    raise ValueError(f"embedding: expected one of {EMBEDDINGS[1:]} here, given {kind!r}")
 
 
 def embedding_params(kind: str, dim: int, hidden: int, dim_out: int | None = None, code_size: int = 0) -> int:
@@ -201,7 +201,7 @@ def embedding_params(kind: str, dim: int, hidden: int, dim_out: int | None = Non
         return 3 * (dim * hidden + hidden) + hidden * o + o
     if kind == "fsne":
         return (dim + code_size) * hidden + hidden + hidden * o + o
-    raise ValueError(f"embedding must be one of {EMBEDDINGS}, got {kind!r}")
+    raise ValueError(f"embedding: expected one of {EMBEDDINGS}, given {kind!r}")
 
 
 def embedding_macs(kind: str, dim: int, hidden: int, tokens: int, dim_out: int | None = None,
@@ -217,4 +217,4 @@ def embedding_macs(kind: str, dim: int, hidden: int, tokens: int, dim_out: int |
         return tokens * (3 * dim * hidden + 3 * hidden * o)
     if kind == "fsne":
         return tokens * dim * hidden + 3 * code_size * hidden + tokens * 3 * hidden * o
-    raise ValueError(f"embedding must be one of {EMBEDDINGS}, got {kind!r}")
+    raise ValueError(f"embedding: expected one of {EMBEDDINGS}, given {kind!r}")

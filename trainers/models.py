@@ -62,7 +62,7 @@ REGISTERED_PREFIX = "qkv_"
 
 
 def _bad(field: str, expected: str, given: Any) -> ValueError:
-    return ValueError(f"{field} must be {expected}, got {given!r}")
+    return ValueError(f"{field}: expected {expected}, given {given!r}")
 
 
 def _is_int(v: Any) -> bool:
