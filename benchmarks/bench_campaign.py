@@ -50,6 +50,7 @@ def run_campaign(spec: dict) -> tuple[float, list[dict]]:
 def run_plain(configs: list[dict]) -> tuple[float, float]:
     """The same trainings in this process, one after another (world size 1, same global batch)."""
     import torch
+
     from qkvsearch.trainers.engine import Dist, fit
 
     torch.set_num_threads(2)

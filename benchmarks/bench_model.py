@@ -16,6 +16,7 @@ import time
 
 import timm
 import torch
+
 from qkvsearch.trainers import build_model
 from qkvsearch.trainers.cost import model_cost
 

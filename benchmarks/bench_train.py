@@ -91,6 +91,7 @@ def bench_throughput(repeats, steps):
 
 def bench_startup(workers, repeats):
     import ray
+
     from qkvsearch.trainers.loop import run_trainer
 
     if not ray.is_initialized():

@@ -16,12 +16,13 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports oth
 os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")       # Train runs on the dashboard
 
 import ray
+from ray import tune
+
 from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial, trial_config
 from qkvsearch.search.records import TrialRecorder, code_version, read_json, write_json
 from qkvsearch.search.searchers import build_search
 from qkvsearch.spaces import BadInput, SpecError, base_config, smoke_test
 from qkvsearch.trainers.cost import model_cost
-from ray import tune
 
 _RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
 TRIAL_SLOT = "trial_slot"

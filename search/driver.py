@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qkvsearch.spaces.schema import violations
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
+
+from qkvsearch.spaces.schema import violations
 
 # Tune's iteration counter restarts at 1 when a trial is restored; `epoch` does not.
 TIME_ATTR = "epoch"

@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+
 from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point
 from qkvsearch.search.results import collect, load_campaign_record, resolve_out_dir, write_results
 

@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from qkvsearch.search.pareto import NAN_RANK, nondominated_ranks, to_minimise
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from qkvsearch.search.pareto import NAN_RANK, nondominated_ranks, to_minimise
 
 __all__ = ["MOASHAScheduler", "crowding_distance", "promotable", "rung_positions"]
 

@@ -10,9 +10,10 @@ import math
 from functools import partial
 
 import optuna
-from qkvsearch.spaces import base_config, expand_space, suggest_config
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
+
+from qkvsearch.spaces import base_config, expand_space, suggest_config
 
 
 class CampaignOptunaSearch(OptunaSearch):

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 
 import pyarrow.fs as pafs
+
 from qkvsearch.search.records import fs_and_path
 
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
+
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.errors import Collector, SpecError, hint, show
 from qkvsearch.spaces.keys import (

@@ -12,6 +12,7 @@ import pytest
 def ray_local():
     """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""
     import ray
+
     from qkvsearch.search.campaign import start_local_ray
 
     if not ray.is_initialized():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from qkvsearch.search.cli import main
 from qkvsearch.search.pareto import nondominated_mask
 from qkvsearch.search.status import load_records

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from qkvsearch.search.cli import main
 
 PRESETS = Path(__file__).resolve().parent.parent / "spaces" / "presets"

@@ -4,6 +4,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+
 from qkvsearch.trainers import data
 from qkvsearch.trainers.data import DatasetError, check_dataset, eval_shard, load_data, train_shard
 from qkvsearch.trainers.recipe import resolve_config

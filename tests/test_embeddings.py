@@ -2,6 +2,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
 from qkvsearch.trainers.embeddings import (
     FSNE,
     PSNE,
@@ -11,7 +13,6 @@ from qkvsearch.trainers.embeddings import (
     embedding_params,
     make_codes,
 )
-from torch.utils.flop_counter import FlopCounterMode
 
 B, N, D, H = 2, 5, 16, 12
 

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 import torch
+
 from qkvsearch.trainers import engine
 from qkvsearch.trainers.engine import DivergenceError, Run, load_state
 from qkvsearch.trainers.loop import find_divergence, main, run_trainer

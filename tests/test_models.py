@@ -2,11 +2,12 @@
 import pytest
 import timm
 import torch
+from timm.models.cait import ClassAttn
+from torch import nn
+
 from qkvsearch.trainers import build_model
 from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE
 from qkvsearch.trainers.models import EmbeddedClassAttn, apply_embedding, resolve_hidden_width
-from timm.models.cait import ClassAttn
-from torch import nn
 
 XCIT = dict(model="xcit_nano_12_p16_224", img_size=32, num_classes=10)  # 2x2 patches
 VIT = dict(model="vit_tiny_patch16_224", img_size=32, num_classes=10)
@@ -192,8 +193,9 @@ def test_biases_are_named_as_biases_for_weight_decay(kind):
 
 
 def test_fsne_codes_are_not_weight_decayed_like_cls_token():
-    from qkvsearch.trainers import build_model
     from timm.optim import create_optimizer_v2
+
+    from qkvsearch.trainers import build_model
 
     model = build_model({"model": "xcit_nano_12_p8_224", "embedding": "fsne", "img_size": 16, "num_classes": 10})
     (codes,) = [p for n, p in model.named_parameters() if n.endswith("codes")]

@@ -3,6 +3,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from qkvsearch.search.pareto import (
     NAN_RANK,
     hypervolume,

@@ -3,6 +3,7 @@ import csv
 from pathlib import Path
 
 import pytest
+
 from qkvsearch.spaces import base_config, expand_space, list_presets, load_campaign, smoke_test
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "sne_paper_imagenet.csv"

@@ -1,5 +1,6 @@
 """trainers.recipe: defaults, validation messages, the accumulation rule."""
 import pytest
+
 from qkvsearch.trainers.recipe import MODEL_KEYS, TRAINING_DEFAULTS, batch_plan, resolve_config
 
 MODEL = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 64, "code_size": 8,

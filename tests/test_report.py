@@ -8,8 +8,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from browser import chromium_path, render
-from qkvsearch.search.report import build_report
 from test_results import ALL_STATUSES, SPEC, _tree_digest, write_campaign
+
+from qkvsearch.search.report import build_report
 
 PAPER_CONFIG = {"model": "xcit_nano_12_p16_224", "dataset": "imagefolder", "num_classes": 1000, "img_size": 224}
 

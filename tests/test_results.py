@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, RecordWarning, collect, write_results
 
 STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")

@@ -5,9 +5,10 @@ import pickle
 
 import numpy as np
 import pytest
-from qkvsearch.search.schedulers import MOASHAScheduler, crowding_distance, promotable, rung_positions
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+from qkvsearch.search.schedulers import MOASHAScheduler, crowding_distance, promotable, rung_positions
 
 CONTINUE, STOP = TrialScheduler.CONTINUE, TrialScheduler.STOP
 ACC_PARAMS = ["max", "min"]  # (top1 %, params M)

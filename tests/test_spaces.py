@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+
 from qkvsearch.spaces import SpecError, base_config, expand_space, load_campaign, smoke_test, suggest_config
 
 

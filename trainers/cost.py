@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
 from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, embedding_macs, embedding_params
 from qkvsearch.trainers.models import (
     EmbeddingSpec,
@@ -33,8 +36,6 @@ from qkvsearch.trainers.models import (
     find_sites,
     resolve_width,
 )
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["model_cost", "measure_cost", "count_macs"]
 

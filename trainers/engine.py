@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from qkvsearch.trainers.recipe import MODEL_KEYS, batch_plan, resolve_config

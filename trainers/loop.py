@@ -36,6 +36,7 @@ def train_worker(config: dict) -> list[dict] | None:
     """
     import ray.train
     import ray.train.torch
+
     from qkvsearch.trainers import engine
 
     _set_threads_from_ray()
@@ -59,6 +60,7 @@ def _set_threads_from_ray():
 def _ray_restore():
     """The state of this Train run's latest checkpoint, or None on a fresh start."""
     import ray.train
+
     from qkvsearch.trainers.engine import load_state
 
     ckpt = ray.train.get_checkpoint()
@@ -76,6 +78,7 @@ class _RayReporter:
 
     def __call__(self, metrics: dict, state_fn) -> None:
         import ray.train
+
         from qkvsearch.trainers.engine import save_state
 
         if state_fn is None or self.rank != 0:
@@ -183,6 +186,7 @@ def load_cli_config(path: str | None, overrides: list[str]) -> dict:
 def _init_torch_distributed():
     """-> engine.Dist from torchrun's env vars (RANK, WORLD_SIZE, LOCAL_RANK), else world size 1."""
     import torch
+
     from qkvsearch.trainers.engine import Dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -242,6 +246,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         parser.error(str(e))  # exits 2
     import torch
+
     from qkvsearch.trainers.engine import fit
 
     if args.threads:

@@ -33,6 +33,10 @@ from typing import Any
 
 import timm
 import torch
+from timm.models import register_model
+from timm.models.cait import ClassAttn
+from torch import nn
+
 from qkvsearch.trainers.embeddings import (
     ACTIVATIONS,
     EMBEDDINGS,
@@ -40,9 +44,6 @@ from qkvsearch.trainers.embeddings import (
     embedding_params,
     make_codes,
 )
-from timm.models import register_model
-from timm.models.cait import ClassAttn
-from torch import nn
 
 __all__ = [
     "EmbeddingSpec",
