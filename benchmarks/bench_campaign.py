@@ -43,7 +43,7 @@ def run_campaign(spec: dict) -> tuple[float, list[dict]]:
     from qkvsearch.spaces import load_campaign
 
     t0 = time.perf_counter()
-    exp = launch(load_campaign(spec), echo=lambda *_: None)
+    exp = launch(load_campaign(spec))
     return time.perf_counter() - t0, load_records(exp)
 
 
@@ -51,13 +51,14 @@ def run_plain(configs: list[dict]) -> tuple[float, float]:
     """The same trainings in this process, one after another (world size 1, same global batch)."""
     import torch
 
+    from qkvsearch.spaces.keys import fill
     from qkvsearch.trainers.engine import Dist, fit
 
     torch.set_num_threads(2)
     t0 = time.perf_counter()
     train_s = 0.0
     for cfg in configs:
-        history = fit(dict(cfg), Dist())
+        history = fit(fill(cfg), Dist())
         train_s += sum(m["train_s"] for m in history)
     return time.perf_counter() - t0, train_s
 

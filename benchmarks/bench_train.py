@@ -20,6 +20,8 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports arr
 
 import torch
 
+from qkvsearch.spaces.keys import fill
+
 CFG = {"model": "xcit_nano_12_p8_224", "embedding": "fsne", "hidden_width": 64, "img_size": 16,
        "dataset": "digits", "batch_size": 64, "epochs": 1, "lr": 1e-3, "val_fraction": 0.2}
 
@@ -37,11 +39,11 @@ def engine_epoch(run, steps):
 
 def plain_setup(cfg):
     """A plain loop's pieces: model, AdamW, and the training images prepared once as float tensors."""
+    from qkvsearch.spaces.keys import fill
     from qkvsearch.trainers import build_model
     from qkvsearch.trainers.data import load_data, prepare_images
-    from qkvsearch.trainers.recipe import resolve_config
 
-    cfg = resolve_config(cfg)
+    cfg = fill(cfg)
     torch.manual_seed(0)
     model = build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
@@ -68,7 +70,7 @@ def plain_epoch(model, opt, x, y, batch, steps, epoch):
 def bench_throughput(repeats, steps):
     from qkvsearch.trainers.engine import Run
 
-    cfg = dict(CFG, max_steps_per_epoch=steps)
+    cfg = fill(dict(CFG, max_steps_per_epoch=steps))
     run = Run(cfg)
     plain = plain_setup(cfg)
     batch = cfg["batch_size"]
@@ -96,7 +98,7 @@ def bench_startup(workers, repeats):
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
-    cfg = dict(CFG, max_steps_per_epoch=2, val_fraction=0.05)
+    cfg = fill(dict(CFG, max_steps_per_epoch=2, val_fraction=0.05))
     with tempfile.TemporaryDirectory() as storage:
         for n in workers:
             waits, setups, totals = [], [], []

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -18,18 +19,18 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")       # Train runs
 import ray
 from ray import tune
 
-from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial, trial_config
-from qkvsearch.search.records import TrialRecorder, code_version, read_json, write_json
+from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial
+from qkvsearch.search.preflight import ResourceError, check_local_resources, check_storage
+from qkvsearch.search.records import CAMPAIGN_FILE, TrialRecorder, code_version, read_campaign
 from qkvsearch.search.searchers import build_search
-from qkvsearch.spaces import BadInput, SpecError, base_config, smoke_test
-from qkvsearch.trainers.cost import model_cost
+from qkvsearch.search.storage import write_json
+from qkvsearch.spaces import SpecError, base_config, smoke_test
+from qkvsearch.spaces.keys import fill
+
+log = logging.getLogger(__name__)
 
 _RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
 TRIAL_SLOT = "trial_slot"
-
-
-class ResourceError(BadInput):
-    """The campaign asks for more per trial than the cluster has."""
 
 
 @dataclass
@@ -94,22 +95,23 @@ def _dashboard_url() -> str | None:
         return None
 
 
-def plan_concurrency(resources: dict, cluster: Cluster) -> int:
-    """How many trials can run at once; fails fast when one trial cannot fit at all."""
-    workers = resources["workers_per_trial"]
-    need_cpu = workers * resources["cpus_per_worker"]
-    need_gpu = workers * resources["gpus_per_worker"]
+def plan_concurrency(resources, cluster: Cluster) -> int:
+    """How many trials can run at once (resources: spaces.schema.ResourcesSpec); fails fast when one
+    trial cannot fit at all."""
+    workers = resources.workers_per_trial
+    need_cpu = workers * resources.cpus_per_worker
+    need_gpu = workers * resources.gpus_per_worker
     if need_cpu > cluster.cpus or need_gpu > cluster.gpus:
         raise ResourceError(
-            f"resources: one trial needs {workers} workers x ({resources['cpus_per_worker']} CPU, "
-            f"{resources['gpus_per_worker']} GPU) = {need_cpu:g} CPUs, {need_gpu:g} GPUs, but the cluster "
+            f"resources: one trial needs {workers} workers x ({resources.cpus_per_worker} CPU, "
+            f"{resources.gpus_per_worker} GPU) = {need_cpu:g} CPUs, {need_gpu:g} GPUs, but the cluster "
             f"has {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs; lower resources.workers_per_trial or "
             f"resources.cpus_per_worker / gpus_per_worker")
     fits = int(cluster.cpus // need_cpu) if need_cpu else 10**6
     if need_gpu:
         fits = min(fits, int(cluster.gpus // need_gpu))
-    wanted = resources.get("max_concurrent_trials", "auto")
-    limit = fits if wanted in (None, "auto") else min(int(wanted), fits)
+    wanted = resources.max_concurrent_trials
+    limit = fits if wanted == "auto" else min(int(wanted), fits)
     if cluster.trial_slots:
         limit = min(limit, int(cluster.trial_slots))
     return max(1, limit)
@@ -122,156 +124,153 @@ def _trial_resources(cluster: Cluster) -> dict:
     return {"cpu": 0, "node:__internal_head__": 0.001}  # an existing cluster without trial slots
 
 
-def _scheduler(spec_d: dict, epochs: int, exp: str):
-    sched, objectives = spec_d["scheduler"], spec_d["objectives"]
-    kind = sched.get("type", "fifo")
-    if kind == "fifo":
+def _scheduler(spec, exp: str):
+    """The spec's trial scheduler (None for fifo): ASHA on one metric, or MO-ASHA on the objectives."""
+    sched, objectives = spec.scheduler, spec.objectives
+    if sched.type == "fifo":
         return None
-    common = dict(time_attr=TIME_ATTR, grace_period=sched.get("grace_epochs", 1),
-                  reduction_factor=sched.get("reduction_factor", 3), max_t=epochs)
-    if kind == "asha":
-        metric = sched.get("metric") or objectives[0]["metric"]
-        mode = next((o["mode"] for o in objectives if o["metric"] == metric), "max")
-        return tune.schedulers.ASHAScheduler(metric=metric, mode=mode, **common)
+    common = dict(time_attr=TIME_ATTR, grace_period=sched.grace_epochs,
+                  reduction_factor=sched.reduction_factor, max_t=spec.train.epochs)
+    if sched.type == "asha":  # the loader resolved metric and mode (first objective by default)
+        return tune.schedulers.ASHAScheduler(metric=sched.metric, mode=sched.mode, **common)
     from qkvsearch.search.schedulers import MOASHAScheduler
 
     # Tune does not save schedulers with the experiment: MO-ASHA keeps its rungs in a file of its own.
     state = None if "://" in exp else f"{exp}/qs_scheduler.json"
-    return MOASHAScheduler(metrics=[o["metric"] for o in objectives], modes=[o["mode"] for o in objectives],
+    return MOASHAScheduler(metrics=[o.metric for o in objectives], modes=[o.mode for o in objectives],
                            state_path=state, **common)
 
 
 class _Describe:
-    """Trial -> (flat config, readable name, cost, planned epochs) for names and records; cached."""
-
-    def __init__(self, settings: TrialSettings):
-        self.settings = settings
-        self.cache: dict[str, dict] = {}
+    """Trial -> its record's description: resolved config, cost, planned epochs, readable name."""
 
     def __call__(self, trial) -> dict:
-        if trial.trial_id not in self.cache:
-            cfg = trial_config(self.settings, trial.config)
-            cost = model_cost(cfg)
-            self.cache[trial.trial_id] = {"config": cfg, "cost": cost, "epochs_planned": int(cfg["epochs"]),
-                                          "name": trial_name(cfg, cost, trial.trial_id)}
-        return self.cache[trial.trial_id]
+        cfg, cost = trial.config["config"], trial.config["cost"]
+        return {"config": cfg, "cost": cost, "epochs_planned": int(cfg["epochs"]),
+                "name": trial_name(cfg, trial.trial_id)}
 
     def name(self, trial) -> str:
-        return self(trial)["name"]
+        return trial_name(trial.config["config"], trial.trial_id)
 
 
-def trial_name(cfg: dict, cost: dict, trial_id: str) -> str:
+def trial_name(cfg: dict, trial_id: str) -> str:
     """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart, then the trial index."""
-    parts = [cfg.get("embedding", "linear")]
-    if cfg.get("embedding", "linear") != "linear":
-        parts.append(f"h{cost['hidden_width']}")
+    parts = [str(cfg.get("embedding"))]
+    if cfg.get("width"):
+        parts.append(f"h{cfg['width']}")
     if cfg.get("embedding") == "fsne":
-        parts += [f"c{cfg.get('code_size') or 8}", str(cfg.get("code_sharing") or "shared").replace("_", "")]
+        parts += [f"c{cfg['code_size']}", str(cfg["code_sharing"]).replace("_", "")]
     return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])
 
 
-def experiment_dir(spec_d: dict) -> str:
-    storage = str(spec_d.get("storage") or "results")
+def experiment_dir(spec) -> str:
+    storage = spec.storage
     if "://" not in storage:
         storage = os.path.abspath(storage)
-    return f"{storage.rstrip('/')}/{spec_d['name']}"
+    return f"{storage.rstrip('/')}/{spec.name}"
 
 
 def _settings(spec, exp: str) -> TrialSettings:
     res = spec.resources
     return TrialSettings(
-        base_config=base_config(spec), objectives=tuple((o.metric, o.mode) for o in spec.objectives),
+        objectives=tuple((o.metric, o.mode) for o in spec.objectives),
         constraints=tuple(spec.constraints), workers=res.workers_per_trial,
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
         placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs")
 
 
-def _check_launchable(spec, base: dict, exp: str, overwrite: bool) -> None:
+def _check_launchable(spec, exp: str, overwrite: bool) -> None:
+    """Every check that needs no Ray: storage, models of the space, dataset, an existing campaign, and
+    the resources of a local machine. Writes nothing."""
+    from qkvsearch.search.costs import check_models
     from qkvsearch.trainers.data import check_dataset
 
-    check_dataset(base)  # a missing dataset fails here, before Ray or any worker starts
-    if "://" not in exp and os.path.exists(os.path.join(exp, "qs_campaign.json")):
-        if not overwrite:
-            raise SpecError([f"name: a campaign already exists at {exp}; resume it with `qkvsearch resume "
-                             f"{exp}`, pick another name (--set name=...), or pass --overwrite"])
-        shutil.rmtree(exp)
+    check_storage(spec.storage)
+    check_models(spec)
+    check_dataset(fill(base_config(spec)))  # a missing dataset fails here, before Ray or any worker starts
+    if "://" not in exp and os.path.exists(os.path.join(exp, CAMPAIGN_FILE)) and not overwrite:
+        raise SpecError([f"name: a campaign already exists at {exp}; resume it with `qkvsearch resume "
+                         f"{exp}`, pick another name (--set name=...), or pass --overwrite"])
+    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        check_local_resources(spec.resources)
 
 
-def launch(spec, *, smoke: bool = False, overwrite: bool = False, echo=print) -> str:
-    """Run a campaign to the end; returns its experiment dir. Bad specs raise SpecError/ResourceError."""
+def launch(spec, *, smoke: bool = False, overwrite: bool = False) -> str:
+    """Run a campaign to the end; returns its experiment dir.
+
+    Every check that can run before Ray starts runs first (spec, models, dataset, storage, resources of
+    a local machine); nothing is written, and no existing campaign removed, until they pass. Bad input
+    raises a BadInput (SpecError, DatasetError, ResourceError).
+    """
     if smoke:
         spec = smoke_test(spec)
-    spec_d = spec.to_dict()
-    base = base_config(spec)
-    exp = experiment_dir(spec_d)
-    _check_launchable(spec, base, exp, overwrite)
-    searcher, param_space, num_samples = build_search(spec)  # validates before Ray starts
+    exp = experiment_dir(spec)
+    _check_launchable(spec, exp, overwrite)
+    searcher, num_samples = build_search(spec)
+    if overwrite and "://" not in exp and os.path.exists(os.path.join(exp, CAMPAIGN_FILE)):
+        shutil.rmtree(exp)  # only now: the new spec passed every check
 
-    cluster = connect(_wanted_slots(spec_d["resources"]))
+    cluster = connect(_wanted_slots(spec.resources))
     try:
-        concurrency = plan_concurrency(spec_d["resources"], cluster)
-        echo(f"campaign {spec_d['name']}: {num_samples} trial(s), up to {concurrency} at a time, "
-             f"{spec_d['resources']['workers_per_trial']} DDP workers each")
+        concurrency = plan_concurrency(spec.resources, cluster)
+        log.info(f"campaign {spec.name}: {num_samples} trial(s), up to {concurrency} at a time, "
+                 f"{spec.resources.workers_per_trial} DDP workers each")
         if cluster.dashboard_url:
-            echo(f"Ray dashboard: http://{cluster.dashboard_url.removeprefix('http://')}")
-        echo(f"results: {exp}")
-        write_json(f"{exp}/qs_campaign.json", {"name": spec_d["name"], "spec": spec_d,
+            log.info(f"Ray dashboard: http://{cluster.dashboard_url.removeprefix('http://')}")
+        log.info(f"results: {exp}")
+        write_json(f"{exp}/{CAMPAIGN_FILE}", {"name": spec.name, "spec": spec.to_dict(),
                                                 "code_version": code_version(), "created_at": time.time()})
-        settings = _settings(spec, exp)
-        describe = _Describe(settings)
+        describe = _Describe()
         tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(run_trial, settings=settings), _trial_resources(cluster)),
-            param_space=param_space,
+            _trainable(spec, exp, cluster),
             tune_config=tune.TuneConfig(
-                search_alg=searcher, scheduler=_scheduler(spec_d, int(base["epochs"]), exp),
+                search_alg=searcher, scheduler=_scheduler(spec, exp),
                 num_samples=num_samples, max_concurrent_trials=concurrency,
                 trial_name_creator=describe.name, trial_dirname_creator=describe.name),
-            run_config=_run_config(spec_d, exp, describe, echo),
+            run_config=_run_config(spec, exp, describe),
         )
         tuner.fit()
     finally:
         if cluster.started_here:
             ray.shutdown()
-    echo(f"done: {exp}")
+    log.info(f"done: {exp}")
     return exp
 
 
-def _wanted_slots(resources: dict) -> int:
-    wanted = resources.get("max_concurrent_trials", "auto")
+def _trainable(spec, exp: str, cluster: Cluster):
+    settings = _settings(spec, exp)
+    return tune.with_resources(tune.with_parameters(run_trial, settings=settings), _trial_resources(cluster))
+
+
+def _wanted_slots(resources) -> int:
+    wanted = resources.max_concurrent_trials
     return int(wanted) if isinstance(wanted, int) else max(1, os.cpu_count() or 1)
 
 
-def _run_config(spec_d: dict, exp: str, describe: _Describe, echo):
+def _run_config(spec, exp: str, describe: _Describe):
     storage, name = exp.rsplit("/", 1)
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=1,
-        callbacks=[TrialRecorder(exp, spec_d["name"], describe, echo=echo)],
-        failure_config=tune.FailureConfig(max_failures=spec_d["resources"].get("max_failures", 0)),
+        callbacks=[TrialRecorder(exp, spec.name, describe)],
+        failure_config=tune.FailureConfig(max_failures=0),  # a failed trial is recorded, never retried
     )
 
 
-def resume(exp: str, *, echo=print) -> str:
+def resume(exp: str) -> str:
     """Continue an interrupted campaign: finished trials stay, unfinished ones resume from checkpoints."""
     from qkvsearch.spaces import load_campaign
 
     exp = exp.rstrip("/")
     if "://" not in exp:
         exp = os.path.abspath(exp)
+    spec = load_campaign(read_campaign(exp)["spec"])
+    cluster = connect(_wanted_slots(spec.resources))
     try:
-        saved = read_json(f"{exp}/qs_campaign.json")
-    except (FileNotFoundError, OSError) as err:
-        raise SpecError([f"DIR: no campaign at {exp} (expected {exp}/qs_campaign.json)"]) from err
-    spec = load_campaign(saved["spec"])
-    spec_d = spec.to_dict()
-    cluster = connect(_wanted_slots(spec_d["resources"]))
-    try:
-        settings = _settings(spec, exp)
-        trainable = tune.with_resources(tune.with_parameters(run_trial, settings=settings),
-                                        _trial_resources(cluster))
-        echo(f"resuming {exp}")
-        tune.Tuner.restore(exp, trainable=trainable, resume_unfinished=True, resume_errored=False).fit()
+        log.info(f"resuming {exp}")
+        tune.Tuner.restore(exp, trainable=_trainable(spec, exp, cluster), resume_unfinished=True,
+                           resume_errored=False).fit()
     finally:
         if cluster.started_here:
             ray.shutdown()
-    echo(f"done: {exp}")
+    log.info(f"done: {exp}")
     return exp

@@ -1,14 +1,18 @@
 """`qkvsearch`: launch, resume, watch and report search campaigns over QKV embeddings.
 
-Exit codes: 0 success, 2 bad input (spec, path, resources), 1 failure.
+Exit codes: 0 success, 2 bad input (spec, path, resources: a BadInput), 1 failure (any other
+exception, traceback printed), 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import textwrap
+import traceback
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+MESSAGE_LIMIT = 4000   # characters of a bad-input message; the rest is cut
 
 _EPILOG = textwrap.dedent("""\
     examples:
@@ -20,6 +24,9 @@ _EPILOG = textwrap.dedent("""\
       qkvsearch report results/quickstart                 # pareto.html, pareto.csv, report.md, Parquet
 
     Ray: a local Ray is started on 127.0.0.1 unless RAY_ADDRESS names a cluster.
+
+    exit codes: 0 done; 2 bad input (spec, path, data, resources), with a message and no traceback;
+      1 failure (a bug or a library error), with its traceback; 130 interrupted (Ctrl-C).
     """)
 
 
@@ -58,20 +65,61 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from qkvsearch.spaces import SpecError
+    from qkvsearch.spaces import BadInput
 
+    handler = _attach_log_handler()
     try:
         return _COMMANDS[args.command](args)
-    except SpecError as err:
-        print(f"qkvsearch {args.command}: invalid input\n{err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (ValueError, FileNotFoundError) as err:  # DatasetError, ResourceError, bad config values
-        print(f"qkvsearch {args.command}: {err}", file=sys.stderr)
+    except BadInput as err:
+        text = str(err)
+        if len(text) > MESSAGE_LIMIT:
+            text = text[:MESSAGE_LIMIT - 1] + "…"
+        print(f"qkvsearch {args.command}: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"qkvsearch {args.command}: interrupted; `qkvsearch resume DIR` continues a campaign",
               file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:
+        traceback.print_exc()
+        print(f"qkvsearch {args.command}: failed (the traceback above says where)", file=sys.stderr)
         return EXIT_FAILURE
+    finally:
+        _detach_log_handler(handler)
+
+
+class _LineHandler(logging.Handler):
+    """INFO records as plain lines on stdout, WARNING and above as "warning: ..." on stderr.
+
+    The streams are looked up per record, so a caller that swaps sys.stdout/sys.stderr sees them.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.levelno >= logging.WARNING:
+                print(f"{record.levelname.lower()}: {text}", file=sys.stderr, flush=True)
+            else:
+                print(text, file=sys.stdout, flush=True)
+        except Exception:  # logging must not take the command down
+            self.handleError(record)
+
+
+def _attach_log_handler() -> tuple[logging.Handler, int]:
+    logger = logging.getLogger("qkvsearch")
+    handler = _LineHandler(logging.INFO)
+    logger.addHandler(handler)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler, level
+
+
+def _detach_log_handler(attached: tuple[logging.Handler, int]) -> None:
+    handler, level = attached
+    logger = logging.getLogger("qkvsearch")
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 def _load(args):
@@ -113,9 +161,10 @@ def cmd_validate(args) -> int:
 
 
 def cmd_cost(args) -> int:
+    spec = _load(args)   # a bad spec is refused before the model libraries load
     from qkvsearch.search.costs import cost_table, format_table
 
-    rows = cost_table(_load(args))
+    rows = cost_table(spec)
     print(format_table(rows, as_csv=args.csv))
     return EXIT_OK
 

@@ -1,22 +1,28 @@
-"""`qkvsearch cost`: parameters and MACs of every model a campaign's space can build, without training.
+"""Every model a campaign's space can build, without training: `qkvsearch cost` and the checks of
+`validate` / `launch` (a width below one channel, an image size the patches do not tile, a model no
+machine could hold are found here, before anything is written).
 
-Only keys that change the model matter here; training hyper-parameters are left out. Integer or
-float ranges over a model key (e.g. `hidden_width: {int: [32, 256]}`) are shown at their bounds.
+Only keys that change the model matter (spaces.keys groups model and embedding); training keys are left
+out. Integer or float ranges over a model key (e.g. `hidden_width: {int: [32, 256]}`) are checked at
+their bounds.
 """
 from __future__ import annotations
 
 import csv
 import io
+import logging
 
-from qkvsearch.spaces import base_config
-from qkvsearch.trainers.cost import model_cost
+from qkvsearch.spaces import SpecError, base_config
+from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.keys import MODEL_GROUPS, names
+from qkvsearch.trainers.cost import resolve_trial
 
-COST_KEYS = ("model", "embedding", "hidden_width", "code_size", "code_sharing", "activation",
-             "embed_class_attn", "img_size", "num_classes", "in_chans")
+log = logging.getLogger(__name__)
+COST_KEYS = names(*MODEL_GROUPS)
 
 
 def model_configs(spec) -> list[dict]:
-    """Every distinct model configuration of the space (variants x enumerable model-key dimensions)."""
+    """Every distinct model configuration of the space (variants x model-key dimensions), unresolved."""
     base = base_config(spec)
     variants = [dict(v) for v in spec.space.variants] or [{}]
     dims = [d for d in spec.space.dimensions if d.key in COST_KEYS]
@@ -42,17 +48,37 @@ def model_configs(spec) -> list[dict]:
     return out
 
 
+def _label(cfg: dict) -> str:
+    keys = ("embedding", "hidden_width", "code_size", "code_sharing")
+    return " ".join(f"{k}={cfg[k]}" for k in ("model", *keys) if cfg.get(k) is not None)
+
+
+def check_models(spec) -> list[tuple[dict, dict]]:
+    """(resolved config, cost) of every model configuration of the space.
+
+    Raises SpecError listing each configuration no model can be made of, with the key at fault; warns
+    (logging) when no configuration meets the constraints.
+    """
+    resolved, errors = [], []
+    for cfg in model_configs(spec):
+        try:
+            resolved.append(resolve_trial(cfg))
+        except BadInput as err:
+            errors.append(f"space ({_label(cfg)}): {err}")
+    if errors:
+        raise SpecError(errors, spec.source)
+    if spec.constraints and resolved and all(spec.violations(cost) for _, cost in resolved):
+        log.warning("constraints: no configuration of the space meets them; every trial would be infeasible")
+    return resolved
+
+
 def cost_table(spec) -> list[dict]:
     rows = []
-    for cfg in model_configs(spec):
-        cost = model_cost(cfg)
+    for cfg, cost in check_models(spec):
         broken = spec.violations(cost)
-        fsne = cfg.get("embedding") == "fsne"
         rows.append({
-            "model": cfg["model"], "embedding": cfg.get("embedding", "linear"),
-            "hidden_width": cfg.get("hidden_width"), "width": cost["hidden_width"],
-            "code_size": cfg.get("code_size") or (8 if fsne else None),
-            "code_sharing": cfg.get("code_sharing") or ("shared" if fsne else None),
+            "model": cfg["model"], "embedding": cfg["embedding"], "hidden_width": cfg["hidden_width"],
+            "width": cfg["width"], "code_size": cfg["code_size"], "code_sharing": cfg["code_sharing"],
             "params": cost["params"], "params_m": cost["params_m"], "embed_params": cost["embed_params"],
             "gmacs": cost["gmacs"], "feasible": "yes" if not broken else "no: " + "; ".join(broken),
         })
@@ -66,8 +92,7 @@ def format_table(rows: list[dict], as_csv: bool = False) -> str:
               f"{'params M':>9} {'embed params':>12} {'GMACs':>8}  feasible")
     lines = [header, "-" * len(header)]
     for r in rows:
-        asked = "" if r["hidden_width"] is None else f" ({r['hidden_width']})"
-        width = "-" if r["embedding"] == "linear" else f"{r['width']}{asked}"
+        width = "-" if r["embedding"] == "linear" else f"{r['width']} ({r['hidden_width']})"
         lines.append(f"{r['model']:<24} {r['embedding']:<9} {width:>15} {r['code_size'] or '-':>5} "
                      f"{r['code_sharing'] or '-':<9} {r['params_m']:>9.3f} {r['embed_params']:>12,} "
                      f"{r['gmacs']:>8.4f}  {r['feasible']}")

@@ -5,20 +5,21 @@ trials.parquet / epochs.parquet and, when a static exporter works here, png/svg 
     paths = build_report("results/my-campaign")   # -> {"html": ..., "csv": ..., ...}
 
 Everything shown is recomputed from the collected tables (search.results). Objectives come from
-the campaign spec (``spec.objectives``; default top1 max, gmacs min, params_m min). A metric maps to
-the trial column of the same name when there is one (gmacs, params_m, train_s, ...), else to
+the campaign spec (``spec.objectives``; when it names none, the spec loader's default: top1 max). A metric maps to
+the trial column of the same name when there is one (gmacs, params_m, train_s_total, ...), else to
 ``final_<metric>`` (its value at the trial's last reported epoch). Only trials whose status is in
 ``front_statuses`` (default: completed) form the front; the others are drawn but never on it. A
-running campaign is reported as far as it has got. Nothing is written outside ``out_dir``.
+running campaign is reported as far as it has got. Nothing is written outside ``out_dir``, and every
+file is written whole (search.storage).
 """
 from __future__ import annotations
 
 import html
 import io
 import json
+import logging
 import os
 import tempfile
-import uuid
 from importlib import resources
 from pathlib import Path
 
@@ -26,15 +27,20 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
 from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point
-from qkvsearch.search.results import collect, load_campaign_record, resolve_out_dir, write_results
+from qkvsearch.search.records import read_campaign
+from qkvsearch.search.results import CONFIG_PREFIX, collect, resolve_out_dir, write_results
+from qkvsearch.search.storage import write_bytes
+from qkvsearch.spaces.keys import RESOLVED_KEYS
+from qkvsearch.spaces.schema import DEFAULT_OBJECTIVES as SPEC_DEFAULT_OBJECTIVES
 
 __all__ = ["build_report", "DEFAULT_OBJECTIVES", "objective_columns", "paper_setting"]
 
-DEFAULT_OBJECTIVES = ({"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"},
-                      {"metric": "params_m", "mode": "min"})
+logger = logging.getLogger(__name__)
+
+# For a campaign file whose spec names no objectives: the spec loader's default for a spec without any.
+DEFAULT_OBJECTIVES = tuple(vars(o) for o in SPEC_DEFAULT_OBJECTIVES)  # the loader's, for specs without any
 PAPER_CSV = resources.files("qkvsearch.reference") / "sne_paper_imagenet.csv"   # package data
 PAPER_SIZES = {"xcit_nano_12": "S", "xcit_tiny_12": "M", "xcit_small_12": "L"}
 AXIS_TITLES = {
@@ -43,7 +49,7 @@ AXIS_TITLES = {
     "top1": "top-1 accuracy (%)",
     "top5": "top-5 accuracy (%)",
     "val_loss": "validation loss",
-    "train_s": "training time (s)",
+    "train_s_total": "training time (s)",
 }
 EMBED_COLORS = {"linear": "#7f7f7f", "sne": "#1f77b4", "psne": "#2ca02c", "fsne": "#d62728"}
 EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
@@ -51,7 +57,7 @@ STATUS_SYMBOLS = {"completed": "circle", "stopped_early": "triangle-down", "runn
                   "diverged": "x", "failed": "cross", "infeasible": "square-open", "pending": "circle-open"}
 SYMBOLS_3D = {"circle", "circle-open", "cross", "diamond", "diamond-open", "square", "square-open", "x"}
 HOVER_CONFIG_LIMIT = 2000  # above this many trials only front points carry the full config on hover
-TABLE_CONFIG = ("embedding", "hidden_width", "code_size", "code_sharing", "activation", "lr")
+TABLE_CONFIG = tuple(k.name for k in RESOLVED_KEYS.values() if k.report)  # trial keys the tables show
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -80,10 +86,11 @@ def _first(df: pd.DataFrame, col: str):
 
 
 def paper_setting(trials: pd.DataFrame) -> str | None:
-    """Paper size S/M/L when every trial trains the paper's ImageNet setting, else None."""
+    """Paper size S/M/L when every trial trains the paper's ImageNet setting (an imagefolder dataset of
+    1000 classes at 224 px, on an XCiT of one of the paper's sizes), else None."""
     dataset, classes = _first(trials, "config_dataset"), _first(trials, "config_num_classes")
     img, model = _first(trials, "config_img_size"), _first(trials, "config_model")
-    if dataset not in ("imagefolder", "imagenet") or classes != 1000 or img != 224 or not isinstance(model, str):
+    if dataset != "imagefolder" or classes != 1000 or img != 224 or not isinstance(model, str):
         return None
     for prefix, size in PAPER_SIZES.items():
         if model.startswith(prefix):
@@ -267,8 +274,8 @@ document.querySelectorAll("table.sortable th").forEach(function (th, col) {
 
 
 def _front_columns(df: pd.DataFrame, cols) -> list[str]:
-    wanted = ["trial_name", "status"] + [f"config_{c}" for c in TABLE_CONFIG] + ["hidden_width"] + list(cols)
-    wanted += ["best_top1", "epochs_run", "train_s"]
+    wanted = ["trial_name", "status"] + [f"{CONFIG_PREFIX}{c}" for c in TABLE_CONFIG] + list(cols)
+    wanted += ["best_top1", "epochs_run", "train_s_total"]
     seen, out = set(), []
     for c in wanted:
         if c in df and c not in seen:
@@ -346,18 +353,8 @@ def _page(title: str, campaign: dict, summary_html: str, figures_html: list[str]
 
 
 # ---------------------------------------------------------------------------------------- output
-def _write_text(fs: pafs.FileSystem, path: str, text: str | bytes) -> None:
-    """Atomic write: hidden temp file beside ``path``, then rename."""
-    parent, base = path.rsplit("/", 1)
-    tmp = f"{parent}/.{base}.{uuid.uuid4().hex}.tmp"
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
-
-
-def _export_static(figures: dict, fs: pafs.FileSystem, out_path: str, out_text: str) -> dict[str, str]:
-    """png + svg of every figure through plotly's kaleido exporter; a one-line note when it can't."""
+def _export_static(figures: dict, out: str) -> dict[str, str]:
+    """png + svg of every figure through plotly's kaleido exporter; a one-line warning when it can't."""
     try:
         import plotly.io as pio
 
@@ -367,12 +364,13 @@ def _export_static(figures: dict, fs: pafs.FileSystem, out_path: str, out_text: 
             pio.write_images(figs, [os.path.join(tmp, n) for n in names], width=1100, height=650)
             written = {}
             for n in names:
-                _write_text(fs, f"{out_path}/{n}", Path(tmp, n).read_bytes())
-                written[n.replace(".", "_")] = f"{out_text}/{n}"
+                write_bytes(f"{out}/{n}", Path(tmp, n).read_bytes())
+                written[n.replace(".", "_")] = f"{out}/{n}"
             return written
     except Exception as exc:  # any exporter failure: the HTML report stands on its own
-        print(f"note: static png/svg figures skipped ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-              "they need the kaleido package and a Chromium browser (e.g. apt-get install chromium); pareto.html has every figure")
+        logger.warning("static png/svg figures skipped (%s: %s); they need the kaleido package and a Chromium "
+                       "browser (e.g. apt-get install chromium); pareto.html has every figure",
+                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return {}
 
 
@@ -383,10 +381,9 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
     reference points file; ``objectives`` overrides the spec's. Returns {name: written path}."""
     import plotly.graph_objects as go
 
-    campaign = load_campaign_record(experiment_dir)
-    objectives = objectives or (campaign.get("spec") or {}).get("objectives") or DEFAULT_OBJECTIVES
-    fs, out_path, out_text = resolve_out_dir(experiment_dir, out_dir, "report")
-    out_text = out_text.rstrip("/")
+    campaign = read_campaign(experiment_dir)
+    objectives = objectives or campaign["spec"].get("objectives") or DEFAULT_OBJECTIVES
+    out = resolve_out_dir(experiment_dir, out_dir, "report")  # refuses a file before anything is written
     trials, epochs = collect(experiment_dir)
     df, metrics, cols, dirs = _prepare(trials, objectives, front_statuses)
     df["eligible"] = df["status"].isin(list(front_statuses))
@@ -414,16 +411,13 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
                  _html_table(front, fcols, "front", True),
                  _html_table(df.sort_values("trial_id"), fcols + ["error"], "trials", True))
 
-    paths = {}
-    _write_text(fs, f"{out_path}/pareto.html", page)
-    paths["html"] = f"{out_text}/pareto.html"
     buf = io.StringIO()
     front[["trial_id"] + fcols + ["checkpoint_path", "config_json"]].to_csv(buf, index=False)
-    _write_text(fs, f"{out_path}/pareto.csv", buf.getvalue())
-    paths["csv"] = f"{out_text}/pareto.csv"
-    _write_text(fs, f"{out_path}/report.md", _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref))
-    paths["md"] = f"{out_text}/report.md"
-    paths.update(write_results(experiment_dir, out_dir=out_dir if out_dir is not None else out_text, tables=(trials, epochs)))
+    paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
+    write_bytes(paths["html"], page.encode("utf-8"))
+    write_bytes(paths["csv"], buf.getvalue().encode("utf-8"))
+    write_bytes(paths["md"], _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref).encode("utf-8"))
+    paths.update(write_results(experiment_dir, out_dir=out, tables=(trials, epochs)))
     if static:
-        paths.update(_export_static(figures, fs, out_path, out_text))
+        paths.update(_export_static(figures, out))
     return paths

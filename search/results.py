@@ -1,9 +1,9 @@
 """Collect a campaign's record files into two Arrow tables (trials, epochs) and write them as Parquet.
 
-Reads ``<exp>/qs_campaign.json`` and ``<exp>/qs_trials/*.json`` through ``pyarrow.fs``, so the
-experiment dir may be a local path or a URI (``s3://``, ``gs://``, ``file://``). A campaign may still
-be running: what has been recorded so far is collected, and a record that cannot be read or parsed
-is skipped with a ``RecordWarning`` naming the file. The campaign's own files are only ever read.
+Reads ``<exp>/qs_campaign.json`` and ``<exp>/qs_trials/*.json`` through ``search.records`` (so the
+experiment dir may be a local path or a URI: ``s3://``, ``gs://``, ``file://``). A campaign may still
+be running: what has been recorded so far is collected, and a damaged record is left out, with a
+warning logged naming the file. The campaign's own files are only ever read.
 Column names, types and units: search/RESULTS_SCHEMA.md.
 """
 from __future__ import annotations
@@ -11,56 +11,47 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
-import warnings
-from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
-
-try:  # records are float-heavy JSON: orjson parses them several times faster than json
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover
-    _loads = json.loads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from qkvsearch.search.records import TRIALS_DIR, read_campaign, read_trial_records
+from qkvsearch.search.storage import open_location, write_bytes
+from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.keys import COST_METRICS, RESOLVED_KEYS
+
 __all__ = [
-    "RecordWarning",
     "collect",
     "load_campaign_record",
-    "open_experiment",
+    "resolve_out_dir",
     "write_results",
     "TRIALS_FILE",
     "EPOCHS_FILE",
 ]
 
-CAMPAIGN_FILE = "qs_campaign.json"
-TRIALS_DIR = "qs_trials"
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
-STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")
 
 # Per-epoch metrics every trainer reports (contract), in column order; other numeric keys follow sorted.
-KNOWN_METRICS = ("train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "epoch_s", "params_m", "gmacs")
-FINAL_SKIP = ("epoch", "params_m", "gmacs")  # constant per trial: already trial columns
+KNOWN_METRICS = ("train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "epoch_s", "train_s")
+FINAL_SKIP = ("epoch", *COST_METRICS)  # constant per trial (older records carry them per epoch)
 BEST = {"top1": "max", "top5": "max", "val_loss": "min", "train_loss": "min"}
 
-# Declared types of known config keys; unknown keys get an inferred type (RESULTS_SCHEMA.md).
-CONFIG_TYPES: dict[str, pa.DataType] = {
-    "model": pa.string(), "embedding": pa.string(), "hidden_width": pa.string(),
-    "code_size": pa.int64(), "code_sharing": pa.string(), "activation": pa.string(),
-    "num_classes": pa.int64(), "img_size": pa.int64(), "in_chans": pa.int64(),
-    "embed_class_attn": pa.bool_(), "drop_path_rate": pa.float64(),
-    "dataset": pa.string(), "data_path": pa.string(), "epochs": pa.int64(), "batch_size": pa.int64(),
-    "batch_per_worker": pa.int64(), "lr": pa.float64(), "weight_decay": pa.float64(),
-    "warmup_epochs": pa.float64(), "min_lr": pa.float64(), "warmup_lr": pa.float64(),
-    "opt": pa.string(), "sched": pa.string(), "label_smoothing": pa.float64(), "mixup": pa.float64(),
-    "cutmix": pa.float64(), "randaugment": pa.string(), "clip_grad": pa.float64(), "seed": pa.int64(),
-    "checkpoint_every": pa.int64(), "max_steps_per_epoch": pa.int64(), "deterministic": pa.bool_(),
-    "amp": pa.string(), "val_fraction": pa.float64(),
-}
+ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
+# Column type of every trial key (spaces.keys); keys of older records get an inferred type.
+CONFIG_TYPES: dict[str, pa.DataType] = {k.name: ARROW_TYPES[k.arrow] for k in RESOLVED_KEYS.values()}
 CONFIG_PREFIX = "config_"
+
+
+def config_columns_markdown() -> str:
+    """The config-column table of search/RESULTS_SCHEMA.md, from the key declarations (a test compares)."""
+    rows = ["| column | type | default | unit | meaning |", "|---|---|---|---|---|"]
+    for key in RESOLVED_KEYS.values():
+        default = "" if key.default is None else f"`{json.dumps(key.default)}`"
+        rows.append(f"| `{CONFIG_PREFIX}{key.name}` | {key.arrow} | {default} | {key.unit} | {key.doc} |")
+    return "\n".join(rows)
 TS = pa.timestamp("us", tz="UTC")
 
 TRIAL_HEAD: tuple[tuple[str, pa.DataType], ...] = (
@@ -69,66 +60,16 @@ TRIAL_HEAD: tuple[tuple[str, pa.DataType], ...] = (
 )
 TRIAL_COST: tuple[tuple[str, pa.DataType], ...] = (
     ("params_m", pa.float64()), ("gmacs", pa.float64()), ("params", pa.int64()),
-    ("embed_params", pa.int64()), ("hidden_width", pa.int64()),
+    ("embed_params", pa.int64()),
 )
 TRIAL_TAIL: tuple[tuple[str, pa.DataType], ...] = (
     ("best_epoch", pa.int64()), ("epochs_run", pa.int64()), ("epochs_planned", pa.int64()),
-    ("train_s", pa.float64()), ("checkpoint_path", pa.string()), ("started_at", TS), ("ended_at", TS),
+    ("train_s_total", pa.float64()), ("checkpoint_path", pa.string()), ("started_at", TS), ("ended_at", TS),
     ("error", pa.string()), ("config_json", pa.string()),
 )
 
 
-class RecordWarning(UserWarning):
-    """A record file was skipped (unreadable, not JSON, or not a trial record)."""
-
-
-# ---------------------------------------------------------------------------------------- file access
-def open_experiment(experiment_dir) -> tuple[pafs.FileSystem, str]:
-    """Local path or URI -> (filesystem, path inside it)."""
-    text = os.fspath(experiment_dir)
-    if "://" in text:
-        fs, path = pafs.FileSystem.from_uri(text)
-        return fs, path.rstrip("/")
-    return pafs.LocalFileSystem(), os.path.abspath(text)
-
-
-def _read_json(fs: pafs.FileSystem, path: str):
-    with fs.open_input_stream(path) as f:
-        return _loads(f.read())
-
-
-def load_campaign_record(experiment_dir) -> dict:
-    """The parsed ``qs_campaign.json``; ValueError when the dir holds none."""
-    fs, root = open_experiment(experiment_dir)
-    path = f"{root}/{CAMPAIGN_FILE}"
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        raise ValueError(f"experiment_dir: expected a campaign folder holding {CAMPAIGN_FILE}, given {experiment_dir!s}")
-    record = _read_json(fs, path)
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}: expected a JSON object, given {type(record).__name__}")
-    return record
-
-
-def _trial_records(fs: pafs.FileSystem, root: str) -> Iterable[dict]:
-    """Parsed trial records in file-name order; unreadable ones are skipped with a warning."""
-    sel = pafs.FileSelector(f"{root}/{TRIALS_DIR}", allow_not_found=True)
-    infos = sorted(
-        (i for i in fs.get_file_info(sel)
-         if i.type == pafs.FileType.File and i.base_name.endswith(".json") and not i.base_name.startswith(".")),
-        key=lambda i: i.base_name,
-    )
-    for info in infos:
-        try:
-            rec = _read_json(fs, info.path)
-        except (OSError, ValueError) as exc:  # ValueError covers JSONDecodeError and UnicodeDecodeError
-            warnings.warn(f"skipped trial record {info.path}: {exc}", RecordWarning, stacklevel=3)
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("trial_id"), str):
-            warnings.warn(f"skipped trial record {info.path}: not an object with a string trial_id",
-                          RecordWarning, stacklevel=3)
-            continue
-        rec["_path"] = info.path
-        yield rec
+load_campaign_record = read_campaign  # the parsed qs_campaign.json; CampaignFileError naming it otherwise
 
 
 # ---------------------------------------------------------------------------------------- coercion
@@ -228,13 +169,6 @@ def _epochs_table(trial_ids: list[str], names: list[str], epoch_lists: list[list
 
 
 # ---------------------------------------------------------------------------------------- trials
-def _clean_epochs(rec: dict) -> list[dict]:
-    epochs = rec.get("epochs") or []
-    if not isinstance(epochs, list):
-        raise TypeError(f"epochs: expected a list, given {type(epochs).__name__}")
-    return [e for e in epochs if isinstance(e, dict)]
-
-
 def _summaries(matrix: np.ndarray, counts: list[int], metric_names: list[str]) -> dict[str, list]:
     """Per trial: final_<m> (value at the last reported epoch), best_<m> (BEST direction, NaN-aware)
     and best_epoch (epoch of the best top1). Vectorised over segments of the flat epoch array."""
@@ -291,19 +225,16 @@ def _config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, list]]:
 
 
 def _trial_row(rec: dict) -> dict:
-    """Scalar fields of one record, coerced to the schema's Python types (bad types raise)."""
-    cost = rec.get("cost") or {}
-    config = rec.get("config") or {}
-    if not isinstance(cost, dict) or not isinstance(config, dict):
-        raise TypeError("cost/config: expected JSON objects")
+    """Scalar fields of one record (as read_trial_records checks it), coerced to the schema's Python types."""
+    cost, config = rec["cost"], rec["config"]
     return {
         "trial_id": rec["trial_id"], "trial_name": _to_str(rec.get("trial_name")),
         "campaign": _to_str(rec.get("campaign")), "code_version": _to_str(rec.get("code_version")),
         "status": _to_str(rec.get("status")),
         "params_m": _to_float(cost.get("params_m")), "gmacs": _to_float(cost.get("gmacs")),
         "params": _to_int(cost.get("params")), "embed_params": _to_int(cost.get("embed_params")),
-        "hidden_width": _to_int(cost.get("hidden_width")),
-        "epochs_planned": _to_int(rec.get("epochs_planned")), "train_s": _to_float(rec.get("train_s")),
+        "epochs_planned": _to_int(rec.get("epochs_planned")),
+        "train_s_total": _to_float(rec.get("train_s_total")),
         "checkpoint_path": _to_str(rec.get("checkpoint_path")),
         "started_at": _timestamp(rec.get("started_at")), "ended_at": _timestamp(rec.get("ended_at")),
         "error": _to_str(rec.get("error")), "config_json": json.dumps(config, sort_keys=True),
@@ -314,17 +245,10 @@ def _trial_row(rec: dict) -> dict:
 def collect(experiment_dir) -> tuple[pa.Table, pa.Table]:
     """Experiment dir (path or URI) -> (trials, epochs) Arrow tables, one row per trial (sorted by
     trial_id) and one per reported epoch. Works on a running campaign (what is recorded so far)."""
-    fs, root = open_experiment(experiment_dir)
-    load_campaign_record(experiment_dir)  # fails early, naming the dir, when it is not a campaign
-    rows, epoch_lists = [], []
-    for rec in _trial_records(fs, root):
-        try:
-            row, epochs = _trial_row(rec), _clean_epochs(rec)
-        except (TypeError, ValueError, KeyError) as exc:
-            warnings.warn(f"skipped trial record {rec['_path']}: {exc}", RecordWarning, stacklevel=2)
-            continue
-        rows.append(row)
-        epoch_lists.append(epochs)
+    read_campaign(experiment_dir)  # fails early, naming the file, when the folder is not a campaign
+    records, _ = read_trial_records(experiment_dir)  # damaged records are left out and logged
+    rows = [_trial_row(rec) for rec in records]
+    epoch_lists = [rec["epochs"] for rec in records]
     order = sorted(range(len(rows)), key=lambda i: rows[i]["trial_id"])
     rows = [rows[i] for i in order]
     epoch_lists = [epoch_lists[i] for i in order]
@@ -354,42 +278,34 @@ def collect(experiment_dir) -> tuple[pa.Table, pa.Table]:
 
 
 # ---------------------------------------------------------------------------------------- writing
-def _write_atomic(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
-    """Write to a hidden temp file beside ``path``, then rename it over ``path``."""
-    parent, base = path.rsplit("/", 1)
-    tmp = f"{parent}/.{base}.{uuid.uuid4().hex}.tmp"
-    try:
-        pq.write_table(table, tmp, filesystem=fs, compression="zstd")
-        fs.move(tmp, path)
-    except BaseException:
-        if fs.get_file_info(tmp).type == pafs.FileType.File:
-            fs.delete_file(tmp)
-        raise
+def _parquet_file(table: pa.Table) -> pa.Buffer:
+    """``table`` as a zstd-compressed Parquet file in memory, for storage.write_bytes to write whole."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
 
 
-def resolve_out_dir(experiment_dir, out_dir, default: str) -> tuple[pafs.FileSystem, str, str]:
-    """(fs, path, display string) of an output folder: ``<exp>/<default>`` unless given. Refuses the
-    experiment folder itself and its record folder, so the campaign's files are never touched."""
-    fs, root = open_experiment(experiment_dir)
-    if out_dir is None:
-        text = os.fspath(experiment_dir).rstrip("/") + "/" + default
-        path = f"{root}/{default}"
-    else:
-        text = os.fspath(out_dir)
-        fs, path = open_experiment(out_dir)
-    same_fs = type(fs) is type(open_experiment(experiment_dir)[0])
-    if same_fs and path.rstrip("/") in (root, f"{root}/{TRIALS_DIR}"):
-        raise ValueError(f"out_dir: expected a folder other than the campaign's own ({root}), given {text}")
-    fs.create_dir(path, recursive=True)
-    return fs, path, text
+def resolve_out_dir(experiment_dir, out_dir, default: str) -> str:
+    """An output folder as a path or URI in the form given: ``out_dir``, else ``<exp>/<default>``.
+    BadInput when it is an existing file, the campaign folder itself or its record folder (the
+    campaign's files are never touched). Nothing is created here."""
+    exp_fs, root = open_location(experiment_dir)
+    text = os.fspath(experiment_dir).rstrip("/") + "/" + default if out_dir is None else os.fspath(out_dir).rstrip("/")
+    fs, path = open_location(text)
+    if type(fs) is type(exp_fs) and path.rstrip("/") in (root, f"{root}/{TRIALS_DIR}"):
+        raise BadInput(f"out: expected a folder other than the campaign's own ({root}), given {text}")
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        raise BadInput(f"out: expected a folder, given {text}, which is a file")
+    return text
 
 
 def write_results(experiment_dir, out_dir=None, tables: tuple[pa.Table, pa.Table] | None = None) -> dict[str, str]:
     """Collect and write trials.parquet and epochs.parquet (zstd) atomically into ``out_dir``
     (default ``<exp>/results/``). ``tables`` reuses an earlier ``collect`` result.
     Returns {"trials": path, "epochs": path} as paths (or URIs) in the form given."""
-    fs, path, text = resolve_out_dir(experiment_dir, out_dir, "results")
+    out = resolve_out_dir(experiment_dir, out_dir, "results")
     trials, epochs = tables if tables is not None else collect(experiment_dir)
-    _write_atomic(trials, fs, f"{path}/{TRIALS_FILE}")
-    _write_atomic(epochs, fs, f"{path}/{EPOCHS_FILE}")
-    return {"trials": f"{text.rstrip('/')}/{TRIALS_FILE}", "epochs": f"{text.rstrip('/')}/{EPOCHS_FILE}"}
+    written = {"trials": f"{out}/{TRIALS_FILE}", "epochs": f"{out}/{EPOCHS_FILE}"}
+    write_bytes(written["trials"], _parquet_file(trials))
+    write_bytes(written["epochs"], _parquet_file(epochs))
+    return written

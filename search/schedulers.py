@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import numpy as np
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from qkvsearch.search.pareto import NAN_RANK, nondominated_ranks, to_minimise
+from qkvsearch.search.storage import write_json
 
 __all__ = ["MOASHAScheduler", "crowding_distance", "promotable", "rung_positions"]
 
@@ -310,12 +310,4 @@ def _milestones(grace_period: float, rf: float, max_t: float) -> list[float]:
 
 
 def _write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json(os.fspath(path), obj)

@@ -1,4 +1,5 @@
-"""Searchers: grid (Tune's variant generator over explicit configurations) and Optuna (random, TPE, NSGA-II).
+"""Searchers: grid (the space's configurations in order) and Optuna (random, TPE, NSGA-II), each wrapped
+in `TrialConfigs`, which turns a suggestion into the trial's resolved config and cost, once.
 
 Optuna samples the campaign's space define-by-run (`spaces.suggest_config`), so conditional
 dimensions (`code_size` only when `embedding: fsne`) are simply not suggested when their condition
@@ -10,10 +11,81 @@ import math
 from functools import partial
 
 import optuna
-from ray import tune
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from qkvsearch.search.driver import build_trial
+from qkvsearch.search.records import PLANNED_KEY, STATUS_KEY
+from qkvsearch.search.storage import read_json, write_json
 from qkvsearch.spaces import base_config, expand_space, suggest_config
+
+
+class GridSearcher(Searcher):
+    """Suggests each configuration of an enumerated space in order, ``repeats`` times, then FINISHED."""
+
+    def __init__(self, configs: list[dict], repeats: int = 1):
+        super().__init__()
+        self.queue = [dict(c) for c in configs for _ in range(repeats)]
+        self.next = 0
+
+    def suggest(self, trial_id: str):
+        if self.next >= len(self.queue):
+            return Searcher.FINISHED
+        self.next += 1
+        return dict(self.queue[self.next - 1])
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        pass
+
+    def save(self, checkpoint_path: str):
+        write_json(checkpoint_path, {"next": self.next, "queue": self.queue})
+
+    def restore(self, checkpoint_path: str):
+        state = read_json(checkpoint_path)
+        self.next, self.queue = state["next"], state["queue"]
+
+
+class TrialConfigs(Searcher):
+    """A searcher whose suggestions are trials: {"config": resolved config, "cost": cost} (driver.build_trial).
+
+    Defaults, the solved width and the cost are computed here, once per trial, in the campaign's driver;
+    the trial's process, its workers and the records take them from the trial's config.
+    """
+
+    def __init__(self, searcher: Searcher, base: dict):
+        super().__init__(metric=searcher.metric, mode=searcher.mode)
+        self.searcher = searcher
+        self.base = base
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return self.searcher.set_search_properties(metric, mode, config, **spec)
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        return self.searcher.set_max_concurrency(max_concurrent)
+
+    def suggest(self, trial_id: str):
+        sampled = self.searcher.suggest(trial_id)
+        if sampled is None or sampled == Searcher.FINISHED:
+            return sampled
+        return build_trial(self.base, sampled)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self.searcher.on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        self.searcher.on_trial_complete(trial_id, result=result, error=error)
+
+    def save(self, checkpoint_path: str):
+        self.searcher.save(checkpoint_path)
+
+    def restore(self, checkpoint_path: str):
+        self.searcher.restore(checkpoint_path)
+
+    def on_pause(self, trial_id: str):
+        self.searcher.on_pause(trial_id)
+
+    def on_unpause(self, trial_id: str):
+        self.searcher.on_unpause(trial_id)
 
 
 class CampaignOptunaSearch(OptunaSearch):
@@ -42,9 +114,9 @@ def _outcome(result, error, metric):
     TS = optuna.trial.TrialState
     if error or not result:
         return TS.FAIL, None
-    if result.get("qs_status") in ("infeasible", "diverged"):
+    if result.get(STATUS_KEY) in ("infeasible", "diverged"):
         return TS.FAIL, None
-    planned = result.get("qs_epochs_planned")
+    planned = result.get(PLANNED_KEY)
     if planned is not None and result.get("epoch", 0) < planned:
         return TS.PRUNED, None
     metrics = metric if isinstance(metric, list) else [metric]
@@ -54,32 +126,30 @@ def _outcome(result, error, metric):
     return TS.COMPLETE, values
 
 
-def _sampler(search: dict):
-    algorithm, seed = search["algorithm"], search.get("seed")
+def _sampler(search):
+    algorithm, seed = search.algorithm, search.seed
     if algorithm == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if algorithm == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if algorithm == "nsga2":
-        population = search.get("population_size") or 50
+        population = search.population_size or 50
         return optuna.samplers.NSGAIISampler(population_size=population, seed=seed)
     raise ValueError(f"search.algorithm: expected one of grid, random, tpe, nsga2, given {algorithm!r}")
 
 
-def build_search(spec):
-    """(search_alg or None, param_space, num_samples) for a campaign spec."""
-    search = spec.to_dict()["search"]
-    objectives = [(o["metric"], o["mode"]) for o in spec.to_dict()["objectives"]]
-    if search["algorithm"] == "grid":
-        base = base_config(spec)
-        variants = [{k: v for k, v in cfg.items() if base.get(k, object()) != v} for cfg in expand_space(spec)]
-        repeats = search.get("repeats") or 1
-        return None, {"qs_variant": tune.grid_search(variants)}, repeats
+def build_search(spec) -> tuple[TrialConfigs, int]:
+    """(search algorithm, number of trials) for a campaign spec."""
+    search = spec.search
+    base = base_config(spec)
+    if search.algorithm == "grid":
+        configs = [{k: v for k, v in cfg.items() if base.get(k, object()) != v} for cfg in expand_space(spec)]
+        return TrialConfigs(GridSearcher(configs, search.repeats), base), len(configs) * search.repeats
     searcher = CampaignOptunaSearch(
         space=partial(suggest_config, spec),  # define-by-run: returns the keys it chose
-        metric=[m for m, _ in objectives],
-        mode=[d for _, d in objectives],
+        metric=[o.metric for o in spec.objectives],
+        mode=[o.mode for o in spec.objectives],
         sampler=_sampler(search),
         seed=None,
     )
-    return searcher, {}, search["num_trials"]
+    return TrialConfigs(searcher, base), search.num_trials

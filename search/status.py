@@ -1,40 +1,57 @@
-"""`qkvsearch status`: a campaign's trials, one line each, read from its `qs_trials/` records."""
+"""`qkvsearch status`: a campaign's trials, one line each, read from its `qs_trials/` records.
+
+A damaged record never stops the listing: the readable trials are shown, then one line per damaged file.
+"""
 from __future__ import annotations
 
-import json
+import math
 from collections import Counter
 
-import pyarrow.fs as pafs
-
-from qkvsearch.search.records import fs_and_path
+from qkvsearch.search.records import read_campaign, read_trial_records
 
 
 def load_records(exp: str) -> list[dict]:
-    """Every readable trial record of a campaign (local path or URI), ordered by start time."""
-    fs, root = fs_and_path(exp.rstrip("/"))
-    if fs.get_file_info(f"{root}/qs_campaign.json").type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"DIR: no campaign at {exp} (expected {exp}/qs_campaign.json)")
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/qs_trials", allow_not_found=True))
-    records = []
-    for info in infos:
-        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
-            continue
-        with fs.open_input_stream(info.path) as f:
-            records.append(json.loads(f.read()))
-    return sorted(records, key=lambda r: (r.get("started_at") or float("inf"), r["trial_id"]))
+    """Every readable trial record of a campaign (local path or URI), ordered by start time. Damaged
+    records are left out (and logged); CampaignFileError when ``exp`` is not a campaign."""
+    read_campaign(exp)
+    records, _ = read_trial_records(exp)
+    return _by_start(records)
 
 
 def status_table(exp: str) -> str:
-    records = load_records(exp)
+    read_campaign(exp)
+    records, problems = read_trial_records(exp)
+    records = _by_start(records)
     header = f"{'trial':<34} {'status':<13} {'epochs':>7} {'top1 %':>7} {'params M':>9} {'GMACs':>8}  note"
     lines = [header, "-" * len(header)]
     for r in records:
         last = r["epochs"][-1] if r["epochs"] else {}
-        top1 = f"{last['top1']:.1f}" if "top1" in last else "-"
-        note = (r.get("error") or "").strip().splitlines()[-1][:60] if r.get("error") else ""
-        lines.append(f"{r['trial_name']:<34} {r['status']:<13} {len(r['epochs']):>3}/{r['epochs_planned']:<3} "
-                     f"{top1:>7} {r['cost'].get('params_m', float('nan')):>9.3f} "
-                     f"{r['cost'].get('gmacs', float('nan')):>8.4f}  {note}")
-    counts = Counter(r["status"] for r in records)
-    lines.append(f"{len(records)} trial(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        top1 = f"{last['top1']:.1f}" if _is_num(last.get("top1")) else "-"
+        error = r.get("error")
+        note = error.strip().splitlines()[-1][:60] if isinstance(error, str) and error.strip() else ""
+        lines.append(f"{_text(r.get('trial_name', r['trial_id'])):<34} {_text(r.get('status')):<13} "
+                     f"{len(r['epochs']):>3}/{_text(r.get('epochs_planned')):<3} {top1:>7} "
+                     f"{_num(r['cost'].get('params_m')):>9.3f} {_num(r['cost'].get('gmacs')):>8.4f}  {note}")
+    lines += [f"damaged record {p}" for p in problems]
+    counts = Counter(_text(r.get("status")) for r in records)
+    summary = f"{len(records)} trial(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    if problems:
+        summary += f"; {len(problems)} damaged record(s) skipped"
+    lines.append(summary)
     return "\n".join(lines)
+
+
+def _by_start(records: list[dict]) -> list[dict]:
+    return sorted(records, key=lambda r: (_num(r.get("started_at"), math.inf), r["trial_id"]))
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(v, default: float = math.nan) -> float:
+    return float(v) if _is_num(v) else default
+
+
+def _text(v) -> str:
+    return "?" if v is None else str(v)

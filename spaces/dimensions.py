@@ -302,6 +302,42 @@ def _condition_order(dims: list[Dimension], c: Collector, path: str) -> list[Dim
     return ordered
 
 
+def count(space: Space) -> int:
+    """len(expand(space)), without enumerating: variants x product of the active dimensions' sizes.
+
+    Only dimensions that a condition names need their values followed one by one; every other
+    active dimension multiplies the count. The walk is memoised on the values of the keys that later
+    conditions still read, so it costs about the product of the condition keys' sizes at most.
+    Raises ValueError for a space with ranges (they have no finite count).
+    """
+    dims = space.dimensions
+    if not space.enumerable:
+        raise ValueError("count: a space with int/float ranges has no finite number of points")
+    named = {k for d in dims for k in d.when}
+    # read_after[i]: the keys a condition of dims[i:] reads, i.e. all that matters of the partial config
+    read_after = [frozenset()] * (len(dims) + 1)
+    for i in range(len(dims) - 1, -1, -1):
+        read_after[i] = read_after[i + 1] | frozenset(dims[i].when)
+    memo: dict = {}
+
+    def walk(i: int, partial: dict) -> int:
+        state = (i, tuple(sorted((k, tagged(partial[k])) for k in read_after[i] if k in partial)))
+        if state in memo:
+            return memo[state]
+        total, j = 1, i
+        while j < len(dims) and (dims[j].key not in named or not dims[j].active(partial)):
+            if dims[j].active(partial):
+                total *= len(dims[j].values)
+            j += 1
+        if j < len(dims):   # an active dimension a condition reads: follow each value
+            dim = dims[j]
+            total *= sum(walk(j + 1, {**partial, dim.key: value}) for value in dim.values)
+        memo[state] = total
+        return total
+
+    return sum(walk(0, dict(variant)) for variant in space.variants or (FrozenMap(),))
+
+
 def expand(space: Space) -> list[dict]:
     """Every trial's space keys for an enumerable space: variants x active dimension values, each once."""
     out: list[dict] = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 
 class BadInput(ValueError):
@@ -23,20 +23,78 @@ class SpecError(BadInput):
     def __init__(self, errors: Iterable[str], source: str | None = None):
         self.errors = list(errors)
         self.source = source
-        head = f"invalid campaign spec {source}" if source else "invalid campaign spec"
+        head = f"invalid campaign spec {clip(source)}" if source else "invalid campaign spec"
         noun = "error" if len(self.errors) == 1 else "errors"
-        lines = [f"{head} ({len(self.errors)} {noun}):"] + [f"  {e}" for e in self.errors]
+        lines = [f"{head} ({len(self.errors)} {noun}):"] + [f"  {e}" for e in self.errors[:MAX_SHOWN]]
+        if len(self.errors) > MAX_SHOWN:
+            lines.append(f"  ... and {len(self.errors) - MAX_SHOWN} more")
         super().__init__("\n".join(lines))
 
 
-def show(value) -> str:
-    """A given value as the user wrote it: strings in double quotes, the rest as JSON where possible."""
+SHOW_LIMIT = 200      # characters of a given value a message echoes
+MESSAGE_LIMIT = 1000  # characters of one message (path included)
+MAX_SHOWN = 50        # messages a SpecError lists; the rest are counted
+
+
+def clip(text: str, limit: int = SHOW_LIMIT) -> str:
+    """text cut to at most limit characters, ending in "…" when cut."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def show(value, limit: int = SHOW_LIMIT) -> str:
+    """A given value as the user wrote it (JSON-like: strings in double quotes), at most limit characters.
+
+    Rendering stops as soon as the limit is passed, so a value built from YAML aliases that would
+    expand to gigabytes (or one that contains itself) costs no more than a short one.
+    """
+    pieces, size = [], 0
+    for piece in _render(value, limit):
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
+            break
+    return clip("".join(pieces), limit)
+
+
+def _render(value, limit: int) -> Iterator[str]:
+    # Every container yields its opening bracket before its items, so nesting depth is bounded
+    # by how many characters the caller takes.
     if isinstance(value, str):
-        return json.dumps(value)
-    try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
+        yield json.dumps(value[:limit + 1])
+    elif value is None or isinstance(value, (bool, float)):
+        yield json.dumps(value)
+    elif isinstance(value, int):
+        try:
+            yield str(value)
+        except ValueError:  # beyond Python's int-to-text digit limit
+            yield f"an int of {value.bit_length()} bits"
+    elif isinstance(value, Mapping):
+        yield "{"
+        for i, (key, item) in enumerate(value.items()):
+            yield ", " if i else ""
+            yield _render_key(key, limit) + ": "
+            yield from _render(item, limit)
+        yield "}"
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        yield "["
+        for i, item in enumerate(value):
+            yield ", " if i else ""
+            yield from _render(item, limit)
+        yield "]"
+    elif isinstance(value, (bytes, bytearray)):
+        yield clip(repr(bytes(value[:limit + 1])), limit + 1)
+    else:
+        yield json.dumps(clip(str(value), limit + 1))
+
+
+def _render_key(key, limit: int) -> str:
+    """A mapping key as JSON writes one: always a quoted string."""
+    if isinstance(key, str):
+        return json.dumps(key[:limit + 1])
+    if key is None or isinstance(key, (bool, float)):
+        return json.dumps(json.dumps(key))
+    return json.dumps(clip(str(key), limit + 1))
 
 
 # Names people carry over from other tools -> ours.
@@ -56,7 +114,7 @@ def hint(word: str, known: Iterable[str], list_known: bool = True) -> str:
     known = sorted(known)
     if ALIASES.get(word) in known:
         return f' (did you mean "{ALIASES[word]}"?)'
-    close = difflib.get_close_matches(str(word), known, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(clip(word), known, n=1, cutoff=0.6)
     if close:
         return f' (did you mean "{close[0]}"?)'
     return f" (known: {', '.join(known)})" if list_known else ""
@@ -67,9 +125,14 @@ class Collector:
 
     def __init__(self):
         self.errors: list[str] = []
+        self.warnings: list[str] = []
 
     def add(self, path: str, message: str) -> None:
-        self.errors.append(f"{path}: {message}" if path else message)
+        self.errors.append(clip(f"{clip(path)}: {message}" if path else message, MESSAGE_LIMIT))
+
+    def warn(self, path: str, message: str) -> None:
+        """A problem that does not stop the spec from loading (e.g. every trial would be the same)."""
+        self.warnings.append(clip(f"{clip(path)}: {message}" if path else message, MESSAGE_LIMIT))
 
     def expected(self, path: str, expected: str, given) -> None:
         self.add(path, f"expected {expected}, given {show(given)}")

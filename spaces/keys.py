@@ -1,24 +1,48 @@
-"""The known keys of a campaign: one table per section, each key with its check and default.
+"""Every key of a trial config, declared once: ``KEYS``.
+
+A trial config is one flat dict of plain values (model, embedding, data and training keys). Each key
+is a ``Key``: its check (type and allowed values), default, unit, group, the campaign-file section that
+sets it, and one line of doc. Everything else derives from this table: the spec loader's section
+tables and searchable keys, ``fill`` (defaults and checks of a config), the model and cost configs,
+the Parquet column types, the report's tables and search/RESULTS_SCHEMA.md.
 
 A check normalises a value (ints given for float keys become floats) or raises ``Bad``; its
-``expected`` text ("a positive int") is what error messages print. ``None`` as a default means
-"the trainer's default" (trainers.recipe.resolve_config fills it in).
+``expected`` text ("a positive int") is what error messages print: ``<key>: expected <what>, given <value>``.
 """
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qkvsearch.spaces.errors import BadInput, hint, show
+
 EMBEDDINGS = ("linear", "sne", "psne", "fsne")
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
-DATASETS_WITH_PATH = ("cifar10", "cifar100", "imagefolder")
-DATASET_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "synthetic": 10}   # imagefolder: its folders
-DEFAULT_IMG_SIZE = {"digits": 32, "cifar10": 32, "cifar100": 32, "synthetic": 32, "imagefolder": 224}
+ACTIVATIONS = ("relu", "gelu")          # the embedding's sigma (trainers.embeddings.make_activation)
 LR_SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "constant", "none")
 AUTO_AUGMENT_PREFIXES = ("rand", "augmix", "trivial", "original", "v0", "3a")
 MAX_WIDTH_RATIO = 4.0
+
+
+@dataclass(frozen=True)
+class Dataset:
+    classes: int | None      # None: counted from the class folders (imagefolder)
+    img_size: int            # default input size, px
+    needs_path: bool         # read from data.path
+    rgb: bool                # images have 3 channels (in_chans must be 3)
+
+
+DATASET_INFO: dict[str, Dataset] = {
+    "digits": Dataset(10, 32, False, False),       # scikit-learn's 8x8 digits, upsampled
+    "synthetic": Dataset(10, 32, False, False),    # random class-coloured images (smoke tests)
+    "cifar10": Dataset(10, 32, True, True),        # the authors' python-pickle folder
+    "cifar100": Dataset(100, 32, True, True),
+    "imagefolder": Dataset(None, 224, True, True),  # <path>/train/<class>/*.jpg and <path>/val/<class>/...
+}
+DATASETS = tuple(DATASET_INFO)
 
 
 class Bad(Exception):
@@ -36,6 +60,7 @@ class Check:
     fn: Callable[[Any], Any]           # value -> normalised value, raises Bad
     numeric: str | None = None         # "int" or "float": int/float ranges may be searched over this key
     options: tuple = ()                # closed set of strings, for did-you-mean hints
+    arrow: str = "string"              # Parquet column type: int64 | float64 | bool | string
 
     def __call__(self, value):
         return self.fn(value)
@@ -44,7 +69,8 @@ class Check:
         def fn(v):
             return None if v is None else self.fn(v)
 
-        return Check(f"{self.expected} or null", f"{self.plural} or nulls", fn, self.numeric, self.options)
+        return Check(f"{self.expected} or null", f"{self.plural} or nulls", fn, self.numeric, self.options,
+                     self.arrow)
 
 
 def is_int(v) -> bool:
@@ -65,7 +91,7 @@ def integer(low: int) -> Check:
             raise Bad
         return v
 
-    return Check(expected, plural, fn, "int")
+    return Check(expected, plural, fn, "int", arrow="int64")
 
 
 def number(low: float, high: float | None = None, low_open=False, high_open=True) -> Check:
@@ -84,7 +110,7 @@ def number(low: float, high: float | None = None, low_open=False, high_open=True
             raise Bad
         return float(v)
 
-    return Check(f"a number {text}", f"numbers {text}", fn, "float")
+    return Check(f"a number {text}", f"numbers {text}", fn, "float", arrow="float64")
 
 
 def one_of(*options: str) -> Check:
@@ -119,18 +145,22 @@ def _auto_augment(v):
 TEXT = Check("a non-empty string", "non-empty strings", _text)
 AUTO_AUGMENT = Check("a timm auto_augment string such as rand-m9-mstd0.5-inc1",
                      "timm auto_augment strings", _auto_augment)
-FLAG = Check("true or false", "booleans", _flag)
+FLAG = Check("true or false", "booleans", _flag, arrow="bool")
 POS_INT = integer(1)
 NONNEG_INT = integer(0)
 POS_NUM = number(0, low_open=True)
 NONNEG_NUM = number(0)
 FRACTION = number(0, 1)  # [0, 1)
 
-WIDTH_TEXT = f'a positive int (absolute), a ratio in (0, {MAX_WIDTH_RATIO:g}] of the token dim, or "match"'
+WIDTH_TEXT = (f'a positive int (absolute), a ratio in (0, {MAX_WIDTH_RATIO:g}] of the token dim, "match" '
+              f'or "paper"')
+PAPER_WIDTH = "paper"   # the paper's Table 1 width: d/2 sne, 3d/4 psne, d fsne
 
 
 def _hidden_width(v):
-    if v == "match" or v is None:
+    if v is None:
+        return PAPER_WIDTH
+    if v in ("match", PAPER_WIDTH):
         return v
     if is_int(v):
         if v < 1:
@@ -143,91 +173,288 @@ def _hidden_width(v):
     raise Bad
 
 
-HIDDEN_WIDTH = Check(WIDTH_TEXT + " or null", "widths (positive ints, ratios in (0, 4], or \"match\")",
-                     _hidden_width, "int+float")
-
-# model: section key -> (flat trial key, check, default)
-MODEL_KEYS: dict[str, tuple[str, Check, Any]] = {
-    "name": ("model", TEXT, None),                 # required unless the space searches "model"
-    "img_size": ("img_size", integer(8).or_none(), None),        # None -> the dataset's (DEFAULT_IMG_SIZE)
-    "num_classes": ("num_classes", integer(2).or_none(), None),  # None -> the dataset's (DATASET_CLASSES)
-    "in_chans": ("in_chans", POS_INT, 3),
-    "embed_class_attn": ("embed_class_attn", FLAG, False),
-    "drop_path_rate": ("drop_path_rate", FRACTION, 0.0),
-    "activation": ("activation", one_of("relu", "gelu"), "relu"),
-}
-
-# data: section key -> (flat trial key, check, default)
-DATA_KEYS: dict[str, tuple[str, Check, Any]] = {
-    "dataset": ("dataset", one_of(*DATASETS), "digits"),
-    "path": ("data_path", TEXT.or_none(), None),
-    "val_fraction": ("val_fraction", number(0, 1, low_open=True).or_none(), None),  # digits: held-out share
-}
-
-# train: key -> (check, default); None = the trainer's default. epochs is required (the scheduler's budget).
-TRAIN_KEYS: dict[str, tuple[Check, Any]] = {
-    "epochs": (POS_INT, None),
-    "batch_size": (POS_INT, None),                 # global, over all workers of a trial
-    "batch_per_worker": (POS_INT, None),           # None -> batch_size // workers (no accumulation)
-    "lr": (POS_NUM, None),
-    "weight_decay": (NONNEG_NUM, None),
-    "warmup_epochs": (NONNEG_NUM, None),           # may be fractional
-    "min_lr": (NONNEG_NUM, None),
-    "warmup_lr": (NONNEG_NUM, None),
-    "opt": (TEXT, None),                           # timm optimizer name, e.g. adamw (checked by the trainer)
-    "sched": (one_of(*LR_SCHEDULES), None),
-    "label_smoothing": (FRACTION, None),
-    "mixup": (NONNEG_NUM, None),                   # mixup alpha, 0 = off
-    "cutmix": (NONNEG_NUM, None),                  # cutmix alpha, 0 = off
-    "randaugment": (AUTO_AUGMENT, None),
-    "augment": (FLAG, None),                       # timm training transform (random resized crop + flip)
-    "clip_grad": (POS_NUM, None),                  # max grad norm
-    "seed": (NONNEG_INT, None),
-    "checkpoint_every": (POS_INT, None),           # epochs between checkpoints (the last is always saved)
-    "max_steps_per_epoch": (POS_INT, None),        # None = full epoch (small values for smoke runs)
-    "deterministic": (FLAG, None),
-    "amp": (one_of("bf16", "none"), None),         # None -> bf16 on CUDA, none on CPU
-    "loader_workers": (NONNEG_INT, None),          # DataLoader processes per worker
-}
-REQUIRED_TRAIN_KEYS = ("epochs",)
-
-# Keys that only the space sets (the model section has no embedding keys).
-EMBED_KEYS: dict[str, Check] = {
-    "embedding": one_of(*EMBEDDINGS),
-    "hidden_width": HIDDEN_WIDTH,
-    "code_size": POS_INT,
-    "code_sharing": one_of("shared", "per_block"),
-}
-
-# Embedding keys that mean something only for some embeddings; the loader conditions them (see dimensions).
-APPLIES_WHEN: dict[str, tuple[str, ...]] = {
-    "hidden_width": ("sne", "psne", "fsne"),
-    "code_size": ("fsne",),
-    "code_sharing": ("fsne",),
-}
+HIDDEN_WIDTH = Check(WIDTH_TEXT, 'widths (positive ints, ratios in (0, 4], "match" or "paper")',
+                     _hidden_width, "int+float")   # Parquet: string (ints, ratios and words in one column)
 
 
-def searchable_keys() -> dict[str, Check]:
-    """Flat trial keys a space may set: embedding keys, some model keys, and every train key but epochs."""
-    keys = dict(EMBED_KEYS)
-    for section_key in ("name", "activation", "drop_path_rate", "embed_class_attn"):
-        flat, check, _ = MODEL_KEYS[section_key]
-        keys[flat] = check
-    for key, (check, _) in TRAIN_KEYS.items():
-        if key != "epochs":
-            keys[key] = check
-    return keys
+def _timm_model(v):
+    """A timm model name; ``qkv_<name>`` (our registered variants) means ``<name>``."""
+    if not isinstance(v, str) or not v.strip():
+        raise Bad
+    import timm  # lazy: importing the spec layer stays free of torch and timm
+
+    name = v[len(REGISTERED_PREFIX):] if v.startswith(REGISTERED_PREFIX) else v
+    if timm.is_model(name):
+        return name
+    close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.7)
+    hint = f" (close matches: {', '.join(close)})" if close else ""
+    raise Bad(f"the name of a timm model, e.g. xcit_nano_12_p16_224{hint}")
 
 
-SEARCHABLE: dict[str, Check] = searchable_keys()
-# Fault-injection knobs of the trainer, for checking how a campaign records failures (not for real runs).
-SEARCHABLE.update({"qs_inject_nan_at_step": POS_INT, "qs_fail_after_epoch": POS_INT})
+def _timm_optimizer(v):
+    if not isinstance(v, str) or not v.strip():
+        raise Bad
+    from timm.optim import list_optimizers  # lazy, as above
+
+    known = list_optimizers()
+    if v.lower() in known:
+        return v.lower()
+    close = difflib.get_close_matches(v.lower(), known, n=1)
+    raise Bad("a timm optimizer name such as adamw" + (f" (did you mean {close[0]}?)" if close else ""))
+
+
+REGISTERED_PREFIX = "qkv_"
+MODEL_NAME = Check("the name of a timm model, e.g. xcit_nano_12_p16_224", "timm model names", _timm_model)
+OPTIMIZER = Check("a timm optimizer name such as adamw", "timm optimizer names", _timm_optimizer)
+
+
+
+# ---------------------------------------------------------------------------------------------- the keys
+
+GROUPS = ("model", "embedding", "data", "train")
+MODEL_GROUPS = ("model", "embedding")   # the keys that decide the model, hence its cost
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str                       # the flat trial key
+    group: str                      # model | embedding | data | train
+    check: Check
+    default: Any                    # None where doc says what None means
+    doc: str
+    unit: str = ""
+    section: str | None = None      # campaign-file section that sets it; None: only the space does
+    section_key: str | None = None  # its name there (default: name)
+    searchable: bool = True         # a space may search over it
+    applies_to: tuple[str, ...] = ()  # embeddings it means something for (empty: all); else it is null
+    report: bool = False            # a column of the report's trial tables
+    required: bool = False
+
+    @property
+    def arrow(self) -> str:
+        return self.check.arrow
+
+
+def _k(name, group, check, default, doc, **kw) -> Key:
+    return Key(name, group, check, default, doc, **kw)
+
+
+KEYS: dict[str, Key] = {k.name: k for k in (
+    # model (campaign section `model`)
+    _k("model", "model", MODEL_NAME, None, "timm model: an XCiT, or a ViT/DeiT with a fused qkv",
+       section="model", section_key="name", required=True),
+    _k("img_size", "model", integer(8).or_none(), None,
+       "input size; null: the dataset's (32, imagefolder 224), or timm's for a bare model",
+       unit="px", section="model", searchable=False),
+    _k("num_classes", "model", integer(2).or_none(), None,
+       "classes; null: the dataset's (imagefolder: its class folders), or timm's for a bare model",
+       section="model", searchable=False),
+    _k("in_chans", "model", POS_INT, 3, "input channels", section="model", searchable=False),
+    _k("drop_path_rate", "model", FRACTION, 0.0, "stochastic depth rate", section="model"),
+    _k("embed_class_attn", "embedding", FLAG, False, "also embed XCiT's class-attention blocks",
+       section="model"),
+    _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
+       section="model", report=True),
+    # embedding (set by the space only)
+    _k("embedding", "embedding", one_of(*EMBEDDINGS), "linear", "q/k/v embedding: linear | sne | psne | fsne",
+       report=True),
+    _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
+       "requested hidden width h: int, ratio of the token dim d, match (baseline params), paper (Table 1)",
+       applies_to=("sne", "psne", "fsne"), report=True),
+    _k("code_size", "embedding", POS_INT, 8, "F-SNE code size n", unit="features", applies_to=("fsne",),
+       report=True),
+    _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
+       "F-SNE codes: one set for the network, or one per block", applies_to=("fsne",), report=True),
+    # data (campaign section `data`)
+    _k("dataset", "data", one_of(*DATASETS), "digits", "dataset: " + " | ".join(DATASETS),
+       section="data", searchable=False),
+    _k("data_path", "data", TEXT.or_none(), None, "the dataset's root folder (cifar10, cifar100, imagefolder)",
+       section="data", section_key="path", searchable=False),
+    _k("val_fraction", "data", number(0, 1, low_open=True), 0.2,
+       "digits and synthetic: share held out for validation", section="data", searchable=False),
+    # train (campaign section `train`)
+    _k("epochs", "train", POS_INT, None, "epochs every trial trains for (the schedulers' budget)",
+       unit="epochs", section="train", searchable=False, required=True),
+    _k("batch_size", "train", POS_INT, 64, "global batch: images per optimizer update over all workers",
+       unit="images", section="train"),
+    _k("batch_per_worker", "train", POS_INT.or_none(), None,
+       "images per forward pass on one worker; null: batch_size / workers (no accumulation)",
+       unit="images", section="train"),
+    _k("lr", "train", POS_NUM, 1e-3, "peak learning rate after warm-up", section="train", report=True),
+    _k("weight_decay", "train", NONNEG_NUM, 0.05, "AdamW-style decoupled weight decay", section="train"),
+    _k("warmup_epochs", "train", NONNEG_NUM, 1.0, "linear warm-up; may be fractional", unit="epochs",
+       section="train"),
+    _k("min_lr", "train", NONNEG_NUM, 1e-5, "learning rate at the end of the schedule", section="train"),
+    _k("warmup_lr", "train", NONNEG_NUM, 1e-6, "learning rate at the start of warm-up", section="train"),
+    _k("opt", "train", OPTIMIZER, "adamw", "timm optimizer name", section="train"),
+    _k("sched", "train", one_of(*LR_SCHEDULES), "cosine", "timm learning-rate schedule, stepped per update",
+       section="train"),
+    _k("label_smoothing", "train", FRACTION, 0.0, "label smoothing", section="train"),
+    _k("mixup", "train", NONNEG_NUM, 0.0, "Mixup alpha; 0 = off", section="train"),
+    _k("cutmix", "train", NONNEG_NUM, 0.0, "CutMix alpha; 0 = off", section="train"),
+    _k("randaugment", "train", AUTO_AUGMENT.or_none(), None, "timm auto_augment string; null = off",
+       section="train"),
+    _k("augment", "train", FLAG, False, "timm training transform (random resized crop + flip)",
+       section="train"),
+    _k("clip_grad", "train", POS_NUM.or_none(), None, "max global gradient norm; null = off", section="train"),
+    _k("seed", "train", NONNEG_INT, 0, "seed of weights, data order and augmentation", section="train"),
+    _k("checkpoint_every", "train", POS_INT, 1, "epochs between checkpoints (the last is always saved)",
+       unit="epochs", section="train"),
+    _k("max_steps_per_epoch", "train", POS_INT.or_none(), None,
+       "cap on optimizer updates per epoch; null = the whole training set", section="train"),
+    _k("deterministic", "train", FLAG, False, "deterministic torch kernels", section="train"),
+    _k("amp", "train", one_of("auto", "bf16", "none"), "auto", "mixed precision: auto = bf16 on CUDA, none on CPU",
+       section="train"),
+    _k("loader_workers", "train", NONNEG_INT, 0, "DataLoader processes per worker (PIL-decoded datasets)",
+       section="train"),
+)}
+
+# Derived, not settable: the hidden width the embedding really has (hidden_width solved; 0 for linear).
+WIDTH = Key("width", "embedding", NONNEG_INT, None, "hidden units h the embedding uses (hidden_width solved; "
+            "0 for linear)", searchable=False, report=True)
+RESOLVED_KEYS: dict[str, Key] = {**KEYS, WIDTH.name: WIDTH}   # the keys of a resolved trial config
+
+
+def names(*groups: str) -> tuple[str, ...]:
+    return tuple(k.name for k in KEYS.values() if k.group in groups)
+
+
+def section_keys(section: str) -> dict[str, Key]:
+    """section key -> Key for one campaign-file section (model, data, train)."""
+    return {k.section_key or k.name: k for k in KEYS.values() if k.section == section}
+
+
+SEARCHABLE: dict[str, Check] = {k.name: k.check for k in KEYS.values() if k.searchable}
+APPLIES_WHEN: dict[str, tuple[str, ...]] = {k.name: k.applies_to for k in KEYS.values() if k.applies_to}
+REQUIRED_TRAIN_KEYS = tuple(k.section_key or k.name for k in KEYS.values() if k.section == "train" and k.required)
 
 # metric -> natural optimisation mode
 METRICS: dict[str, str] = {
-    "top1": "max", "top5": "max", "val_loss": "min", "train_loss": "min",
-    "images_per_s": "max", "epoch_s": "min", "train_s": "min",
-    "gmacs": "min", "params_m": "min", "params": "min", "embed_params": "min",
+    "top1": "max", "top5": "max", "val_loss": "min", "train_loss": "min",     # per epoch
+    "images_per_s": "max", "epoch_s": "min", "train_s": "min",                # per epoch
+    "train_s_total": "min",                                                   # per trial: sum of train_s
+    "gmacs": "min", "params_m": "min", "params": "min", "embed_params": "min",  # cost, before training
 }
 COST_METRICS = ("params", "params_m", "embed_params", "gmacs")        # known before training
 SCHEDULER_METRICS = ("top1", "top5", "val_loss", "train_loss")        # change from epoch to epoch
+
+
+# ---------------------------------------------------------------------------------------------- fill
+
+
+class ConfigError(BadInput):
+    """A trial config holds an unknown key or a value its key does not allow."""
+
+
+def _fail(key: str, expected: str, given) -> ConfigError:
+    return ConfigError(f"{key}: expected {expected}, given {show(given)}")
+
+
+def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
+    """A copy of ``cfg`` with every key of ``groups`` checked and its default filled in.
+
+    Keys of other groups pass through unchecked. A key that applies only to some embeddings is null
+    for the others (giving it a value there is an error). With the data group: img_size and num_classes
+    come from the dataset when null, and the data-dependent rules are checked. ``width`` (the solved
+    width) passes through. Raises ConfigError naming the key, the expected and the given value.
+    """
+    if not isinstance(cfg, Mapping):
+        raise _fail("config", "a mapping of trial keys", cfg)
+    for key in cfg:
+        if key not in RESOLVED_KEYS:
+            known = list(RESOLVED_KEYS)
+            raise _fail(str(key), "a trial key" + hint(str(key), known, list_known=False), key)
+    out = dict(cfg)
+    embedding = out.get("embedding") or "linear"
+    for key in KEYS.values():
+        if key.group not in groups:
+            continue
+        value = out.get(key.name)
+        if key.applies_to and embedding not in key.applies_to:
+            if value is not None:
+                raise _fail(key.name, f"null unless embedding is {' or '.join(key.applies_to)} "
+                                      f"(embedding is {embedding})", value)
+            out[key.name] = None
+            continue
+        if value is None:
+            if key.required:
+                raise ConfigError(f"{key.name}: required ({key.doc})")
+            value = key.default
+        if value is not None:
+            try:
+                value = key.check(value)
+            except Bad as bad:
+                raise _fail(key.name, bad.expected or key.check.expected, value) from None
+        out[key.name] = value
+    if "width" in out and out["width"] is not None:
+        try:
+            WIDTH.check(out["width"])
+        except Bad:
+            raise _fail("width", WIDTH.check.expected, out["width"]) from None
+    if "data" in groups:
+        fill_from_dataset(out)
+    return out
+
+
+def fill_from_dataset(cfg: dict) -> None:
+    """img_size and num_classes from the dataset when null; the rules that tie model keys to the data."""
+    ds = DATASET_INFO[cfg["dataset"]]
+    if ds.needs_path and cfg["data_path"] is None:
+        raise ConfigError(f"data_path: required for dataset {cfg['dataset']} (the dataset's root folder)")
+    if cfg.get("img_size") is None:
+        cfg["img_size"] = ds.img_size
+    if ds.rgb and cfg.get("in_chans", 3) != 3:
+        raise _fail("in_chans", f"3 for dataset {cfg['dataset']} (RGB images)", cfg["in_chans"])
+    if (cfg.get("augment") or cfg.get("randaugment")) and cfg.get("in_chans", 3) != 3:
+        raise _fail("in_chans", "3 when augment or randaugment is on (timm transforms make RGB images)",
+                    cfg["in_chans"])
+    if ds.classes is not None:
+        if cfg.get("num_classes") is None:
+            cfg["num_classes"] = ds.classes
+        elif cfg["num_classes"] != ds.classes:
+            raise _fail("num_classes", f"{ds.classes} for dataset {cfg['dataset']}", cfg["num_classes"])
+    elif cfg.get("num_classes") is None:
+        n = count_class_folders(cfg["data_path"])
+        if n >= 2:  # fewer: the dataset check says what is wrong with the folder
+            cfg["num_classes"] = n
+
+
+def count_class_folders(data_path) -> int:
+    """imagefolder: the number of class folders under <data_path>/train, 0 when unreadable."""
+    train = os.path.join(os.fspath(data_path), "train") if data_path else None
+    if not train or not os.path.isdir(train):
+        return 0
+    return sum(1 for e in os.scandir(train) if e.is_dir() and not e.name.startswith("."))
+
+
+def batch_plan(cfg: Mapping, world_size: int) -> tuple[int, int]:
+    """(batch_per_worker, accumulation steps) with world_size * batch_per_worker * steps == batch_size.
+
+    cfg: batch_size, batch_per_worker (None: batch_size // world_size), mixup, cutmix.
+    """
+    batch, bpw = cfg["batch_size"], cfg["batch_per_worker"]
+    if bpw is None:
+        if batch % world_size:
+            raise _fail("batch_size", f"a multiple of the workers per trial ({world_size})", batch)
+        bpw = batch // world_size
+    if batch % (world_size * bpw):
+        raise _fail("batch_size", f"a multiple of workers x batch_per_worker ({world_size} x {bpw})", batch)
+    if (cfg["mixup"] > 0 or cfg["cutmix"] > 0) and bpw % 2:
+        raise _fail("batch_per_worker", "an even number when mixup or cutmix is on (timm Mixup pairs images)", bpw)
+    return bpw, batch // (world_size * bpw)
+
+
+def flatten(section: str, values: Mapping) -> dict:
+    """A campaign-file section's values keyed by trial key (model.name -> model, data.path -> data_path)."""
+    table = section_keys(section)
+    return {table[k].name: v for k, v in values.items()}
+
+
+def require_filled(cfg) -> dict:
+    """``cfg`` itself when ``fill`` has run on it (every key present): trainers take filled configs, so
+    defaults are decided once, where a trial's config is built."""
+    missing = [k for k in KEYS if not isinstance(cfg, Mapping) or k not in cfg]
+    if missing:
+        raise ConfigError(f"config: expected a filled trial config (qkvsearch.spaces.keys.fill(cfg)), given one "
+                          f"without {', '.join(missing)}")
+    return cfg

@@ -7,8 +7,10 @@ given "bayes" (did you mean "tpe"?)``.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,26 +18,27 @@ from pathlib import Path
 import yaml
 
 from qkvsearch.spaces import dimensions
-from qkvsearch.spaces.errors import Collector, SpecError, hint, show
+from qkvsearch.spaces.errors import Collector, SpecError, clip, hint, show
 from qkvsearch.spaces.keys import (
     COST_METRICS,
-    DATA_KEYS,
-    DATASET_CLASSES,
-    DATASETS_WITH_PATH,
-    DEFAULT_IMG_SIZE,
+    KEYS,
     METRICS,
-    MODEL_KEYS,
     NONNEG_NUM,
     POS_INT,
     POS_NUM,
     REQUIRED_TRAIN_KEYS,
     SCHEDULER_METRICS,
-    TRAIN_KEYS,
+    ConfigError,
+    batch_plan,
+    fill_from_dataset,
+    flatten,
     integer,
     is_number,
     one_of,
+    section_keys,
 )
 from qkvsearch.spaces.schema import (
+    DEFAULT_OBJECTIVES,
     SECTIONS,
     CampaignSpec,
     Constraint,
@@ -56,13 +59,46 @@ STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MISSING = object()
+MAX_FILE_BYTES = 1 << 20   # a campaign file is a few KB; this bounds reading and parsing time
+MAX_DEPTH = 100            # nesting levels (a spec needs about 6)
+MAX_NODES = 100_000        # values in a spec, counted as if every alias were copied out
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- YAML
 
 
+class _TooBig(yaml.MarkedYAMLError):
+    """A file past MAX_DEPTH or MAX_NODES: refused while composing, before PyYAML recurses or builds it."""
+
+
 class _Loader(yaml.SafeLoader):
-    """Safe YAML that rejects duplicate keys and reads 5e-4 as a float (YAML 1.1 reads it as a string)."""
+    """Safe YAML that rejects duplicate keys and reads 5e-4 as a float (YAML 1.1 reads it as a string).
+
+    It also refuses nesting deeper than MAX_DEPTH (PyYAML composes recursively and would raise
+    RecursionError) and more than MAX_NODES nodes. Merge keys (<<) are not supported: a key's
+    constructor runs before PyYAML would flatten merges, and the merge tag has none.
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        self._nodes += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooBig(problem=f"expected YAML nested at most {MAX_DEPTH} levels deep, given nesting "
+                                      f"deeper than {MAX_DEPTH} levels", problem_mark=self.peek_event().start_mark)
+            if self._nodes > MAX_NODES:
+                raise _TooBig(problem=f"expected at most {MAX_NODES} values, given more",
+                              problem_mark=self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -89,6 +125,16 @@ _Loader.add_implicit_resolver(
 def parse_yaml(text: str, source: str):
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except _TooBig as exc:
+        mark = exc.problem_mark
+        raise SpecError([f"{source}: {exc.problem} (line {mark.line + 1})"], source) from None
+    except RecursionError:  # only under a recursion limit too low for MAX_DEPTH levels
+        raise SpecError([f"{source}: expected YAML nested at most {MAX_DEPTH} levels deep, given nesting "
+                         f"deeper than Python can parse"], source) from None
+    except yaml.reader.ReaderError as exc:
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
+        raise SpecError([f"{source}: expected printable text, given the control character #x{code:04x} "
+                         f"at character {exc.position}"], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -96,7 +142,77 @@ def parse_yaml(text: str, source: str):
         context = getattr(exc, "context", None)
         detail = f"{problem} ({context})" if context else problem
         line = f" (line {mark.line + 1})" if mark else ""
-        raise SpecError([f"{where}: YAML syntax error{line}: {detail}"], source) from None
+        raise SpecError([f"{where}: YAML syntax error{line}: {clip(detail)}"], source) from None
+    except ValueError as exc:  # a scalar PyYAML cannot convert, e.g. an int past Python's digit limit
+        raise SpecError([f"{source}: expected YAML values Python can read, given one it cannot "
+                         f"({clip(exc)})"], source) from None
+
+
+def check_size(data, source: str | None) -> None:
+    """Refuse data with more than MAX_NODES values once shared references (YAML aliases) are counted
+    as copies, nesting past MAX_DEPTH, or a value that contains itself. Counting is memoised on id(),
+    so it costs one visit per distinct object however far the aliases would expand."""
+    problem = _size_problem(data)
+    if problem:
+        raise SpecError([f"{source or 'the spec'}: {problem}"], source)
+
+
+def _size_problem(data) -> str | None:
+    try:
+        count, depth = _size(data)
+    except _Cycle:
+        return "expected a tree of values, given a value that contains itself (an alias inside its own anchor)"
+    if count > MAX_NODES:
+        return f"expected at most {MAX_NODES} values after expanding aliases (*name), given more than {MAX_NODES}"
+    if depth > MAX_DEPTH:
+        return f"expected nesting at most {MAX_DEPTH} levels deep, given {depth} levels"
+    return None
+
+
+class _Cycle(Exception):
+    pass
+
+
+def _size(root) -> tuple[int, int]:
+    """(values, depth) of a tree of dicts/lists as if every shared reference were copied out.
+
+    Iterative post-order walk with memo[id] = (count, depth); counts saturate just past MAX_NODES.
+    """
+    memo: dict[int, tuple[int, int]] = {}   # ids of live containers only: scalars never collide
+    active: set[int] = set()                 # the containers on the path from the root
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            active.discard(key)
+            count, depth = 1, 0
+            for child in _children(node):
+                c_count, c_depth = memo.get(id(child), (1, 0))
+                count = min(count + c_count, MAX_NODES + 1)
+                depth = max(depth, c_depth)
+            memo[key] = (count, depth + 1)
+            continue
+        if key in memo or not _is_container(node):
+            continue
+        if key in active:
+            raise _Cycle
+        active.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if _is_container(child))
+    return memo.get(id(root), (1, 0))
+
+
+def _is_container(node) -> bool:
+    return isinstance(node, (Mapping, list, tuple, set, frozenset))
+
+
+def _children(node) -> list:
+    if isinstance(node, Mapping):
+        return [*node.keys(), *node.values()]
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return list(node)
+    return []
 
 
 # ---------------------------------------------------------------- presets and files
@@ -118,9 +234,50 @@ def _read(path_like) -> tuple[object, str, str]:
     path = Path(os.fspath(path_like))
     if not path.exists() and path.suffix == "" and (PRESET_DIR / f"{path.name}.yaml").is_file():
         path = PRESET_DIR / f"{path.name}.yaml"
-    if not path.is_file():
-        raise SpecError([f"campaign file not found: {path} (presets: {', '.join(list_presets())})"])
-    return parse_yaml(path.read_text(), str(path)), str(path), path.stem
+    source = clip(str(path))
+    data = parse_yaml(_read_text(path, source), source)
+    check_size(data, source)
+    return data, source, path.stem
+
+
+def _read_text(path: Path, source: str) -> str:
+    """The file's text: a regular file of at most MAX_FILE_BYTES bytes of UTF-8, else SpecError."""
+    def refuse(given: str, expected: str = "a campaign YAML file"):
+        raise SpecError([f"{source}: expected {expected}, given {given}"], source)
+
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise SpecError([f"campaign file not found: {source} (expected a campaign YAML file or a preset "
+                         f"name: {', '.join(list_presets())})"], source) from None
+    except OSError as err:   # a parent that is a file, no permission to look inside a folder, ...
+        refuse(f"a path that cannot be read ({err.strerror or err})")
+    if stat.S_ISDIR(info.st_mode):
+        refuse("a directory")
+    if not stat.S_ISREG(info.st_mode):   # a FIFO or a device would block or never end
+        refuse("a special file (not a regular file)")
+    if info.st_size > MAX_FILE_BYTES:
+        refuse(f"{info.st_size} bytes", f"a campaign YAML file of at most {MAX_FILE_BYTES} bytes")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        refuse(f"a file that cannot be read ({err.strerror or err})")
+    if len(data) > MAX_FILE_BYTES:
+        refuse(f"more than {MAX_FILE_BYTES} bytes", f"a campaign YAML file of at most {MAX_FILE_BYTES} bytes")
+    return _decode(data, refuse)
+
+
+def _decode(data: bytes, refuse) -> str:
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        refuse("UTF-16 text (save it as UTF-8)", "UTF-8 YAML text")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        refuse(f"binary data (a NUL byte at offset {nul})", "UTF-8 YAML text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        refuse(f"bytes that are not UTF-8 (0x{data[err.start]:02x} at offset {err.start})", "UTF-8 YAML text")
 
 
 # ---------------------------------------------------------------- overrides
@@ -138,7 +295,14 @@ def apply_overrides(raw: dict, overrides: Sequence[str], c: Collector) -> None:
         try:
             value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else None  # noqa: S506
         except yaml.YAMLError as exc:
-            c.add(label, f"the value is not valid YAML: {getattr(exc, 'problem', exc)}")
+            c.add(label, f"the value is not valid YAML: {clip(getattr(exc, 'problem', None) or exc)}")
+            continue
+        except (RecursionError, ValueError) as exc:
+            c.add(label, f"the value cannot be read: {clip(type(exc).__name__)}")
+            continue
+        too_big = _size_problem(value)
+        if too_big:
+            c.add(label, too_big)
             continue
         if segments[0] not in SECTIONS:
             c.add(label, f"unknown section {show(segments[0])}" + hint(segments[0], SECTIONS))
@@ -181,6 +345,7 @@ def load_campaign(source, overrides: Sequence[str] = ()) -> CampaignSpec:
     if isinstance(overrides, str):
         overrides = [overrides]
     if isinstance(source, Mapping):
+        check_size(source, None)   # before deepcopy, which recurses and copies
         raw, where, default_name = copy.deepcopy(dict(source)), None, None
     else:
         raw, where, default_name = _read(source)
@@ -188,12 +353,15 @@ def load_campaign(source, overrides: Sequence[str] = ()) -> CampaignSpec:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise SpecError([f"expected a mapping of sections ({', '.join(SECTIONS)}), given {show(raw)}"], where)
+        raise SpecError([f"{where or 'the spec'}: expected a mapping of sections ({', '.join(SECTIONS)}), "
+                         f"given {show(raw)}"], where)
     apply_overrides(raw, overrides, c)
     if "name" not in raw and default_name:
         raw["name"] = default_name
     spec = _build(raw, c, where)
     c.raise_if_any(where)
+    for warning in c.warnings:
+        log.warning("%s", f"{where}: {warning}" if where else warning)
     return spec
 
 
@@ -215,10 +383,10 @@ def _build(raw: dict, c: Collector, source) -> CampaignSpec | None:
     storage = _parse_storage(raw.get("storage", "results/"), c)
     if model.name is None and "model" not in space.keys:
         c.add("model.name", "required (a timm model name, e.g. xcit_nano_12_p16_224)")
+    model = _dataset_defaults(model, data, train, c)  # also with errors elsewhere: it reads only these sections
     if c.errors:
         return None
-    model = _dataset_defaults(model, data, c)
-    _cross_check(model, train, space, resources, c)
+    _cross_check(train, space, resources, c)
     if c.errors:
         return None
     return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
@@ -237,17 +405,27 @@ def _mapping(raw, c: Collector, path: str, what: str) -> dict | None:
     return dict(raw)
 
 
-def _parse_table(raw: dict, table: Mapping, c: Collector, path: str) -> dict:
-    """Check each key of a section against its table {key: (check, default)}; fill defaults."""
-    c.unknown_keys(path, raw, table)
+def _parse_section(raw: dict, section: str, c: Collector) -> dict:
+    """Check each key of a campaign-file section against its declaration (spaces.keys); fill defaults."""
+    table = section_keys(section)
+    c.unknown_keys(section, raw, table)
     out = {}
-    for key, (check, default) in table.items():
-        if key in raw and raw[key] is not None:
-            value = dimensions.check_value(check, raw[key], c, f"{path}.{key}")
-            out[key] = default if value is dimensions.ABSENT else value
+    for name, key in table.items():
+        if raw.get(name) is not None:
+            value = dimensions.check_value(key.check, raw[name], c, f"{section}.{name}")
+            out[name] = key.default if value is dimensions.ABSENT else value
         else:
-            out[key] = default
+            out[name] = key.default
     return out
+
+
+def section_path(message: str) -> str:
+    """``"<trial key>: ..."`` (a ConfigError) -> ``"<section>.<section key>: ..."`` where the key has a section."""
+    name, sep, rest = message.partition(":")
+    key = KEYS.get(name)
+    if not sep or key is None or key.section is None:
+        return message
+    return f"{key.section}.{key.section_key or key.name}:{rest}"
 
 
 def _parse_name(raw, c: Collector) -> str:
@@ -262,19 +440,14 @@ def _parse_model(raw, c: Collector) -> ModelSpec:
     raw = _mapping(raw, c, "model", "a mapping (name, img_size, num_classes, ...)")
     if raw is None:
         return ModelSpec(None)
-    table = {k: (check, default) for k, (_flat, check, default) in MODEL_KEYS.items()}
-    return ModelSpec(**_parse_table(raw, table, c, "model"))
+    return ModelSpec(**_parse_section(raw, "model", c))
 
 
 def _parse_data(raw, c: Collector) -> DataSpec:
     raw = _mapping(raw, c, "data", "a mapping (dataset, path, val_fraction)")
     if raw is None:
         return DataSpec()
-    table = {k: (check, default) for k, (_flat, check, default) in DATA_KEYS.items()}
-    data = DataSpec(**_parse_table(raw, table, c, "data"))
-    if data.dataset in DATASETS_WITH_PATH and data.path is None:
-        c.add("data.path", f"required for dataset {data.dataset} (the dataset's root folder)")
-    return data
+    return DataSpec(**_parse_section(raw, "data", c))
 
 
 def _parse_train(raw, c: Collector):
@@ -284,12 +457,12 @@ def _parse_train(raw, c: Collector):
     for key in REQUIRED_TRAIN_KEYS:
         if raw.get(key) is None:
             c.add(f"train.{key}", "required (the number of epochs every trial trains for)")
-    return TrainSpec(**_parse_table(raw, TRAIN_KEYS, c, "train"))
+    return TrainSpec(**_parse_section(raw, "train", c))
 
 
 def _parse_objectives(raw, c: Collector) -> list[Objective]:
     if raw is None:
-        return [Objective("top1", "max")]
+        return list(DEFAULT_OBJECTIVES)
     if not isinstance(raw, list) or not raw:
         c.expected("objectives", "a non-empty list of {metric, mode}", raw)
         return []
@@ -350,44 +523,74 @@ def _parse_search(raw, space: Space, c: Collector) -> SearchSpec:
     if raw is None:
         raw = {}
     c.unknown_keys("search", raw, ("algorithm", "num_trials", "seed", "population_size", "repeats"))
+    # A space with errors lost dimensions: its size and default algorithm would contradict the user.
+    space_ok = not _section_failed(c, "space")
     default_algorithm = "grid" if space.enumerable else "random"
     algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
                                        c, "search.algorithm")
     seed = _opt(raw, "seed", integer(0), 0, c, "search")
-    repeats = _opt(raw, "repeats", POS_INT, None, c, "search")
-    population = _opt(raw, "population_size", integer(2), None, c, "search")
+    # A key that does not apply to the algorithm is reported as such, without also judging its value.
+    repeats = _only_for(raw, "repeats", POS_INT, "grid", algorithm, c, " (use num_trials)")
+    population = _only_for(raw, "population_size", integer(2), "nsga2", algorithm, c)
     num_trials = _opt(raw, "num_trials", POS_INT, None, c, "search")
     if algorithm is dimensions.ABSENT:
         return SearchSpec("random", num_trials or 1, seed)
-    if repeats is not None and algorithm != "grid":
-        c.add("search.repeats", f"applies to algorithm grid only, not {algorithm} (use num_trials)")
-    if population is not None and algorithm != "nsga2":
-        c.add("search.population_size", f"applies to algorithm nsga2 only, not {algorithm}")
-    for dim in space.dimensions:
-        if dim.kind == "grid" and algorithm != "grid":
-            c.add(f"space.{dim.key}.grid", f"grid values are enumerated, which only search.algorithm grid "
-                                           f"does (given {algorithm}); use choice")
+    if algorithm != "grid" and ("algorithm" in raw or space_ok):
+        ranges = [d.key for d in space.dimensions if not d.enumerable]
+        why = (f"given {algorithm}" if "algorithm" in raw
+               else f"the default is random because space.{ranges[0]} is a range" if ranges else "")
+        for dim in space.dimensions:
+            if dim.kind == "grid":
+                c.add(f"space.{dim.key}.grid", f"grid values are enumerated, which only search.algorithm grid "
+                                               f"does ({why}); use choice")
     if algorithm == "grid":
-        return _grid_search(space, num_trials, seed, repeats or 1, c)
+        if raw.get("repeats") is not None and repeats is None:
+            return SearchSpec("grid", num_trials or 1, seed)   # no size to compare num_trials with
+        return _grid_search(space, num_trials, seed, repeats or 1, c, space_ok)
     if num_trials is None:
-        c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
+        if raw.get("num_trials") is None:
+            c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
         num_trials = 1
+    elif num_trials > 1 and space_ok and space.enumerable and dimensions.count(space) == 1:
+        c.warn("search.num_trials", f"the space holds one configuration, so all {num_trials} trials would train "
+                                    "the same one (add space dimensions, or set num_trials: 1)")
     if algorithm == "nsga2" and population is None:
         population = max(2, min(50, num_trials // 2))   # Optuna's default (50) when the budget allows
     return SearchSpec(algorithm, num_trials, seed, population, 1)
 
 
-def _grid_search(space: Space, num_trials, seed, repeats, c: Collector) -> SearchSpec:
+def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok: bool = True) -> SearchSpec:
     ranges = [d.key for d in space.dimensions if not d.enumerable]
     if ranges:
         c.add("search.algorithm", "grid needs every dimension to be choice/grid, but "
                                   + ", ".join(f"space.{k}" for k in ranges) + " is a range")
         return SearchSpec("grid", num_trials or 1, seed, None, repeats)
-    size = len(dimensions.expand(space)) * repeats
+    points = dimensions.count(space)   # counted, not enumerated: a grid may hold 10^8 points
+    size = points * repeats
+    if not space_ok:
+        return SearchSpec("grid", size, seed, None, repeats)
     if num_trials is not None and num_trials != size:
         c.add("search.num_trials", f"grid runs every grid point x repeats = {size} trials, given {num_trials} "
                                    "(leave num_trials out)")
+    elif points == 1 and repeats > 1:
+        c.warn("search.repeats", f"the space holds one configuration, so all {repeats} repeats would train "
+                                 "the same one (add space dimensions, or leave repeats out)")
     return SearchSpec("grid", size, seed, None, repeats)
+
+
+def _only_for(raw: dict, key: str, check, algorithm_needed: str, algorithm, c: Collector, advice: str = ""):
+    """The value of a search key that only one algorithm reads; None when absent, invalid or not applicable."""
+    if raw.get(key) is None:
+        return None
+    if algorithm is not dimensions.ABSENT and algorithm != algorithm_needed:
+        c.add(f"search.{key}", f"applies to algorithm {algorithm_needed} only, not {algorithm}{advice}")
+        return None
+    return _opt(raw, key, check, None, c, "search")
+
+
+def _section_failed(c: Collector, section: str) -> bool:
+    """Whether an error was recorded under a section ("space", "space.x", "space[0]")."""
+    return any(e == section or e.startswith((f"{section}.", f"{section}:", f"{section}[")) for e in c.errors)
 
 
 def _opt(raw: dict, key: str, check, default, c: Collector, section: str):
@@ -471,32 +674,31 @@ def _parse_storage(raw, c: Collector) -> str:
     return raw
 
 
-def _dataset_defaults(model: ModelSpec, data: DataSpec, c: Collector) -> ModelSpec:
-    """Fill img_size / num_classes from the dataset (as trainers.recipe does) and check num_classes."""
-    classes = DATASET_CLASSES.get(data.dataset)
-    if model.num_classes is not None and classes is not None and model.num_classes != classes:
-        c.expected("model.num_classes", f"{classes} for dataset {data.dataset}", model.num_classes)
-    return replace(model, img_size=model.img_size or DEFAULT_IMG_SIZE[data.dataset],
-                   num_classes=model.num_classes or classes)
+def _dataset_defaults(model: ModelSpec, data: DataSpec, train, c: Collector) -> ModelSpec:
+    """img_size / num_classes from the dataset, and the rules that tie model keys to the data
+    (spaces.keys.fill_from_dataset, the rule every trial config goes through)."""
+    flat = {**flatten("model", model.as_dict()), **flatten("data", data.as_dict()),
+            "augment": train.augment, "randaugment": train.randaugment}
+    try:
+        fill_from_dataset(flat)
+    except ConfigError as err:
+        c.add("", section_path(str(err)))
+        return model
+    return replace(model, img_size=flat["img_size"], num_classes=flat.get("num_classes"))
 
 
-def _cross_check(model: ModelSpec, train, space: Space, resources: ResourcesSpec, c: Collector) -> None:
+def _cross_check(train, space: Space, resources: ResourcesSpec, c: Collector) -> None:
     """Checks that span sections (run only when every section parsed cleanly)."""
-    if train.warmup_epochs is not None and train.epochs is not None and train.warmup_epochs > train.epochs:
+    if train.warmup_epochs > train.epochs:
         c.add("train.warmup_epochs", f"expected at most train.epochs ({train.epochs}), given {train.warmup_epochs:g}")
     workers = resources.workers_per_trial
-    batches = _values_of("batch_size", train.batch_size, space)
-    per_worker = _values_of("batch_per_worker", train.batch_per_worker, space)
-    for batch in batches:
-        for bpw in per_worker:
-            if batch is None:
-                continue
-            share = workers * (bpw or 1)
-            if batch % share:
-                what = (f"resources.workers_per_trial ({workers}) x train.batch_per_worker ({bpw})" if bpw
-                        else f"resources.workers_per_trial ({workers})")
-                c.add("train.batch_size", f"expected a multiple of {what} so every worker gets the same "
-                                          f"share, given {batch}")
+    mixing = {k: max(_values_of(k, getattr(train, k), space), key=lambda v: v or 0) for k in ("mixup", "cutmix")}
+    for batch in _values_of("batch_size", train.batch_size, space):
+        for bpw in _values_of("batch_per_worker", train.batch_per_worker, space):
+            try:
+                batch_plan({"batch_size": batch, "batch_per_worker": bpw, **mixing}, workers)
+            except ConfigError as err:
+                c.add("", f"train.{err}")
 
 
 def _values_of(key: str, base, space: Space) -> list:

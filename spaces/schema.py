@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from qkvsearch.spaces.keys import TRAIN_KEYS
+from qkvsearch.spaces.keys import section_keys
 
 
 class FrozenMap(Mapping):
@@ -65,36 +65,24 @@ def plain(value):
     return value
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str | None                    # timm name; None only when the space searches "model"
-    img_size: int | None = None         # filled from the dataset when not given (32 px, or 224 for imagefolder)
-    num_classes: int | None = None      # filled from the dataset when known; imagefolder counts its folders
-    in_chans: int = 3
-    embed_class_attn: bool = False
-    drop_path_rate: float = 0.0
-    activation: str = "relu"
+def _section_dataclass(section: str, doc: str):
+    """A frozen dataclass with one field per key of a campaign-file section (spaces.keys.KEYS)."""
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in section_keys(section)}
+
+    cls = make_dataclass(
+        f"{section.capitalize()}Spec",
+        [(name, Any, field(default=key.default)) for name, key in section_keys(section).items()],
+        frozen=True, namespace={"as_dict": as_dict, "__doc__": doc})
+    cls.__module__ = __name__   # so it pickles (make_dataclass takes module= only from Python 3.12)
+    return cls
 
 
-@dataclass(frozen=True)
-class DataSpec:
-    dataset: str = "digits"
-    path: str | None = None             # required for cifar*/imagefolder; existence is checked at launch
-    val_fraction: float | None = None
-
-
-def _train_as_dict(self) -> dict:
-    return {k: getattr(self, k) for k in TRAIN_KEYS}
-
-
-# One field per known train key (spaces.keys.TRAIN_KEYS is the single table); None = the trainer's default.
-TrainSpec = make_dataclass(
-    "TrainSpec",
-    [(key, Any, field(default=default)) for key, (_check, default) in TRAIN_KEYS.items()],
-    frozen=True,
-    namespace={"as_dict": _train_as_dict, "__doc__": "Training keys of spaces.keys.TRAIN_KEYS."},
-)
-TrainSpec.__module__ = __name__   # so it pickles (make_dataclass takes module= only from Python 3.12)
+# One field per key of the section; defaults filled by the loader (img_size and num_classes from the data).
+ModelSpec = _section_dataclass("model", "The model section: model keys of spaces.keys.KEYS.")
+DataSpec = _section_dataclass("data", "The data section: data keys of spaces.keys.KEYS.")
+TrainSpec = _section_dataclass("train", "The train section: training keys of spaces.keys.KEYS.")
 
 
 @dataclass(frozen=True)
@@ -163,6 +151,9 @@ class Space:
 class Objective:
     metric: str
     mode: str                           # max | min
+
+
+DEFAULT_OBJECTIVES = (Objective("top1", "max"),)   # a spec without objectives maximises top-1
 
 
 @dataclass(frozen=True)
@@ -244,8 +235,8 @@ class CampaignSpec:
         return {
             "name": self.name,
             "description": self.description,
-            "model": vars_of(self.model),
-            "data": vars_of(self.data),
+            "model": self.model.as_dict(),
+            "data": self.data.as_dict(),
             "train": self.train.as_dict(),
             "space": self.space.to_dict(),
             "objectives": [vars_of(o) for o in self.objectives],

@@ -3,28 +3,15 @@ from __future__ import annotations
 
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.errors import SpecError
-from qkvsearch.spaces.keys import DATA_KEYS, MODEL_KEYS
+from qkvsearch.spaces.keys import flatten
 from qkvsearch.spaces.schema import CampaignSpec, FrozenMap
 
 
 def base_config(spec: CampaignSpec) -> dict:
-    """The flat config every trial shares: model keys, data keys, and the train keys that are set.
-
-    model.name -> "model", data.dataset -> "dataset", data.path -> "data_path"; keys left None
-    (the trainer's default) are left out. Space keys are not included; a trial's space values
-    override these.
-    """
-    out: dict = {}
-    for key, (flat, _check, _default) in MODEL_KEYS.items():
-        value = getattr(spec.model, key)
-        if value is not None:
-            out[flat] = value
-    for key, (flat, _check, _default) in DATA_KEYS.items():
-        value = getattr(spec.data, key)
-        if value is not None:
-            out[flat] = value
-    out.update({k: v for k, v in spec.train.as_dict().items() if v is not None})
-    return out
+    """The flat config every trial shares: the model, data and train sections by trial key
+    (model.name -> "model", data.path -> "data_path"). A trial's space values override these."""
+    return {**flatten("model", spec.model.as_dict()), **flatten("data", spec.data.as_dict()),
+            **flatten("train", spec.train.as_dict())}
 
 
 def expand_space(spec: CampaignSpec) -> list[dict]:

@@ -28,7 +28,7 @@ def test_linear_baseline_is_timm_count_exactly():
     cost = model_cost({**S, "embedding": "linear"})
     assert cost["params"] == sum(p.numel() for p in ref.parameters()) == 3_053_224
     assert cost["embed_params"] == 12 * (128 * 384 + 384)  # the XCA blocks' qkv
-    assert cost["hidden_width"] == 0
+    assert cost["width"] == 0
 
 
 @pytest.mark.parametrize("model,gmacs", [

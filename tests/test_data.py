@@ -5,9 +5,14 @@ import numpy as np
 import pytest
 import torch
 
+from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers import data
 from qkvsearch.trainers.data import DatasetError, check_dataset, eval_shard, load_data, train_shard
-from qkvsearch.trainers.recipe import resolve_config
+
+
+def trial_cfg(cfg: dict) -> dict:
+    """A filled trial config around the data keys under test."""
+    return fill({"model": "xcit_nano_12_p16_224", "epochs": 1, **cfg})
 
 CPU = torch.device("cpu")
 
@@ -31,7 +36,7 @@ CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 
 def test_cifar10_format_is_read(tmp_path):
     written = _write_cifar(tmp_path / "cifar-10-batches-py", CIFAR10_FILES, b"labels", 6, 10)
-    cfg = resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)})  # parent folder works too
+    cfg = trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)})  # parent folder works too
     check_dataset(cfg)
     train, val = load_data(cfg)
     assert isinstance(train, data.TensorSource) and (len(train), len(val)) == (30, 6)
@@ -45,7 +50,7 @@ def test_cifar10_format_is_read(tmp_path):
 
 def test_cifar100_format_with_fine_labels_and_resize(tmp_path):
     written = _write_cifar(tmp_path, ["train", "test"], b"fine_labels", 8, 100)
-    cfg = resolve_config({"dataset": "cifar100", "data_path": str(tmp_path), "img_size": 48})
+    cfg = trial_cfg({"dataset": "cifar100", "data_path": str(tmp_path), "img_size": 48})
     check_dataset(cfg)
     train, val = load_data(cfg)
     assert train.labels.tolist() == written["train"][b"fine_labels"]
@@ -58,18 +63,18 @@ def test_cifar100_format_with_fine_labels_and_resize(tmp_path):
 
 
 def test_cifar_errors_name_path_and_expectation(tmp_path):
-    cfg = resolve_config({"dataset": "cifar10", "data_path": str(tmp_path / "nope")})
+    cfg = trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path / "nope")})
     with pytest.raises(DatasetError, match=r"data_path: expected a folder holding data_batch_1..5 and test_batch.*nope.*does not exist"):
         check_dataset(cfg)
-    with pytest.raises(DatasetError, match=r"needs data_path.*data_batch_1..5 and test_batch"):
-        check_dataset(resolve_config({"dataset": "cifar10"}))
+    with pytest.raises(ConfigError, match=r"data_path: required for dataset cifar10"):
+        trial_cfg({"dataset": "cifar10"})
     _write_cifar(tmp_path, CIFAR10_FILES[:3], b"labels", 2, 10)
     with pytest.raises(DatasetError, match=r"to hold data_batch_1..5 and test_batch.*missing: data_batch_4, data_batch_5, test_batch"):
-        check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
+        check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
     _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
     (tmp_path / "test_batch").write_bytes(b"not a pickle")
     with pytest.raises(DatasetError, match=r"test_batch.*CIFAR python pickle with keys b'data'"):
-        check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
+        check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
 
 
 def test_cifar_pickle_refuses_foreign_objects(tmp_path):
@@ -77,7 +82,7 @@ def test_cifar_pickle_refuses_foreign_objects(tmp_path):
     with open(tmp_path / "test_batch", "wb") as fh:
         pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": DatasetError("x")}, fh)
     with pytest.raises(DatasetError, match=r"unexpected object qkvsearch.trainers.data.DatasetError"):
-        check_dataset(resolve_config({"dataset": "cifar10", "data_path": str(tmp_path)}))
+        check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
 
 
 def _write_imagefolder(root, classes, per_class, size=(20, 14)):
@@ -94,7 +99,7 @@ def _write_imagefolder(root, classes, per_class, size=(20, 14)):
 
 def test_imagefolder_is_read(tmp_path):
     _write_imagefolder(tmp_path, ["ant", "bee", "cow"], 3)
-    cfg = resolve_config({"dataset": "imagefolder", "data_path": str(tmp_path), "img_size": 16})
+    cfg = trial_cfg({"dataset": "imagefolder", "data_path": str(tmp_path), "img_size": 16})
     assert cfg["num_classes"] == 3
     check_dataset(cfg)
     train, val = load_data(cfg)
@@ -102,14 +107,14 @@ def test_imagefolder_is_read(tmp_path):
     xs, ys = zip(*val.batches(eval_shard(9, 1, 0), 4, CPU, drop_last=False))
     assert [len(y) for y in ys] == [4, 4, 1] and xs[0].shape == (4, 3, 16, 16)
     assert torch.cat(ys).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # class index = sorted folder order
-    aug = resolve_config({**cfg, "randaugment": "rand-m9-mstd0.5", "augment": True})
+    aug = trial_cfg({**cfg, "randaugment": "rand-m9-mstd0.5", "augment": True})
     x, _ = next(load_data(aug)[0].batches(torch.arange(9), 8, CPU, drop_last=True))
     assert x.shape == (8, 3, 16, 16)
 
 
 def test_imagefolder_errors(tmp_path):
     (tmp_path / "train" / "a").mkdir(parents=True)
-    cfg = resolve_config({"dataset": "imagefolder", "data_path": str(tmp_path)})
+    cfg = trial_cfg({"dataset": "imagefolder", "data_path": str(tmp_path)})
     with pytest.raises(DatasetError, match=r"train/ and val/ with one folder per class; missing val/"):
         check_dataset(cfg)
     (tmp_path / "val" / "a").mkdir(parents=True)
@@ -126,7 +131,7 @@ def test_imagefolder_errors(tmp_path):
 
 
 def test_digits_split_and_batches():
-    cfg = resolve_config({"dataset": "digits", "img_size": 16})
+    cfg = trial_cfg({"dataset": "digits", "img_size": 16})
     train, val = load_data(cfg)
     assert (len(train), len(val)) == (1437, 360)  # 1,797 images, val_fraction 0.2, stratified
     assert sorted(set(val.labels.tolist())) == list(range(10))
@@ -138,7 +143,7 @@ def test_digits_split_and_batches():
 
 
 def test_synthetic_has_fixed_size():
-    train, val = load_data(resolve_config({"dataset": "synthetic", "img_size": 24}))
+    train, val = load_data(trial_cfg({"dataset": "synthetic", "img_size": 24}))
     assert (len(train), len(val)) == data.SYNTHETIC_SIZES
     x, y = next(train.batches(torch.arange(4), 4, CPU, drop_last=True))
     assert x.shape == (4, 3, 24, 24) and int(y.max()) < 10
@@ -158,11 +163,11 @@ def test_sharding_is_disjoint_and_complete():
 def test_mixup_and_label_smoothing_losses():
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
-    base = resolve_config({})
+    base = trial_cfg({})
     assert data.build_mixup(base) is None and isinstance(data.train_criterion(base), torch.nn.CrossEntropyLoss)
-    ls = resolve_config({"label_smoothing": 0.1})
+    ls = trial_cfg({"label_smoothing": 0.1})
     assert isinstance(data.train_criterion(ls), LabelSmoothingCrossEntropy)
-    mix = resolve_config({"mixup": 0.8, "cutmix": 1.0, "label_smoothing": 0.1})
+    mix = trial_cfg({"mixup": 0.8, "cutmix": 1.0, "label_smoothing": 0.1})
     x, y = data.build_mixup(mix)(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
     assert y.shape == (4, 10) and torch.allclose(y.sum(1), torch.ones(4))
     assert isinstance(data.train_criterion(mix), SoftTargetCrossEntropy)
@@ -174,7 +179,7 @@ def test_randaugment_posterize_at_full_magnitude_does_not_crash():
     from PIL import Image
     from timm.data.auto_augment import AugmentOp
 
-    data.train_transform(resolve_config({"randaugment": "rand-m9-mstd0.5-inc1"}))
+    data.train_transform(trial_cfg({"randaugment": "rand-m9-mstd0.5-inc1"}))
     img = Image.fromarray(np.full((8, 8, 3), 200, np.uint8))
     out = AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)(img)
     assert np.asarray(out).max() == 128  # 1 bit kept: 200 -> 128

@@ -6,8 +6,9 @@ from timm.models.cait import ClassAttn
 from torch import nn
 
 from qkvsearch.trainers import build_model
+from qkvsearch.trainers.cost import model_cost
 from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE
-from qkvsearch.trainers.models import EmbeddedClassAttn, apply_embedding, resolve_hidden_width
+from qkvsearch.trainers.models import EmbeddedClassAttn, apply_embedding
 
 XCIT = dict(model="xcit_nano_12_p16_224", img_size=32, num_classes=10)  # 2x2 patches
 VIT = dict(model="vit_tiny_patch16_224", img_size=32, num_classes=10)
@@ -65,7 +66,7 @@ def test_which_blocks_are_embedded():
     assert all(isinstance(b.attn, ClassAttn) for b in model.cls_attn_blocks)  # kept by default
     model = build_model({**XCIT, "embedding": "sne", "embed_class_attn": True})
     assert all(isinstance(b.attn, EmbeddedClassAttn) for b in model.cls_attn_blocks)
-    assert model.qkv_config["hidden_width"] == 64
+    assert model.qkv_config["width"] == 64 and model.qkv_config["hidden_width"] == "paper"
 
 
 def test_embedded_class_attn_equals_class_attn_for_linear_weights():
@@ -125,21 +126,21 @@ def test_registered_timm_names():
 def test_apply_embedding_keeps_device_and_dtype():
     with torch.device("meta"):
         model = timm.create_model("vit_tiny_patch16_224", img_size=32)
-    model = apply_embedding(model, "fsne", hidden_width=32)
+    model = apply_embedding(model, embedding="fsne", hidden_width=32)
     assert {p.device.type for p in model.parameters()} == {"meta"}
     model = timm.create_model("vit_tiny_patch16_224", img_size=32).to(torch.bfloat16)
-    apply_embedding(model, "sne")
+    apply_embedding(model, embedding="sne")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("kind,width,expected", [
     ("sne", None, 64), ("psne", None, 96), ("fsne", None, 128),  # Table 1, size S (d = 128)
-    ("fsne", 0.75, 96), ("sne", 100, 100), ("linear", 50, 0),
+    ("fsne", 0.75, 96), ("sne", 100, 100), ("linear", None, 0), ("sne", "paper", 64),
 ])
 def test_hidden_width_resolution(kind, width, expected):
     cfg = {**XCIT, "embedding": kind, "hidden_width": width}
-    assert resolve_hidden_width(cfg) == expected
-    assert build_model(cfg).qkv_config["hidden_width"] == expected
+    assert model_cost(cfg)["width"] == expected
+    assert build_model(cfg).qkv_config["width"] == expected
 
 
 @pytest.mark.parametrize("kind", ["sne", "psne", "fsne"])
@@ -148,27 +149,28 @@ def test_match_is_largest_width_within_baseline(kind):
         with torch.device("meta"):
             return _params(build_model({**XCIT, "embedding": kind, **change}))
 
-    h = resolve_hidden_width({**XCIT, "embedding": kind, "hidden_width": "match"})
+    h = model_cost({**XCIT, "embedding": kind, "hidden_width": "match"})["width"]
     assert params(hidden_width=h) <= params(embedding="linear") < params(hidden_width=h + 1)
 
 
 @pytest.mark.parametrize("change,field,given", [
-    (dict(embedding="mlp"), "embedding", "'mlp'"),
+    (dict(embedding="mlp"), "embedding", '"mlp"'),
     (dict(embedding="sne", hidden_width=0), "hidden_width", "0"),
     (dict(embedding="sne", hidden_width=-0.5), "hidden_width", "-0.5"),
-    (dict(embedding="sne", hidden_width="big"), "hidden_width", "'big'"),
-    (dict(embedding="sne", hidden_width=True), "hidden_width", "True"),
+    (dict(embedding="sne", hidden_width="big"), "hidden_width", '"big"'),
+    (dict(embedding="sne", hidden_width=True), "hidden_width", "true"),
     (dict(embedding="sne", hidden_width=0.001), "hidden_width", "0.001"),
     (dict(embedding="sne", code_size=8), "code_size", "8"),
     (dict(embedding="linear", code_size=8), "code_size", "8"),
     (dict(embedding="fsne", code_size=0), "code_size", "0"),
-    (dict(embedding="fsne", code_sharing="global"), "code_sharing", "'global'"),
-    (dict(embedding="fsne", activation="tanh"), "activation", "'tanh'"),
-    (dict(embed_class_attn="yes"), "embed_class_attn", "'yes'"),
+    (dict(embedding="fsne", code_sharing="global"), "code_sharing", '"global"'),
+    (dict(embedding="fsne", activation="tanh"), "activation", '"tanh"'),
+    (dict(embed_class_attn="yes"), "embed_class_attn", '"yes"'),
     (dict(drop_path_rate=1.5), "drop_path_rate", "1.5"),
-    (dict(model="resnet18"), "model", "'resnet18'"),  # no fused qkv
-    (dict(model="no_such_model"), "model", "'no_such_model'"),
-    (dict(model=None), "model", "None"),
+    (dict(model="resnet18"), "model", '"resnet18"'),  # no fused qkv
+    (dict(model="no_such_model"), "model", '"no_such_model"'),
+    (dict(model=None), "model", "with a fused qkv)"),  # required
+    (dict(img_size=40), "img_size", "40"),  # XCiT p16 asserts; a ViT would crop silently
 ])
 def test_bad_config_raises_value_error_naming_field(change, field, given):
     cfg = {**XCIT, **change}
@@ -177,7 +179,7 @@ def test_bad_config_raises_value_error_naming_field(change, field, given):
     msg = str(err.value)
     assert msg.startswith(field) and msg.endswith(given), msg
     with pytest.raises(ValueError, match=field):
-        resolve_hidden_width(cfg)
+        model_cost(cfg)
 
 
 @pytest.mark.parametrize("kind", ["sne", "psne", "fsne"])

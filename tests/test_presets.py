@@ -57,10 +57,11 @@ def test_paper_grid_is_exactly_the_papers_variants(size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_paper_widths_resolve_to_table_1(size):
-    models = pytest.importorskip("qkvsearch.trainers.models", reason="trainers.models.resolve_hidden_width not available")
+    from qkvsearch.trainers.cost import model_cost
+
     _model, d, _batch = SIZES[size]
     for t in expand_space(load_campaign(f"paper-{size}")):
-        width = models.resolve_hidden_width(t)
+        width = model_cost(t)["width"]
         if t["embedding"] == "linear":
             continue
         if t["hidden_width"] == "match":  # C8*, C16*: widened until the model matches XCiT's parameters
@@ -69,12 +70,14 @@ def test_paper_widths_resolve_to_table_1(size):
             assert width == TABLE1[size][t["embedding"]], t
 
 
-def test_paper_configs_pass_the_trainer_recipe():
-    recipe = pytest.importorskip("qkvsearch.trainers.recipe", reason="trainers.recipe not available")
+def test_every_preset_configuration_resolves_to_a_trial():
+    from qkvsearch.trainers.cost import resolve_trial
+
     for name in list_presets():
         spec = load_campaign(name)
         for cfg in expand_space(spec) if spec.space.enumerable else [base_config(spec)]:
-            recipe.resolve_config(cfg)
+            config, cost = resolve_trial(cfg)
+            assert config["width"] >= 0 and cost["params"] > 0, cfg
 
 
 def test_code_size_preset_covers_every_size():

@@ -1,5 +1,6 @@
 """search.report end to end on record files: contents, the exact front, and the page in Chromium."""
 import csv
+import logging
 import os
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ from browser import chromium_path, render
 from test_results import ALL_STATUSES, SPEC, _tree_digest, write_campaign
 
 from qkvsearch.search.report import build_report
+from qkvsearch.spaces.errors import BadInput
 
 PAPER_CONFIG = {"model": "xcit_nano_12_p16_224", "dataset": "imagefolder", "num_classes": 1000, "img_size": 224}
 
@@ -128,11 +130,44 @@ def test_no_completed_trial_gives_an_empty_front(tmp_path):
     assert len(_flagged(page, "trials")[0]) == 3
 
 
+def test_spec_without_objectives_uses_the_loader_default(tmp_path):
+    exp = tmp_path / "plain"
+    spec = {k: v for k, v in SPEC.items() if k != "objectives"}
+    write_campaign(exp, ["completed", "completed", "stopped_early"], spec=spec)
+    paths = build_report(exp, static=False)
+    md = Path(paths["md"]).read_text()
+    assert "- objectives: top1 (max)\n" in md
+
+
+def test_out_pointing_at_a_file_fails_before_writing(tmp_path):
+    exp = tmp_path / "exp"
+    write_campaign(exp, ["completed", "completed"])
+    target = tmp_path / "report.html"
+    target.write_text("mine")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(BadInput, match=f"out: expected a folder, given {re.escape(str(target))}, which is a file"):
+        build_report(exp, out_dir=target, static=False)
+    assert target.read_text() == "mine" and sorted(os.listdir(tmp_path)) == before
+    assert not (exp / "report").exists()
+
+
+def test_a_failing_write_leaves_no_temp_file(tmp_path):
+    exp = tmp_path / "exp"
+    write_campaign(exp, ["completed", "completed"])
+    out = tmp_path / "out"
+    (out / "pareto.csv").mkdir(parents=True)  # a folder where the report's file goes: the rename fails
+    with pytest.raises(OSError):
+        build_report(exp, out_dir=out, static=False)
+    assert sorted(os.listdir(out)) == ["pareto.csv", "pareto.html"]
+    assert os.listdir(out / "pareto.csv") == []
+
+
 @pytest.mark.slow
-def test_static_figures_or_a_clear_note(tmp_path, capsys):
+def test_static_figures_or_a_clear_note(tmp_path, caplog):
     exp = tmp_path / "static"
     write_campaign(exp, ALL_STATUSES)
-    paths = build_report(exp, static=True)
+    with caplog.at_level(logging.WARNING, logger="qkvsearch.search.report"):
+        paths = build_report(exp, static=True)
     pngs = [p for k, p in paths.items() if k.endswith("_png")]
     if pngs:
         assert {os.path.basename(p) for p in pngs} >= {"top1_vs_gmacs.png", "hypervolume.png"}
@@ -140,4 +175,4 @@ def test_static_figures_or_a_clear_note(tmp_path, capsys):
             assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and _png_colours(p) > 10
         assert all(Path(p).read_text().lstrip().startswith("<svg") for k, p in paths.items() if k.endswith("_svg"))
     else:
-        assert "static png/svg figures skipped" in capsys.readouterr().out
+        assert "static png/svg figures skipped" in caplog.text

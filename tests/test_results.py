@@ -1,14 +1,16 @@
 """search.results on realistic record files written the way the campaign layer writes them."""
 import hashlib
 import json
+import logging
 import os
-import warnings
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, RecordWarning, collect, write_results
+from qkvsearch.search.records import CampaignFileError
+from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, collect, write_results
+from qkvsearch.spaces.errors import BadInput
 
 STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")
 # (embedding, requested hidden_width, resolved width, code_size, params_m, gmacs) for XCiT-N12 at 224
@@ -48,7 +50,7 @@ def synthetic_record(i, status, *, rng, epochs_planned=6, campaign="synth", t0=1
     emb, width_req, width, code, params_m, gmacs = VARIANTS[i % len(VARIANTS)]
     scale = {"S": 1.0, "M": 2.2, "L": 8.5}[size]
     params_m, gmacs = params_m * scale + 0.01 * (i % 7), gmacs * scale + 0.003 * (i % 5)
-    config = {"model": "xcit_nano_12_p16_224", "embedding": emb, "hidden_width": width_req,
+    config = {"model": "xcit_nano_12_p16_224", "embedding": emb, "hidden_width": width_req, "width": width,
               "activation": "relu", "num_classes": 10, "img_size": 32, "dataset": "cifar10",
               "epochs": epochs_planned, "batch_size": 128, "lr": float(rng.choice([3e-4, 5e-4, 1e-3])),
               "seed": i, "deterministic": False, "tags": ["x", i]}
@@ -63,7 +65,7 @@ def synthetic_record(i, status, *, rng, epochs_planned=6, campaign="synth", t0=1
         top1 = ceiling * (1 - np.exp(-e / 2)) + rng.normal(0, 0.3)
         epochs.append({"epoch": e, "train_loss": 2.3 / e, "val_loss": 2.4 / e + 0.05, "top1": float(top1),
                        "top5": float(min(100, top1 + 20)), "lr": 5e-4 / e, "images_per_s": 900.0 + e,
-                       "epoch_s": 10.0 + 0.1 * e, "params_m": params_m, "gmacs": gmacs})
+                       "epoch_s": 10.0 + 0.1 * e, "train_s": 9.0 + 0.1 * e})
     started = None if status in ("pending", "infeasible") else t0 + 30 * i
     ended = None if status in ("pending", "running") else t0 + 30 * i + 10 * n_ep + 5
     error = {"diverged": "non-finite train_loss at epoch 3", "failed": "RuntimeError: CUDA out of memory",
@@ -72,10 +74,10 @@ def synthetic_record(i, status, *, rng, epochs_planned=6, campaign="synth", t0=1
         "trial_id": f"t{i:05d}", "trial_name": f"{emb}-h{width}-{i:04x}", "campaign": campaign,
         "code_version": "0.1.0+abc123", "status": status, "config": config,
         "cost": {"params": int(params_m * 1e6), "params_m": params_m, "embed_params": 1000 * width,
-                 "gmacs": gmacs, "hidden_width": width},
+                 "gmacs": gmacs},
         "epochs": epochs, "epochs_planned": epochs_planned, "error": error,
         "checkpoint_path": f"/ckpt/t{i:05d}/checkpoint_{n_ep:06d}" if n_ep else None,
-        "started_at": started, "ended_at": ended, "train_s": float(sum(e["epoch_s"] for e in epochs)),
+        "started_at": started, "ended_at": ended, "train_s_total": float(sum(e["train_s"] for e in epochs)),
     }
 
 
@@ -111,14 +113,14 @@ EXPECTED_TRIAL_TYPES = {
     "trial_id": pa.string(), "status": pa.string(), "config_model": pa.string(),
     "config_hidden_width": pa.string(), "config_code_size": pa.int64(), "config_lr": pa.float64(),
     "config_deterministic": pa.bool_(), "config_seed": pa.int64(), "config_tags": pa.string(),
-    "params_m": pa.float64(), "gmacs": pa.float64(), "params": pa.int64(), "hidden_width": pa.int64(),
+    "params_m": pa.float64(), "gmacs": pa.float64(), "params": pa.int64(), "config_width": pa.int64(),
     "final_top1": pa.float64(), "best_top1": pa.float64(), "best_val_loss": pa.float64(),
     "best_epoch": pa.int64(), "epochs_run": pa.int64(), "epochs_planned": pa.int64(),
-    "train_s": pa.float64(), "started_at": pa.timestamp("us", tz="UTC"),
+    "train_s_total": pa.float64(), "started_at": pa.timestamp("us", tz="UTC"),
     "ended_at": pa.timestamp("us", tz="UTC"), "error": pa.string(), "config_json": pa.string(),
 }
 EXPECTED_EPOCH_TYPES = {"trial_id": pa.string(), "trial_name": pa.string(), "epoch": pa.int64(),
-                        "top1": pa.float64(), "val_loss": pa.float64(), "gmacs": pa.float64()}
+                        "top1": pa.float64(), "val_loss": pa.float64(), "train_s": pa.float64()}
 
 
 def test_collect_one_row_per_trial_with_documented_types(tmp_path):
@@ -136,7 +138,7 @@ def test_collect_one_row_per_trial_with_documented_types(tmp_path):
     for rec in records:
         row = rows[rec["trial_id"]]
         assert row["epochs_run"] == len(rec["epochs"])
-        assert row["hidden_width"] == rec["cost"]["hidden_width"]
+        assert row["config_width"] == rec["config"]["width"] and row["train_s_total"] == rec["train_s_total"]
         requested = rec["config"]["hidden_width"]
         assert row["config_hidden_width"] == (None if requested is None else
                                               requested if isinstance(requested, str) else json.dumps(requested))
@@ -154,20 +156,20 @@ def test_collect_one_row_per_trial_with_documented_types(tmp_path):
         else:
             assert row["ended_at"] is None
     match = rows["t00004"]  # fsne "match": requested string, resolved int
-    assert match["config_hidden_width"] == "match" and match["hidden_width"] == 160
+    assert match["config_hidden_width"] == "match" and match["config_width"] == 160
 
 
-def test_unreadable_records_are_skipped_with_a_warning(tmp_path):
+def test_unreadable_records_are_skipped_with_a_warning(tmp_path, caplog):
     write_campaign(tmp_path, ["completed", "running"])
     (tmp_path / "qs_trials" / "broken.json").write_text('{"trial_id": "x", "epochs": [')
     (tmp_path / "qs_trials" / "list.json").write_text("[1, 2]")
-    (tmp_path / "qs_trials" / "badtypes.json").write_text('{"trial_id": "y", "config": 3}')
+    (tmp_path / "qs_trials" / "badtypes.json").write_text('{"trial_id": "y", "config": 3, "cost": {}, "epochs": []}')
     (tmp_path / "qs_trials" / "t9.json.tmp").write_text("half")  # a temp file is not a record
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, logger="qkvsearch.search.records"):
         trials, _ = collect(tmp_path)
-    msgs = [str(w.message) for w in caught if issubclass(w.category, RecordWarning)]
-    assert len(msgs) == 3 and any("broken.json" in m for m in msgs) and any("badtypes.json" in m for m in msgs)
+    msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(msgs) == 3 and any("broken.json" in m for m in msgs)
+    assert any("badtypes.json: config: expected an object, given 3" in m for m in msgs)
     assert trials.column("trial_id").to_pylist() == ["t00000", "t00001"]
 
 
@@ -180,8 +182,8 @@ def test_running_campaign_without_records_gives_empty_tables_with_schema(tmp_pat
     assert epochs.schema.field("top1").type == pa.float64()
 
 
-def test_not_a_campaign_dir_raises_value_error(tmp_path):
-    with pytest.raises(ValueError, match="experiment_dir"):
+def test_not_a_campaign_dir_raises_bad_input_naming_the_file(tmp_path):
+    with pytest.raises(CampaignFileError, match="qs_campaign.json: expected a campaign folder"):
         collect(tmp_path)
 
 
@@ -225,10 +227,14 @@ def test_uri_and_out_dir(tmp_path):
     out = write_results(f"file://{exp}", out_dir=f"file://{tmp_path}/elsewhere")
     assert out["trials"] == f"file://{tmp_path}/elsewhere/{TRIALS_FILE}"
     assert (tmp_path / "elsewhere" / TRIALS_FILE).exists()
-    with pytest.raises(ValueError, match="out_dir"):
+    with pytest.raises(BadInput, match="out: expected a folder other than the campaign's own"):
         write_results(exp, out_dir=exp)
-    with pytest.raises(ValueError, match="out_dir"):
+    with pytest.raises(BadInput, match="out: expected a folder other than the campaign's own"):
         write_results(exp, out_dir=exp / "qs_trials")
+    (tmp_path / "afile").write_text("keep")
+    with pytest.raises(BadInput, match="out: expected a folder, given .*afile, which is a file"):
+        write_results(exp, out_dir=tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "keep"
 
 
 def test_irregular_epochs_and_extra_metrics(tmp_path):

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from qkvsearch.spaces import SpecError, base_config, expand_space, load_campaign, smoke_test, suggest_config
+from qkvsearch.spaces.keys import KEYS
 
 
 def minimal(**sections):
@@ -178,8 +179,7 @@ def test_grid_algorithm_refuses_ranges_and_grid_values_need_grid():
 
 def test_batch_must_split_evenly_over_workers():
     msg = one_error(minimal(train={"epochs": 2, "batch_size": 10}, resources={"workers_per_trial": 4}))
-    assert msg == ("train.batch_size: expected a multiple of resources.workers_per_trial (4) so every worker "
-                   "gets the same share, given 10")
+    assert msg == "train.batch_size: expected a multiple of the workers per trial (4), given 10"
 
 
 def test_num_classes_must_match_the_dataset():
@@ -308,7 +308,7 @@ def test_base_config_maps_sections_to_flat_keys():
     base = base_config(spec)
     assert base["model"] == "xcit_nano_12_p16_224" and base["dataset"] == "cifar10"
     assert base["data_path"] == "/d/c10" and base["lr"] == 1e-3 and base["epochs"] == 2
-    assert "embedding" not in base and "weight_decay" not in base  # space keys; trainer defaults
+    assert "embedding" not in base and base["weight_decay"] == KEYS["weight_decay"].default  # defaults filled
     assert "name" not in base and "path" not in base
 
 

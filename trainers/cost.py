@@ -1,6 +1,6 @@
 """Model cost from the flat trial config, without training and without a GPU.
 
-``model_cost(cfg)`` -> {"params", "params_m", "embed_params", "gmacs", "hidden_width"}:
+``model_cost(cfg)`` -> {"params", "params_m", "embed_params", "gmacs", "width"}:
 
 - params: total trainable parameters (a Parameter shared by several modules, such as the network-wide
   F-SNE codes, counts once), params_m = params / 1e6;
@@ -8,7 +8,11 @@
 - gmacs: multiply-accumulates (1e9) of one image (batch 1) at the model's input size. MACs are
   ``torch.utils.flop_counter.FlopCounterMode`` FLOPs / 2: matmuls, convolutions and attention products
   only (not norms, softmax or activations), the convention of fvcore and of the XCiT paper's "GFLOPs";
-- hidden_width: the resolved hidden width (0 for linear).
+- width: the solved hidden width (0 for linear; ``hidden_width`` is the requested one).
+
+``resolve_trial(cfg)`` -> (resolved config, cost): a trial's config with every default filled, its width
+solved (``width``) and its cost, computed once when the trial is built; everything downstream (the trial
+process, its workers, records, Parquet, reports) takes them from there.
 
 How: the linear baseline (timm's model) is built and counted once on the meta device per
 (model, num_classes, img_size, in_chans) and cached; each variant is then the baseline minus the
@@ -25,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, embedding_macs, embedding_params
 from qkvsearch.trainers.models import (
     EmbeddingSpec,
@@ -37,7 +42,7 @@ from qkvsearch.trainers.models import (
     resolve_width,
 )
 
-__all__ = ["model_cost", "measure_cost", "count_macs"]
+__all__ = ["count_macs", "measure_cost", "model_cost", "resolve_trial"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,25 @@ def model_cost(cfg: dict) -> dict:
     params = host.params - lin_params + embed_params
     macs = host.macs - lin_macs + embed_macs
     return {"params": params, "params_m": params / 1e6, "embed_params": embed_params,
-            "gmacs": macs / 1e9, "hidden_width": h}
+            "gmacs": macs / 1e9, "width": h}
+
+
+# Beyond what any one node holds (4e11 bytes of fp32 weights alone): a width no machine could train.
+MAX_PARAMS = 10**11
+
+
+def resolve_trial(cfg: dict) -> tuple[dict, dict]:
+    """(config, cost) of one trial: every key filled (spaces.keys.fill), ``width`` solved, cost counted.
+
+    Raises ConfigError (a BadInput) naming the key when the config cannot make a model.
+    """
+    config = fill(cfg)
+    cost = model_cost(config)
+    if cost["params"] > MAX_PARAMS:
+        raise ConfigError(f"hidden_width: expected a width whose model fits a machine (at most {MAX_PARAMS:.0e} "
+                          f"parameters), given {config['hidden_width']!r} ({cost['params']:.3g} parameters)")
+    config["width"] = cost.pop("width")
+    return config, cost
 
 
 def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
@@ -140,4 +163,4 @@ def measure_cost(cfg: dict) -> dict:
     params = sum(p.numel() for p in model.parameters())
     macs = count_macs(model, spec.in_chans, spec.img_size)
     return {"params": params, "params_m": params / 1e6, "embed_params": sum(embed.values()),
-            "gmacs": macs / 1e9, "hidden_width": model.qkv_config["hidden_width"]}
+            "gmacs": macs / 1e9, "width": model.qkv_config["width"]}

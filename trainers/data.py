@@ -47,13 +47,11 @@ class DatasetError(BadInput):
 
 
 def check_dataset(cfg: dict) -> None:
-    """Raise DatasetError naming the path and what was expected there. cfg must be resolved."""
-    ds, path = cfg["dataset"], cfg.get("data_path")
+    """Raise DatasetError naming the path and what was expected there. cfg: filled (spaces.keys.fill,
+    which requires data_path for the datasets read from files)."""
+    ds, path = cfg["dataset"], cfg["data_path"]
     if ds in ("digits", "synthetic"):
         return
-    if path is None:
-        raise DatasetError(f"data_path: dataset {ds!r} needs data_path, a folder holding "
-                           f"{_expected(ds)}, given None")
     if not os.path.isdir(path):
         raise DatasetError(f"data_path: expected a folder holding {_expected(ds)}, "
                            f"given {path!r}, which {'is not a folder' if os.path.exists(path) else 'does not exist'}")

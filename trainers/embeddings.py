@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-EMBEDDINGS = ("linear", "sne", "psne", "fsne")
-ACTIVATIONS = ("relu", "gelu")
+from qkvsearch.spaces.keys import ACTIVATIONS, EMBEDDINGS, KEYS
+
+DEFAULT_ACTIVATION = KEYS["activation"].default
+DEFAULT_CODE_SIZE = KEYS["code_size"].default
 INIT_STD = 0.02  # timm's std for transformer linears
 
 
@@ -67,7 +69,7 @@ class SNE(nn.Module):
     (weight (3, h, d_out), bias (3, d_out)), one batched matmul. Parameters: 3·(d·h + h + h·d_out + d_out).
     """
 
-    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = "relu"):
+    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = DEFAULT_ACTIVATION):
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
         self.dim, self.hidden, self.dim_out = dim, hidden, dim_out
@@ -92,7 +94,7 @@ class PSNE(nn.Module):
     Parameter count: 3·(d·h + h) + h·d_out + d_out.
     """
 
-    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = "relu"):
+    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = DEFAULT_ACTIVATION):
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
         self.dim, self.hidden, self.dim_out = dim, hidden, dim_out
@@ -132,9 +134,9 @@ class FSNE(nn.Module):
         self,
         dim: int,
         hidden: int,
-        code_size: int = 8,
+        code_size: int = DEFAULT_CODE_SIZE,
         dim_out: int | None = None,
-        activation: str = "relu",
+        activation: str = DEFAULT_ACTIVATION,
         codes: nn.Parameter | None = None,
     ):
         super().__init__()
@@ -176,8 +178,8 @@ def build_embedding(
     dim: int,
     hidden: int,
     dim_out: int | None = None,
-    activation: str = "relu",
-    code_size: int = 8,
+    activation: str = DEFAULT_ACTIVATION,
+    code_size: int = DEFAULT_CODE_SIZE,
     codes: nn.Parameter | None = None,
 ) -> nn.Module:
     """One non-linear embedding module (``sne``, ``psne`` or ``fsne``); ``linear`` stays timm's own."""

@@ -18,7 +18,7 @@ Rules that make a run reproducible and resumable:
 from __future__ import annotations
 
 import contextlib
-import math
+import io
 import os
 import random
 import time
@@ -29,9 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qkvsearch.search.storage import write_bytes
+from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
-from qkvsearch.trainers.recipe import MODEL_KEYS, batch_plan, resolve_config
+from qkvsearch.trainers.faults import faults_for
 
 STATE_FILE = "state.pt"
 STATE_FORMAT = 1
@@ -81,11 +83,11 @@ def param_checksum(model: torch.nn.Module) -> float:
 
 
 def autocast_context(cfg: dict, device: torch.device):
-    """bf16 autocast on CUDA (amp None or "bf16"); nothing on CPU."""
+    """bf16 autocast on CUDA (amp auto or bf16); nothing on CPU."""
     amp = cfg["amp"]
     if amp == "bf16" and device.type != "cuda":
         warnings.warn("amp='bf16' is used on CUDA only; training in float32 on CPU", stacklevel=2)
-    if device.type == "cuda" and amp in (None, "bf16"):
+    if device.type == "cuda" and amp in ("auto", "bf16"):
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext
 
@@ -115,11 +117,15 @@ def accumulate_gradients(model, micro_batches, criterion, *, autocast=contextlib
 
 
 class Run:
-    """One rank's training state: model, optimizer, schedule, data, counters and history."""
+    """One rank's training state: model, optimizer, schedule, data, counters and history.
 
-    def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None):
+    cfg: a filled trial config; faults: rules of trainers.faults (tests of failure handling only).
+    """
+
+    def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None, faults=()):
         self.created_at = time.time()
-        self.cfg = cfg = resolve_config(cfg)
+        self.cfg = cfg = require_filled(cfg)
+        self.faults = faults_for(cfg, list(faults))
         self.dist = dist = dist or Dist()
         self.bpw, self.accum = batch_plan(cfg, dist.world_size)
         _set_determinism(cfg["deterministic"])
@@ -129,7 +135,6 @@ class Run:
         torch.manual_seed(cfg["seed"])  # same initial weights on every rank
         self.raw = _build_model(cfg).to(dist.device)
         self.model = wrap_model(self.raw) if wrap_model else self.raw
-        self.cost = None        # model_cost(cfg), computed after the first epoch (not before step 1)
         self.optimizer, self.scheduler = self._optimizer_and_schedule()
         self.criterion = qdata.train_criterion(cfg)
         self.mixup = qdata.build_mixup(cfg)
@@ -189,14 +194,14 @@ class Run:
 
     def train(self, report=None) -> None:
         """Epochs from self.epoch to cfg["epochs"]; report(metrics, state_fn | None) after each."""
-        every, last, fail_at = self.cfg["checkpoint_every"], self.cfg["epochs"], self.cfg["qs_fail_after_epoch"]
+        every, last, fail_at = self.cfg["checkpoint_every"], self.cfg["epochs"], self.faults["fail_after_epoch"]
         while self.epoch < last:
             metrics = self.run_epoch()
             save = self.epoch % every == 0 or self.epoch == last
             if report:
                 report(metrics, self.state_dict if save else None)
             if fail_at == self.epoch and self.epoch < last:
-                raise SimulatedFailure(f"qs_fail_after_epoch={fail_at}: stopping after epoch {self.epoch}")
+                raise SimulatedFailure(f"injected fault fail_after_epoch={fail_at}: stopping after epoch {self.epoch}")
 
     def lr(self) -> float:
         return max(g["lr"] for g in self.optimizer.param_groups)
@@ -213,13 +218,11 @@ class Run:
         val = evaluate(self.raw, self.val_src, self.dist, batch_size=max(2 * self.bpw, 128), autocast=self.autocast)
         t2 = time.perf_counter()
         self.epoch += 1
-        self.cost = self.cost or _model_cost(self.cfg)
         metrics = {
             "epoch": float(self.epoch), "step": float(self.updates),
             "train_loss": train["loss"], **val, "lr": self.lr(),
             "images_per_s": train["images"] / (t1 - t0), "epoch_s": t2 - t0,
             "train_s": t1 - t0, "eval_s": t2 - t1,
-            "params_m": float(self.cost["params_m"]), "gmacs": float(self.cost["gmacs"]),
             "qs_param_checksum": (checksum := param_checksum(self.raw)),  # this rank's replica
             "qs_param_spread": self.dist.spread(checksum),  # max - min over ranks: 0.0 = identical
             "qs_world_size": float(self.dist.world_size), "qs_accum_steps": float(self.accum),
@@ -242,7 +245,7 @@ def train_one_epoch(run: Run) -> dict:
         if run.first_step_at is None:
             run.first_step_at = time.time()
         run.optimizer.zero_grad(set_to_none=True)
-        hook = _nan_hook(cfg, run.updates + 1)
+        hook = _nan_hook(run.faults, run.updates + 1)
         loss = accumulate_gradients(model, micro, run.criterion, autocast=run.autocast,
                                     mixup=run.mixup, loss_hook=hook)
         loss = dist.all_reduce_sum(loss.double().reshape(1)) / dist.world_size  # same value on all ranks
@@ -259,9 +262,9 @@ def train_one_epoch(run: Run) -> dict:
     return {"loss": float(loss_sum) / run.updates_per_epoch, "images": float(images)}
 
 
-def _nan_hook(cfg, global_update):
-    """Test knob qs_inject_nan_at_step: the loss of that global update (1-based) becomes NaN."""
-    if cfg.get("qs_inject_nan_at_step") == global_update:
+def _nan_hook(faults, global_update):
+    """Injected fault nan_at_update: the loss of that global update (1-based) becomes NaN."""
+    if faults["nan_at_update"] == global_update:
         return lambda loss: loss * float("nan")
     return None
 
@@ -294,12 +297,11 @@ def evaluate(model, source, dist: Dist, *, batch_size: int, autocast=contextlib.
 
 
 def save_state(state: dict, directory: str) -> str:
-    """Write <directory>/state.pt atomically (temp file + os.replace); returns the path."""
-    os.makedirs(directory, exist_ok=True)
+    """Write <directory>/state.pt whole (search.storage.write_bytes: never a partial file); returns the path."""
     path = os.path.join(directory, STATE_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_bytes(path, buf.getbuffer())
     return path
 
 
@@ -313,7 +315,7 @@ def load_state(directory: str) -> dict:
 
 
 def _check_same_model(saved: dict, cfg: dict):
-    diff = {k: (saved.get(k), cfg.get(k)) for k in MODEL_KEYS if saved.get(k) != cfg.get(k)}
+    diff = {k: (saved.get(k), cfg.get(k)) for k in names(*MODEL_GROUPS) if saved.get(k) != cfg.get(k)}
     if diff:
         raise ValueError("checkpoint: expected the same model keys as the config, given checkpoint vs config "
                          + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))
@@ -332,32 +334,24 @@ def _build_model(cfg):
     return build_model(cfg)
 
 
-def _model_cost(cfg):
-    from qkvsearch.trainers.cost import model_cost
-
-    return model_cost(cfg)
-
-
-def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None) -> list[dict]:
-    """Train to cfg["epochs"], resuming from restore() -> state | None; returns every epoch's metrics.
+def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=()) -> list[dict]:
+    """Train a filled config to cfg["epochs"], resuming from restore() -> state | None; returns every
+    epoch's metrics.
 
     report(metrics, state_fn | None) runs after every epoch; state_fn builds the checkpoint state and is
     given every checkpoint_every epochs and at the last one. A run whose checkpoint had already finished
     re-reports its last metrics without building the model or loading data.
     """
-    cfg = resolve_config(cfg)
+    cfg = require_filled(cfg)
     state = restore() if restore else None
     if state is not None and state["epoch"] >= cfg["epochs"] and state["history"]:
         _check_same_model(state["config"], cfg)
         if report:
             report(state["history"][-1], None)
         return list(state["history"])
-    run = Run(cfg, dist, wrap_model)
+    run = Run(cfg, dist, wrap_model, faults)
     if state is not None:
         run.load_state_dict(state)
     run.train(report)
     return run.history
 
-
-def finite_metrics(metrics: dict) -> bool:
-    return all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())

@@ -1,8 +1,8 @@
 """Adapters around trainers.engine: a Ray Train worker (train_worker, run_trainer) and a plain CLI.
 
-Ray path: run_trainer(config, ...) validates the config and the dataset on the driver, then fits a
-TorchTrainer whose workers run train_worker(config): one DDP rank each; every rank calls
-ray.train.report once per epoch, rank 0 attaching a checkpoint directory with state.pt.
+Ray path: run_trainer(config, ...) takes a filled trial config (spaces.keys.fill), checks the batch plan
+and the dataset on the driver, then fits a TorchTrainer whose workers run train_worker: one DDP rank
+each; every rank calls ray.train.report once per epoch, rank 0 attaching a checkpoint with state.pt.
 
 Plain path (no Ray imported):
     python -m qkvsearch.trainers.loop --config examples/trial.yaml [--set key=value ...] [--checkpoint-dir DIR]
@@ -18,8 +18,9 @@ import re
 import sys
 import tempfile
 
+from qkvsearch.spaces.keys import batch_plan, fill, require_filled
 from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
-from qkvsearch.trainers.recipe import batch_plan, resolve_config
+from qkvsearch.trainers.faults import read_faults
 
 __all__ = ["DivergenceError", "find_divergence", "main", "run_trainer", "train_worker"]
 
@@ -28,9 +29,10 @@ __all__ = ["DivergenceError", "find_divergence", "main", "run_trainer", "train_w
 # Ray Train adapter
 
 
-def train_worker(config: dict) -> list[dict] | None:
+def train_worker(loop_config: dict) -> list[dict] | None:
     """Per-worker entry point of the TorchTrainer: one DDP rank of one trial.
 
+    loop_config: {"config": filled trial config, "faults": trainers.faults rules (tests only)}.
     Returns (rank 0) the metrics of every completed epoch, including those before a resume: the
     Result's return_value. (Result.metrics_dataframe only lists the epochs whose checkpoints are kept.)
     """
@@ -43,8 +45,8 @@ def train_worker(config: dict) -> list[dict] | None:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     dist = engine.Dist(rank, ctx.get_world_size(), ray.train.torch.get_device())
-    history = engine.fit(config, dist, wrap_model=ray.train.torch.prepare_model,  # DDP if world_size > 1
-                         restore=_ray_restore, report=_RayReporter(rank))
+    history = engine.fit(loop_config["config"], dist, wrap_model=ray.train.torch.prepare_model,  # DDP if > 1
+                         restore=_ray_restore, report=_RayReporter(rank), faults=loop_config["faults"])
     return history if rank == 0 else None
 
 
@@ -93,14 +95,15 @@ class _RayReporter:
 def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
                 name: str, storage_path: str, callbacks=(), placement_strategy: str = "PACK",
                 num_to_keep: int | None = 2):
-    """Validate config and dataset (no worker starts on bad input), then fit a TorchTrainer.
+    """Check the batch plan and the dataset (no worker starts on bad input), then fit a TorchTrainer.
 
-    Returns the ray.train.Result. A run whose <storage_path>/<name> holds a checkpoint resumes from it.
-    Worker errors raise ray.train.TrainingFailedError from fit(); find_divergence(err) tells divergence.
+    config: a filled trial config. Returns the ray.train.Result. A run whose <storage_path>/<name> holds a
+    checkpoint resumes from it. Worker errors raise ray.train.TrainingFailedError from fit();
+    find_divergence(err) tells divergence. $QKVSEARCH_FAULTS (trainers.faults) is read here.
     """
     from qkvsearch.trainers.data import check_dataset
 
-    cfg = resolve_config(config)
+    cfg = require_filled(config)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"num_workers: expected an int >= 1, given {num_workers!r}")
     batch_plan(cfg, num_workers)
@@ -113,7 +116,7 @@ def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, g
     if gpus_per_worker:
         resources["GPU"] = gpus_per_worker
     trainer = TorchTrainer(
-        train_worker, train_loop_config=cfg,
+        train_worker, train_loop_config={"config": cfg, "faults": read_faults()},
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, use_gpu=gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=placement_strategy),
@@ -180,7 +183,7 @@ def load_cli_config(path: str | None, overrides: list[str]) -> dict:
         if not sep or not key.strip():
             raise ValueError(f"--set: expected key=value, given {item!r}")
         cfg[key.strip()] = _parse_value(text)
-    return resolve_config(cfg)
+    return fill(cfg)
 
 
 def _init_torch_distributed():
@@ -254,7 +257,7 @@ def main(argv=None) -> int:
     dist = _init_torch_distributed()
     try:
         fit(cfg, dist, wrap_model=_ddp_wrapper(dist), restore=_plain_restore(args.checkpoint_dir),
-            report=_plain_reporter(dist, args.checkpoint_dir))
+            report=_plain_reporter(dist, args.checkpoint_dir), faults=read_faults())
     except DivergenceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

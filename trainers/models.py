@@ -1,20 +1,13 @@
 """timm vision transformers whose query/key/value embedding is replaced (see trainers.embeddings).
 
-``build_model(cfg)`` builds a model from the flat trial config (model keys below; other keys are ignored):
+``build_model(cfg)`` builds a model from the model and embedding keys of a flat trial config (declared,
+with their defaults, in qkvsearch.spaces.keys.KEYS; other keys are ignored). Widths:
 
-  model            timm name: any XCiT, or a ViT/DeiT (any model whose attention has a fused ``qkv``
-                   ``nn.Linear``); a registered ``qkv_<name>`` is accepted too and means ``<name>``
-  embedding        linear | sne | psne | fsne                                  (default linear)
-  hidden_width     int (absolute) | float (ratio of the token dim d, rounded) | "match" | None
-                   None = the paper's Table 1 width: d/2 sne, 3d/4 psne, d fsne
+  hidden_width     int (absolute) | float (ratio of the token dim d, rounded) | "match" | "paper"
+                   "paper" = the paper's Table 1 width: d/2 sne, 3d/4 psne, d fsne
                    "match" = the LARGEST width whose whole model has no more parameters than the
                    linear baseline (params are affine in h, so it is solved in closed form)
-                   ignored for linear, whose resolved width is reported as 0
-  code_size        fsne only, int >= 1 (default 8); giving it for another embedding is an error
-  code_sharing     fsne only: shared (one (3, n) codes Parameter for the whole network) | per_block
-  activation       relu | gelu                                                 (default relu)
-  num_classes, img_size, in_chans (default 3), drop_path_rate (default 0.0)   passed to timm
-  embed_class_attn bool (default False): also embed XCiT's class-attention blocks
+  width            the solved width (0 for linear); used as is when the config carries it
 
 ``linear`` leaves timm's model untouched (its state_dict loads strictly, outputs are bitwise equal).
 
@@ -26,24 +19,19 @@ keyword arguments::
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import timm
 import torch
-from timm.models import register_model
 from timm.models.cait import ClassAttn
 from torch import nn
 
-from qkvsearch.trainers.embeddings import (
-    ACTIVATIONS,
-    EMBEDDINGS,
-    build_embedding,
-    embedding_params,
-    make_codes,
-)
+from qkvsearch.spaces.errors import show
+from qkvsearch.spaces.keys import MODEL_GROUPS, PAPER_WIDTH, ConfigError, fill
+from qkvsearch.trainers.embeddings import build_embedding, embedding_params, make_codes
+from qkvsearch.trainers.registry import register_qkv_model  # noqa: F401  (public re-export)
 
 __all__ = [
     "EmbeddingSpec",
@@ -53,88 +41,38 @@ __all__ = [
     "build_model",
     "find_sites",
     "register_qkv_model",
-    "resolve_hidden_width",
 ]
 
-CODE_SHARING = ("shared", "per_block")
-DEFAULT_CODE_SIZE = 8
 PAPER_WIDTH_RATIO = {"sne": 0.5, "psne": 0.75, "fsne": 1.0}  # Table 1: h as a fraction of d
-REGISTERED_PREFIX = "qkv_"
 
 
-def _bad(field: str, expected: str, given: Any) -> ValueError:
-    return ValueError(f"{field}: expected {expected}, given {given!r}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _opt_int(cfg: dict, key: str, minimum: int, default: int | None) -> int | None:
-    v = cfg.get(key)
-    if v is None:
-        return default
-    if not _is_int(v) or v < minimum:
-        raise _bad(key, f"an integer >= {minimum}", v)
-    return int(v)
-
-
-def _choice(cfg: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
-    v = cfg.get(key)
-    if v is None:
-        return default
-    if v not in allowed:
-        raise _bad(key, f"one of {allowed}", v)
-    return v
-
-
-def _check_width(v: Any) -> int | float | str | None:
-    if v is None or v == "match":
-        return v
-    if _is_int(v):
-        if v <= 0:
-            raise _bad("hidden_width", 'an integer >= 1, a positive float ratio of d, "match" or None', v)
-        return int(v)
-    if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 and v == v:  # v == v: not NaN
-        return float(v)
-    raise _bad("hidden_width", 'an integer >= 1, a positive float ratio of d, "match" or None', v)
+def _bad(field: str, expected: str, given: Any) -> ConfigError:
+    return ConfigError(f"{field}: expected {expected}, given {show(given)}")
 
 
 @dataclass(frozen=True)
 class EmbeddingSpec:
-    """The embedding keys, validated; ``code_size`` is resolved (8 for fsne when absent, else None)."""
+    """The embedding keys of a filled config (spaces.keys.fill); ``width`` is the solved width if known."""
 
     kind: str = "linear"
-    hidden_width: int | float | str | None = None  # as given; resolve_width() turns it into an int
+    hidden_width: int | float | str = PAPER_WIDTH   # as requested; resolve_width() turns it into an int
     code_size: int | None = None
-    code_sharing: str = "shared"
+    code_sharing: str | None = None
     activation: str = "relu"
     class_attn: bool = False  # also embed class-attention blocks
+    width: int | None = None  # the solved width, when the config carries it
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> EmbeddingSpec:
-        kind = _choice(cfg, "embedding", EMBEDDINGS, "linear")
-        code_size = _opt_int(cfg, "code_size", 1, None)
-        if kind == "fsne":
-            code_size = DEFAULT_CODE_SIZE if code_size is None else code_size
-        elif code_size is not None:
-            raise _bad("code_size", f"None unless embedding is 'fsne' (embedding is {kind!r})", code_size)
-        eca = cfg.get("embed_class_attn")
-        if eca is not None and not isinstance(eca, bool):
-            raise _bad("embed_class_attn", "a bool", eca)
-        return cls(
-            kind=kind,
-            hidden_width=_check_width(cfg.get("hidden_width")),
-            code_size=code_size,
-            code_sharing=_choice(cfg, "code_sharing", CODE_SHARING, "shared"),
-            activation=_choice(cfg, "activation", ACTIVATIONS, "relu"),
-            class_attn=bool(eca),
-        )
+        cfg = fill(cfg, ("embedding",))
+        return cls(kind=cfg["embedding"], hidden_width=cfg["hidden_width"], code_size=cfg["code_size"],
+                   code_sharing=cfg["code_sharing"], activation=cfg["activation"],
+                   class_attn=cfg["embed_class_attn"], width=cfg.get("width"))
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The model keys of a flat trial config, validated; ``None`` means timm's default."""
+    """The model keys of a filled config; ``None`` means timm's default."""
 
     model: str
     emb: EmbeddingSpec
@@ -145,38 +83,30 @@ class ModelConfig:
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> ModelConfig:
-        name = cfg.get("model")
-        if not isinstance(name, str) or not timm.is_model(host_name(name)):
-            raise _bad("model", "the name of a timm model (e.g. 'xcit_nano_12_p16_224')", name)
-        dpr = cfg.get("drop_path_rate")
-        dpr = 0.0 if dpr is None else dpr
-        if not isinstance(dpr, numbers.Real) or isinstance(dpr, bool) or not 0.0 <= dpr < 1.0:
-            raise _bad("drop_path_rate", "a float in [0, 1)", dpr)
-        return cls(
-            model=host_name(name),
-            emb=EmbeddingSpec.from_cfg(cfg),
-            num_classes=_opt_int(cfg, "num_classes", 0, None),
-            img_size=_opt_int(cfg, "img_size", 1, None),
-            in_chans=_opt_int(cfg, "in_chans", 1, 3),
-            drop_path_rate=float(dpr),
-        )
+        cfg = fill(cfg, MODEL_GROUPS)
+        return cls(model=cfg["model"], emb=EmbeddingSpec.from_cfg(cfg), num_classes=cfg["num_classes"],
+                   img_size=cfg["img_size"], in_chans=cfg["in_chans"], drop_path_rate=cfg["drop_path_rate"])
 
     def create_host(self) -> nn.Module:
         """timm's own model (no pretrained weights) on the current default device."""
         kwargs = dict(num_classes=self.num_classes, img_size=self.img_size, in_chans=self.in_chans,
                       drop_path_rate=self.drop_path_rate)  # timm drops the None values itself
         try:
-            return timm.create_model(self.model, pretrained=False, **kwargs)
+            host = timm.create_model(self.model, pretrained=False, **kwargs)
         except TypeError as err:  # e.g. a CNN: "__init__() got an unexpected keyword argument 'img_size'"
             raise _bad("model", f"a timm vision transformer with a fused qkv (XCiT, ViT, DeiT) accepting "
                                 f"{sorted(kwargs)} ({err})", self.model) from err
+        except AssertionError as err:  # XCiT: "`patch_size` should divide image dimensions evenly"
+            raise _bad("img_size", f"a multiple of {self.model}'s patch size ({err})", self.img_size) from err
+        self._check_patches(host)
+        return host
 
-
-def host_name(name: str) -> str:
-    """``qkv_<timm name>`` -> ``<timm name>``; other names unchanged."""
-    if name.startswith(REGISTERED_PREFIX) and timm.is_model(name[len(REGISTERED_PREFIX):]):
-        return name[len(REGISTERED_PREFIX):]
-    return name
+    def _check_patches(self, host: nn.Module) -> None:
+        """A ViT crops an image its patches do not tile, silently: refuse such an img_size."""
+        patch = getattr(getattr(host, "patch_embed", None), "patch_size", None)
+        patch = patch[0] if isinstance(patch, (tuple, list)) else patch
+        if self.img_size is not None and isinstance(patch, int) and self.img_size % patch:
+            raise _bad("img_size", f"a multiple of {self.model}'s patch size {patch}", self.img_size)
 
 
 # ---------------------------------------------------------------------------------------------- sites
@@ -220,8 +150,10 @@ def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int)
     """
     if emb.kind == "linear":
         return 0
+    if emb.width is not None:
+        return emb.width
     d, w = sites[0].dim, emb.hidden_width
-    if w is None:
+    if w == PAPER_WIDTH:
         w = PAPER_WIDTH_RATIO[emb.kind]
     if isinstance(w, float):
         h = round(w * d)
@@ -247,15 +179,6 @@ def codes_params(emb: EmbeddingSpec, n_sites: int) -> int:
     return 3 * emb.code_size * (1 if emb.code_sharing == "shared" else n_sites)
 
 
-@lru_cache(maxsize=64)
-def host_summary(model: str, num_classes: int | None, img_size: int | None,
-                 in_chans: int) -> tuple[int, tuple[Site, ...]]:
-    """(total params, all q/k/v sites) of a timm model, built on the meta device (no weights, fast)."""
-    with torch.device("meta"):
-        host = ModelConfig(model, EmbeddingSpec(), num_classes, img_size, in_chans).create_host()
-    return _params(host), find_sites(host)
-
-
 def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str) -> tuple[Site, ...]:
     """The sites ``emb`` replaces: every fused-qkv site, plus class attention if ``class_attn``."""
     inc = tuple(s for s in sites if emb.class_attn or not s.class_attn)
@@ -265,13 +188,6 @@ def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str)
     if len({(s.dim, s.dim_out) for s in inc}) > 1:
         raise _bad("model", "a model whose q/k/v sites all share one token dim", model_name)
     return inc
-
-
-def resolve_hidden_width(cfg: dict) -> int:
-    """The hidden width ``build_model(cfg)`` uses (0 for linear), without building the model."""
-    spec = ModelConfig.from_cfg(cfg)
-    params, sites = host_summary(spec.model, spec.num_classes, spec.img_size, spec.in_chans)
-    return resolve_width(spec.emb, embedded_sites(spec.emb, sites, spec.model), params)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -305,29 +221,21 @@ class EmbeddedClassAttn(nn.Module):
         return self.proj_drop(self.proj(x_cls))
 
 
-def apply_embedding(
-    model: nn.Module,
-    embedding: str = "linear",
-    hidden_width: int | float | str | None = None,
-    code_size: int | None = None,
-    code_sharing: str | None = "shared",
-    activation: str | None = "relu",
-    include_class_attn: bool = False,
-) -> nn.Module:
+def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     """Replace the q/k/v embedding of a timm model in place and return it (``linear``: untouched).
 
-    Arguments are the embedding keys of the flat config (``include_class_attn`` = ``embed_class_attn``).
+    Keyword arguments are the embedding keys of a trial config (spaces.keys, group "embedding":
+    embedding, hidden_width, code_size, code_sharing, activation, embed_class_attn), plus ``width``
+    when the width is already solved; absent or None ones take their declared defaults.
     New modules are created on the device and dtype of the projections they replace (meta included).
-    The resolved settings are recorded on the model as the plain dict ``model.qkv_config``.
+    The resolved embedding keys are recorded on the model as the plain dict ``model.qkv_config``.
     """
-    emb = EmbeddingSpec.from_cfg(dict(embedding=embedding, hidden_width=hidden_width, code_size=code_size,
-                                      code_sharing=code_sharing, activation=activation,
-                                      embed_class_attn=include_class_attn))
+    emb = EmbeddingSpec.from_cfg({k: v for k, v in embedding_keys.items() if v is not None})
     name = getattr(model, "default_cfg", {}).get("architecture", type(model).__name__)
     sites = embedded_sites(emb, find_sites(model), name)
     h = resolve_width(emb, sites, _params(model))
-    model.qkv_config = dict(embedding=emb.kind, hidden_width=h, code_size=emb.code_size,
-                            code_sharing=emb.code_sharing if emb.kind == "fsne" else None,
+    model.qkv_config = dict(embedding=emb.kind, hidden_width=emb.hidden_width, width=h,
+                            code_size=emb.code_size, code_sharing=emb.code_sharing,
                             activation=emb.activation, embed_class_attn=emb.class_attn)
     if emb.kind == "linear":
         return model
@@ -339,7 +247,7 @@ def apply_embedding(
             if emb.kind == "fsne" and (codes is None or emb.code_sharing == "per_block"):
                 codes = make_codes(emb.code_size)  # (3, n); one Parameter object for every shared site
             new = build_embedding(emb.kind, site.dim, h, site.dim_out, emb.activation,
-                                  emb.code_size or DEFAULT_CODE_SIZE, codes).to(ref.dtype)
+                                  emb.code_size, codes).to(ref.dtype)
         if site.class_attn:
             _set_submodule(model, site.path, EmbeddedClassAttn(attn, new))
         else:
@@ -363,40 +271,10 @@ def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
 
 
 def build_model(cfg: dict) -> nn.Module:
-    """A timm model with the q/k/v embedding of the flat trial config ``cfg`` (unknown keys ignored)."""
+    """A timm model with the q/k/v embedding of the flat trial config ``cfg`` (keys of other groups
+    are ignored; a ``width`` already solved is used as is)."""
     spec = ModelConfig.from_cfg(cfg)
-    model = spec.create_host()
     e = spec.emb
-    return apply_embedding(model, e.kind, e.hidden_width, e.code_size, e.code_sharing, e.activation,
-                           e.class_attn)
-
-
-# ---------------------------------------------------------------------------------------------- timm registry
-
-
-def register_qkv_model(name: str) -> str:
-    """Register ``qkv_<name>`` with timm (idempotent); returns the registered name.
-
-    ``timm.create_model("qkv_<name>", embedding=..., hidden_width=..., code_size=..., code_sharing=...,
-    activation=..., embed_class_attn=..., **timm_kwargs)`` builds ``<name>`` with that embedding.
-    """
-    reg = REGISTERED_PREFIX + name
-    if reg in globals() and timm.is_model(reg):
-        return reg
-
-    def entrypoint(pretrained: bool = False, embedding: str = "linear", hidden_width=None, code_size=None,
-                   code_sharing=None, activation=None, embed_class_attn: bool = False, **kwargs):
-        model = timm.create_model(name, pretrained=pretrained, **kwargs)
-        return apply_embedding(model, embedding, hidden_width, code_size, code_sharing, activation,
-                               embed_class_attn)
-
-    entrypoint.__name__ = entrypoint.__qualname__ = reg
-    entrypoint.__doc__ = f"timm {name} with a chosen q/k/v embedding (see trainers.models)."
-    globals()[reg] = entrypoint  # timm lists it in this module's __all__, so it must exist here
-    register_model(entrypoint)
-    return reg
-
-
-_DEFAULT_HOSTS = [f"{f}_{s}_patch16_224" for f in ("vit", "deit") for s in ("tiny", "small", "base")]
-for _name in timm.list_models("xcit_*") + _DEFAULT_HOSTS:
-    register_qkv_model(_name)
+    return apply_embedding(spec.create_host(), embedding=e.kind, hidden_width=e.hidden_width,
+                           code_size=e.code_size, code_sharing=e.code_sharing, activation=e.activation,
+                           embed_class_attn=e.class_attn, width=e.width)

@@ -39,7 +39,7 @@ def __getattr__(name: str):
 
 
 def _register_models() -> None:
-    import qkvsearch.trainers.models  # noqa: F401  (registers qkv_* with timm on import)
+    import qkvsearch.trainers.registry  # noqa: F401  (registers qkv_* with timm on import)
 
 
 class _RegisterAfterTimm(importlib.abc.MetaPathFinder):

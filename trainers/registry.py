@@ -1,0 +1,44 @@
+"""The ``qkv_<timm name>`` models, registered with timm: ``timm.create_model("qkv_xcit_nano_12_p16_224",
+embedding="fsne", code_size=8)`` builds timm's model with that q/k/v embedding (trainers.models).
+
+Importing this module imports timm and nothing of ours that imports timm, so it can run while timm
+itself finishes importing (``import qkvsearch`` registers the models that way).
+"""
+from __future__ import annotations
+
+import timm
+from timm.models import register_model
+
+from qkvsearch.spaces.keys import REGISTERED_PREFIX, names
+
+__all__: list[str] = []  # timm adds each registered entrypoint's name
+
+
+def register_qkv_model(name: str) -> str:
+    """Register ``qkv_<name>`` with timm (idempotent); returns the registered name.
+
+    Keyword arguments of ``timm.create_model("qkv_<name>", ...)`` that are embedding keys (embedding,
+    hidden_width, code_size, code_sharing, activation, embed_class_attn, width) choose the embedding;
+    the others go to timm's ``<name>``.
+    """
+    reg = REGISTERED_PREFIX + name
+    if reg in globals() and timm.is_model(reg):
+        return reg
+
+    def entrypoint(pretrained: bool = False, **kwargs):
+        from qkvsearch.trainers.models import apply_embedding
+
+        embedding_keys = {k: kwargs.pop(k) for k in (*names("embedding"), "width") if k in kwargs}
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+        return apply_embedding(model, **embedding_keys)
+
+    entrypoint.__name__ = entrypoint.__qualname__ = reg
+    entrypoint.__doc__ = f"timm {name} with a chosen q/k/v embedding (see trainers.models)."
+    globals()[reg] = entrypoint  # timm lists it in this module's __all__, so it must exist here
+    register_model(entrypoint)
+    return reg
+
+
+_DEFAULT_HOSTS = [f"{f}_{s}_patch16_224" for f in ("vit", "deit") for s in ("tiny", "small", "base")]
+for _name in timm.list_models("xcit_*") + _DEFAULT_HOSTS:
+    register_qkv_model(_name)
