@@ -26,6 +26,7 @@ from qkvsearch.search.searchers import build_search
 from qkvsearch.search.storage import write_json
 from qkvsearch.spaces import SpecError, base_config, smoke_test
 from qkvsearch.spaces.keys import fill
+from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,8 @@ def _settings(spec, exp: str) -> TrialSettings:
         objectives=tuple((o.metric, o.mode) for o in spec.objectives),
         constraints=tuple(spec.constraints), workers=res.workers_per_trial,
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
-        placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs")
+        placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs",
+        faults=tuple(read_faults()))  # trial processes do not see this process's environment
 
 
 def _check_launchable(spec, exp: str, overwrite: bool) -> None:

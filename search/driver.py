@@ -34,6 +34,7 @@ class TrialSettings:
     gpus_per_worker: float = 0.0
     placement_strategy: str = "PACK"                # SPREAD: one worker per node
     train_storage: str = ""                         # where Train runs keep checkpoints
+    faults: tuple = ()                              # trainers.faults rules, read where the campaign starts
 
 
 def build_trial(base: dict, sampled: dict) -> dict:
@@ -92,6 +93,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             name=tune.get_context().get_trial_id(),  # stable name: a restored trial resumes its Train run
             storage_path=settings.train_storage,
             callbacks=[_ForwardToTune(cfg["epochs"], cost)],
+            faults=settings.faults,
         )
     except Exception as exc:  # a diverged trial ends as a result, any other failure as a Tune error
         diverged = find_divergence(exc)

@@ -120,8 +120,9 @@ def _hover_lines(row: pd.Series, metrics, cols, full: bool) -> str:
 
 def _prepare(trials: pa.Table, objectives, front_statuses) -> tuple[pd.DataFrame, list, list, list]:
     metrics, cols, dirs = objective_columns(trials, objectives)
-    df = trials.to_pandas()
-    values = df[cols].to_numpy(dtype=np.float64)  # (n, k)
+    # Integer columns stay integers where a trial has no value (code_size of a linear trial): 4, not 4.0.
+    df = trials.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    values = df[cols].astype("float64").to_numpy()  # (n, k), NaN where missing
     eligible = df["status"].isin(list(front_statuses)).to_numpy()
     on_front = np.zeros(len(df), dtype=bool)
     on_front[eligible] = nondominated_mask(values[eligible], dirs)
@@ -177,7 +178,7 @@ def _scatter_traces(go, df: pd.DataFrame, xcol: str, ycol: str, zcol: str | None
 def _front_2d(df: pd.DataFrame, xcol, xdir, ycol, ydir) -> pd.DataFrame:
     """Eligible trials on the front of this pair of objectives, sorted along x (the staircase)."""
     pts = df[df["eligible"]]
-    mask = nondominated_mask(pts[[xcol, ycol]].to_numpy(dtype=np.float64), [xdir, ydir])
+    mask = nondominated_mask(pts[[xcol, ycol]].astype("float64").to_numpy(), [xdir, ydir])
     return pts[mask].sort_values([xcol, ycol], ascending=[True, ydir == "min"])
 
 
@@ -236,7 +237,7 @@ def _curves_figure(go, df, epochs: pa.Table, metric: str = "top1"):
 def _hypervolume(df, cols, dirs) -> tuple[pd.DataFrame, np.ndarray | None]:
     """HV of the eligible trials in completion order (ended_at), against the default reference."""
     done = df[df["eligible"] & df["ended_at"].notna()].sort_values(["ended_at", "trial_id"])
-    values = done[cols].to_numpy(dtype=np.float64)
+    values = done[cols].astype("float64").to_numpy()
     ok = ~np.isnan(values).any(axis=1)
     if not ok.any():
         return done.iloc[:0].assign(hypervolume=[]), None
@@ -285,7 +286,7 @@ def _front_columns(df: pd.DataFrame, cols) -> list[str]:
 
 
 def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
         return ""
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -298,8 +299,8 @@ def _formatted(df: pd.DataFrame, col: str) -> pd.Series:
     if pd.api.types.is_float_dtype(s):
         out = s.map(lambda v: f"{v:.4g}", na_action="ignore")
     else:
-        out = s.map(str, na_action="ignore")
-    return pd.Series([html.escape(x) for x in out.fillna("")], index=df.index, dtype=object)
+        out = s.astype(object).map(str, na_action="ignore")
+    return pd.Series([html.escape(x) for x in out.astype(object).fillna("")], index=df.index, dtype=object)
 
 
 def _html_table(df: pd.DataFrame, columns: list[str], table_id: str, front_flag: bool) -> str:

@@ -75,6 +75,13 @@ class TrialConfigs(Searcher):
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         self.searcher.on_trial_complete(trial_id, result=result, error=error)
 
+    # Tune saves a wrapper's state (it has a .searcher) apart from the searcher it wraps.
+    def get_state(self) -> dict:
+        return {"base": dict(self.base)}
+
+    def set_state(self, state: dict) -> None:
+        self.base = dict(state["base"])
+
     def save(self, checkpoint_path: str):
         self.searcher.save(checkpoint_path)
 

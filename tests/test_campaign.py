@@ -12,6 +12,7 @@ from qkvsearch.search.cli import main
 from qkvsearch.search.pareto import nondominated_mask
 from qkvsearch.search.status import load_records
 from qkvsearch.spaces import load_campaign
+from qkvsearch.spaces.keys import require_filled
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +32,10 @@ def _spec(tmp: Path) -> dict:
                   "max_steps_per_epoch": 6, "seed": 0},
         # Grid order is run order; the first result at a rung always goes on, so the crash comes first.
         "space": {"variants": [
-            {"embedding": "psne", "qs_fail_after_epoch": 1},                 # a crash in the worker
-            {"embedding": "sne", "qs_inject_nan_at_step": 2},                # non-finite loss
+            {"embedding": "psne"},                                           # a crash in the worker (FAULTS)
+            {"embedding": "sne"},                                            # non-finite loss (FAULTS)
             *lr_sweep,
+            {"embedding": "fsne", "hidden_width": 0.25, "code_size": 4},    # the fewest MACs: on the front
             {"embedding": "fsne", "hidden_width": 4.0, "code_size": 8},     # breaks params_m max
         ]},
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
@@ -45,25 +47,40 @@ def _spec(tmp: Path) -> dict:
     }
 
 
+# Injected faults reach the trials through the environment of the process that launches the campaign.
+FAULTS = json.dumps([{"when": {"embedding": "psne"}, "fail_after_epoch": 1},
+                     {"when": {"embedding": "sne"}, "nan_at_update": 2}])
+
+
 @pytest.fixture(scope="module")
 def campaign(ray_local, tmp_path_factory):
     from qkvsearch.search.campaign import launch
 
     tmp = tmp_path_factory.mktemp("campaign")
-    exp = launch(load_campaign(_spec(tmp)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QKVSEARCH_FAULTS", FAULTS)
+        exp = launch(load_campaign(_spec(tmp)))
     return Path(exp), load_records(exp)
 
 
 def test_every_trial_is_recorded_with_config_status_metrics_and_cost(campaign):
     exp, records = campaign
-    assert len(records) == 7
+    assert len(records) == 8
     for rec in records:
-        assert rec["config"]["model"] == TINY_MODEL
+        assert require_filled(rec["config"]) and rec["config"]["model"] == TINY_MODEL  # resolved once
+        assert isinstance(rec["config"]["width"], int)
         assert rec["cost"]["params_m"] > 0 and rec["cost"]["gmacs"] > 0
         assert rec["status"] in ("completed", "stopped_early", "infeasible", "diverged", "failed")
         for epoch in rec["epochs"]:
-            assert {"epoch", "top1", "top5", "val_loss", "train_loss", "lr", "params_m", "gmacs"} <= set(epoch)
+            assert {"epoch", "top1", "top5", "val_loss", "train_loss", "lr", "train_s"} <= set(epoch)
+            assert not set(epoch) & {"params_m", "gmacs"}  # the cost is the record's, once
             assert all(math.isfinite(v) for v in epoch.values())
+        name = rec["trial_name"]
+        if rec["config"]["embedding"] == "fsne":  # the name says what the config holds
+            cfg = rec["config"]
+            assert cfg["code_sharing"] == "shared" and name.startswith(f"fsne-h{cfg['width']}-c{cfg['code_size']}-shared")
+        else:
+            assert rec["config"]["code_size"] is None and rec["config"]["code_sharing"] is None
     statuses = sorted(r["status"] for r in records)
     assert statuses.count("infeasible") == 1
     assert statuses.count("diverged") == 1
@@ -113,7 +130,7 @@ def test_status_command_lists_every_trial(campaign, capsys):
     out = capsys.readouterr().out
     for rec in records:
         assert rec["trial_name"] in out
-    assert "7 trial(s)" in out
+    assert "8 trial(s)" in out
 
 
 def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
@@ -121,6 +138,8 @@ def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
 
     exp, records = campaign
     written = build_report(str(exp), out_dir=str(tmp_path), static=False)
+    import pandas as pd
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     trials = pq.read_table(written["trials"]).to_pandas()
@@ -128,8 +147,15 @@ def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
     done = [r for r in records if r["status"] == "completed"]
     values = np.array([[r["epochs"][-1]["top1"], r["cost"]["gmacs"]] for r in done])
     expected = {r["trial_id"] for r, on in zip(done, nondominated_mask(values, ["max", "min"])) if on}
-    front = {line.split(",")[0] for line in Path(written["csv"]).read_text().splitlines()[1:]}
-    assert front == expected
+    front_csv = pd.read_csv(written["csv"], dtype=str)
+    assert set(front_csv["trial_id"]) == expected
+    (fsne,) = [r for r in done if r["config"]["embedding"] == "fsne"]
+    assert fsne["trial_id"] in expected  # the fewest MACs
+    row = front_csv[front_csv["trial_id"] == fsne["trial_id"]].iloc[0]
+    assert (row["config_code_sharing"], row["config_code_size"], row["config_width"]) == ("shared", "4", "32")
+    table = pq.read_table(written["trials"])
+    assert table.schema.field("config_code_size").type == pa.int64()
+    assert table.schema.field("config_width").type == pa.int64()
     html = Path(written["html"]).read_text()
     assert all(r["trial_name"] in html for r in records)
 

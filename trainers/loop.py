@@ -94,12 +94,12 @@ class _RayReporter:
 
 def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
                 name: str, storage_path: str, callbacks=(), placement_strategy: str = "PACK",
-                num_to_keep: int | None = 2):
+                num_to_keep: int | None = 2, faults: list | None = None):
     """Check the batch plan and the dataset (no worker starts on bad input), then fit a TorchTrainer.
 
     config: a filled trial config. Returns the ray.train.Result. A run whose <storage_path>/<name> holds a
     checkpoint resumes from it. Worker errors raise ray.train.TrainingFailedError from fit();
-    find_divergence(err) tells divergence. $QKVSEARCH_FAULTS (trainers.faults) is read here.
+    find_divergence(err) tells divergence. faults: trainers.faults rules (default: $QKVSEARCH_FAULTS here).
     """
     from qkvsearch.trainers.data import check_dataset
 
@@ -116,7 +116,7 @@ def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, g
     if gpus_per_worker:
         resources["GPU"] = gpus_per_worker
     trainer = TorchTrainer(
-        train_worker, train_loop_config={"config": cfg, "faults": read_faults()},
+        train_worker, train_loop_config={"config": cfg, "faults": read_faults() if faults is None else list(faults)},
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, use_gpu=gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=placement_strategy),
