@@ -20,12 +20,11 @@ import ray
 from ray import tune
 
 from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial
-from qkvsearch.search.preflight import ResourceError, check_local_resources, check_storage
+from qkvsearch.search.preflight import ResourceError, check_local_resources, check_spec
 from qkvsearch.search.records import CAMPAIGN_FILE, TrialRecorder, code_version, read_campaign
 from qkvsearch.search.searchers import build_search
 from qkvsearch.search.storage import write_json
-from qkvsearch.spaces import SpecError, base_config, smoke_test
-from qkvsearch.spaces.keys import fill
+from qkvsearch.spaces import SpecError, smoke_test
 from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
@@ -184,12 +183,7 @@ def _settings(spec, exp: str) -> TrialSettings:
 def _check_launchable(spec, exp: str, overwrite: bool) -> None:
     """Every check that needs no Ray: storage, models of the space, dataset, an existing campaign, and
     the resources of a local machine. Writes nothing."""
-    from qkvsearch.search.costs import check_models
-    from qkvsearch.trainers.data import check_dataset
-
-    check_storage(spec.storage)
-    check_models(spec)
-    check_dataset(fill(base_config(spec)))  # a missing dataset fails here, before Ray or any worker starts
+    check_spec(spec, launching=True)
     if "://" not in exp and os.path.exists(os.path.join(exp, CAMPAIGN_FILE)) and not overwrite:
         raise SpecError([f"name: a campaign already exists at {exp}; resume it with `qkvsearch resume "
                          f"{exp}`, pick another name (--set name=...), or pass --overwrite"])

@@ -151,13 +151,24 @@ def cmd_resume(args) -> int:
 
 def cmd_validate(args) -> int:
     spec = _load(args)
+    from qkvsearch.search.preflight import check_spec
+
+    models = check_spec(spec, launching=False)  # storage, every model, dataset: what launch checks first
     d = spec.to_dict()
     objectives = ", ".join(f"{o['mode']} {o['metric']}" for o in d["objectives"])
     print(f"{args.spec}: valid\n  name: {d['name']}\n  model: {d['model']['name']} at {d['model']['img_size']}px\n"
           f"  data: {d['data']['dataset']}\n  space: {', '.join(d['space']) or '(none)'}\n"
           f"  objectives: {objectives}\n  search: {d['search']['algorithm']}, "
-          f"{d['search'].get('num_trials')} trials\n  scheduler: {d['scheduler']['type']}")
+          f"{d['search'].get('num_trials')} trials\n  scheduler: {d['scheduler']['type']}\n"
+          f"  models: {len(models)} distinct configuration(s), {_span(c['params_m'] for _, c in models)} M params, "
+          f"{_span(c['gmacs'] for _, c in models)} GMACs")
     return EXIT_OK
+
+
+def _span(values) -> str:
+    values = list(values)
+    lo, hi = min(values), max(values)
+    return f"{lo:.3g}" if lo == hi else f"{lo:.3g}-{hi:.3g}"
 
 
 def cmd_cost(args) -> int:

@@ -15,6 +15,7 @@ import logging
 from qkvsearch.spaces import SpecError, base_config
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.keys import MODEL_GROUPS, names
+from qkvsearch.spaces.loader import section_path
 from qkvsearch.trainers.cost import resolve_trial
 
 log = logging.getLogger(__name__)
@@ -53,20 +54,29 @@ def _label(cfg: dict) -> str:
     return " ".join(f"{k}={cfg[k]}" for k in ("model", *keys) if cfg.get(k) is not None)
 
 
+def _where(message: str, labels: list[str]) -> str:
+    """A section key at fault is named by its path (model.img_size); a space key by its configurations."""
+    placed = section_path(message)
+    if placed != message:
+        return placed
+    shown = "; ".join(labels[:3]) + (f"; and {len(labels) - 3} more" if len(labels) > 3 else "")
+    return f"space ({shown}): {message}"
+
+
 def check_models(spec) -> list[tuple[dict, dict]]:
     """(resolved config, cost) of every model configuration of the space.
 
     Raises SpecError listing each configuration no model can be made of, with the key at fault; warns
     (logging) when no configuration meets the constraints.
     """
-    resolved, errors = [], []
+    resolved, failing = [], {}   # message -> labels of the configurations it holds for
     for cfg in model_configs(spec):
         try:
             resolved.append(resolve_trial(cfg))
         except BadInput as err:
-            errors.append(f"space ({_label(cfg)}): {err}")
-    if errors:
-        raise SpecError(errors, spec.source)
+            failing.setdefault(str(err), []).append(_label(cfg))
+    if failing:
+        raise SpecError([_where(message, labels) for message, labels in failing.items()], spec.source)
     if spec.constraints and resolved and all(spec.violations(cost) for _, cost in resolved):
         log.warning("constraints: no configuration of the space meets them; every trial would be infeasible")
     return resolved

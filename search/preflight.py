@@ -1,10 +1,12 @@
-"""Checks a launch makes before Ray starts: the storage folder can be made, one trial fits the machine.
+"""Checks `validate` and `launch` make before Ray starts: the storage folder can be made, every model of
+the space can be built, the dataset is where the spec says, one trial fits the machine.
 
-Both only look; neither creates a folder or starts anything.
+They only look: none creates a folder or starts anything.
 """
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import stat
@@ -13,11 +15,35 @@ from collections.abc import Mapping
 
 from qkvsearch.spaces.errors import BadInput, show
 
+log = logging.getLogger(__name__)
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class ResourceError(BadInput):
     """The campaign asks for more per trial than the machine (or the cluster) has."""
+
+
+def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
+    """Everything knowable about a spec before training: storage, models, dataset.
+
+    Returns (resolved config, cost) of every model configuration (search.costs.check_models). A data
+    folder this machine does not have fails a launch; `validate` (launching=False) only warns, since
+    the spec may be meant for a cluster whose nodes hold the data. A folder that exists is checked whole.
+    """
+    from qkvsearch.search.costs import check_models
+    from qkvsearch.spaces import base_config
+    from qkvsearch.spaces.keys import fill
+    from qkvsearch.trainers.data import check_dataset
+
+    check_storage(spec.storage)
+    models = check_models(spec)
+    config = fill(base_config(spec))
+    path = config["data_path"]
+    if not launching and path is not None and not os.path.exists(path):
+        log.warning(f"data.path: {path} does not exist on this machine; launch checks it where it runs")
+    else:
+        check_dataset(config)
+    return models
 
 
 def check_storage(storage: str) -> None:

@@ -381,7 +381,8 @@ def _build(raw: dict, c: Collector, source) -> CampaignSpec | None:
     scheduler = _parse_scheduler(raw.get("scheduler"), objectives, train, c)
     resources = _parse_resources(raw.get("resources"), c)
     storage = _parse_storage(raw.get("storage", "results/"), c)
-    if model.name is None and "model" not in space.keys:
+    given_name = isinstance(raw.get("model"), Mapping) and raw["model"].get("name") is not None
+    if model.name is None and not given_name and "model" not in space.keys:
         c.add("model.name", "required (a timm model name, e.g. xcit_nano_12_p16_224)")
     model = _dataset_defaults(model, data, train, c)  # also with errors elsewhere: it reads only these sections
     if c.errors:

@@ -126,6 +126,13 @@ def test_imagefolder_errors(tmp_path):
         check_dataset(cfg)
     (tmp_path / "val" / "c").rmdir()
     (tmp_path / "val" / "b").mkdir()
+    with pytest.raises(DatasetError, match=r"expected images .* in every class folder of .*train', given 2 without "
+                                           r"any: a, b"):
+        check_dataset(cfg)
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / split / c / "deeper").mkdir()
+            (tmp_path / split / c / "deeper" / "0.JPG").write_bytes(b"")  # any depth, any case, as ImageFolder
     with pytest.raises(DatasetError, match=r"num_classes: expected 2 \(class folders in"):
         check_dataset({**cfg, "num_classes": 5})
 

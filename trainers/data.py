@@ -98,10 +98,24 @@ def _check_imagefolder(cfg, path):
     if classes["train"] != classes["val"]:
         raise DatasetError(f"data_path: expected the same class folders in {path!r}/train and /val, "
                            f"given train={classes['train']} val={classes['val']}")
+    for split in ("train", "val"):
+        empty = [c for c in classes[split] if not _has_image(os.path.join(path, split, c))]
+        if empty:
+            raise DatasetError(f"data_path: expected images ({', '.join(IMAGE_EXTENSIONS)}) in every class folder "
+                               f"of {os.path.join(path, split)!r}, given {len(empty)} without any: "
+                               f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}")
     n = cfg.get("num_classes")
     if n is not None and n != len(classes["train"]):
         raise DatasetError(f"num_classes: expected {len(classes['train'])} (class folders in "
                            f"{os.path.join(path, 'train')!r}), given {n}")
+
+
+def _has_image(folder: str) -> bool:
+    """Whether a class folder holds at least one image file, at any depth (as torchvision's ImageFolder)."""
+    for _root, _dirs, files in os.walk(folder):
+        if any(f.lower().endswith(IMAGE_EXTENSIONS) for f in files):
+            return True
+    return False
 
 
 class _CifarUnpickler(pickle.Unpickler):
