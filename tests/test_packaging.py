@@ -1,0 +1,49 @@
+"""The distribution: one import name, the reference points as package data, timm registration on import."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_one_import_name_and_the_reference_points(tmp_path):
+    src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    for name in tracked.stdout.split():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(src)], check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("qkvsearch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"qkvsearch"}
+    assert not top & {"search", "spaces", "trainers"}
+    for member in ("qkvsearch/__init__.py", "qkvsearch/search/cli.py", "qkvsearch/spaces/keys.py",
+                   "qkvsearch/trainers/models.py", "qkvsearch/reference/sne_paper_imagenet.csv",
+                   "qkvsearch/spaces/presets/quickstart.yaml"):
+        assert member in names, member
+
+
+def test_import_qkvsearch_alone_registers_the_models_in_timm_and_stays_light():
+    code = ("import sys, qkvsearch\n"
+            "light = not {'torch', 'timm'} & set(sys.modules)\n"
+            "import timm\n"
+            "m = timm.create_model('qkv_xcit_nano_12_p16_224', embedding='fsne', code_size=8, img_size=32,"
+            " num_classes=10)\n"
+            "print(light, m.qkv_config['width'], m.qkv_config['code_size'], qkvsearch.build_model.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.split() == ["True", "128", "8", "build_model"]
+
+
+def test_the_report_reads_the_reference_points_as_package_data():
+    from qkvsearch.search.report import PAPER_CSV
+
+    assert PAPER_CSV.is_file() and "xcit" in PAPER_CSV.read_text().lower()
