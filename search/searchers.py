@@ -7,6 +7,7 @@ is false.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from functools import partial
 
@@ -17,32 +18,43 @@ from ray.tune.search.optuna import OptunaSearch
 from qkvsearch.search.driver import build_trial
 from qkvsearch.search.records import PLANNED_KEY, STATUS_KEY
 from qkvsearch.search.storage import read_json, write_json
-from qkvsearch.spaces import base_config, expand_space, suggest_config
+from qkvsearch.spaces import base_config, dimensions, suggest_config
 
 
 class GridSearcher(Searcher):
-    """Suggests each configuration of an enumerated space in order, ``repeats`` times, then FINISHED."""
+    """Suggests each configuration of an enumerable space in order, ``repeats`` times, then FINISHED.
 
-    def __init__(self, configs: list[dict], repeats: int = 1):
+    Configurations are generated as they are suggested (spaces.dimensions.iterate): a grid of 10^8 points
+    costs no memory. Its state is the number suggested so far.
+    """
+
+    def __init__(self, space, repeats: int = 1):
         super().__init__()
-        self.queue = [dict(c) for c in configs for _ in range(repeats)]
+        self.space, self.repeats = space, repeats
         self.next = 0
+        self._pending = None  # iterator over the configurations not yet suggested
 
     def suggest(self, trial_id: str):
-        if self.next >= len(self.queue):
+        if self._pending is None:
+            repeated = (cfg for cfg in dimensions.iterate(self.space) for _ in range(self.repeats))
+            self._pending = itertools.islice(repeated, self.next, None)
+        config = next(self._pending, None)
+        if config is None:
             return Searcher.FINISHED
         self.next += 1
-        return dict(self.queue[self.next - 1])
+        return config
 
     def on_trial_complete(self, trial_id, result=None, error=False):
         pass
 
+    def __getstate__(self):  # Tune pickles its search algorithm (tuner.pkl): iterators do not pickle
+        return {**self.__dict__, "_pending": None}
+
     def save(self, checkpoint_path: str):
-        write_json(checkpoint_path, {"next": self.next, "queue": self.queue})
+        write_json(checkpoint_path, {"next": self.next})
 
     def restore(self, checkpoint_path: str):
-        state = read_json(checkpoint_path)
-        self.next, self.queue = state["next"], state["queue"]
+        self.next, self._pending = read_json(checkpoint_path)["next"], None
 
 
 class TrialConfigs(Searcher):
@@ -150,8 +162,8 @@ def build_search(spec) -> tuple[TrialConfigs, int]:
     search = spec.search
     base = base_config(spec)
     if search.algorithm == "grid":
-        configs = [{k: v for k, v in cfg.items() if base.get(k, object()) != v} for cfg in expand_space(spec)]
-        return TrialConfigs(GridSearcher(configs, search.repeats), base), len(configs) * search.repeats
+        grid = GridSearcher(spec.space, search.repeats)
+        return TrialConfigs(grid, base), dimensions.count(spec.space) * search.repeats
     searcher = CampaignOptunaSearch(
         space=partial(suggest_config, spec),  # define-by-run: returns the keys it chose
         metric=[o.metric for o in spec.objectives],

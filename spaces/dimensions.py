@@ -25,7 +25,7 @@ sets such a key without setting a matching embedding.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from qkvsearch.spaces.errors import Collector, hint
 from qkvsearch.spaces.errors import show as _show
@@ -340,21 +340,24 @@ def count(space: Space) -> int:
 
 def expand(space: Space) -> list[dict]:
     """Every trial's space keys for an enumerable space: variants x active dimension values, each once."""
-    out: list[dict] = []
+    return list(iterate(space))
+
+
+def iterate(space: Space) -> Iterator[dict]:
+    """``expand`` one configuration at a time, in the same order (a large grid never sits in memory)."""
     for variant in space.variants or (FrozenMap(),):
-        _walk(space.dimensions, 0, dict(variant), out)
-    return out
+        yield from _walk(space.dimensions, 0, dict(variant))
 
 
-def _walk(dims, i: int, partial: dict, out: list) -> None:
+def _walk(dims, i: int, partial: dict) -> Iterator[dict]:
     if i == len(dims):
-        out.append(dict(partial))
+        yield dict(partial)
         return
     dim = dims[i]
     if not dim.active(partial):
-        _walk(dims, i + 1, partial, out)
+        yield from _walk(dims, i + 1, partial)
         return
     for value in dim.values:
         partial[dim.key] = value
-        _walk(dims, i + 1, partial, out)
+        yield from _walk(dims, i + 1, partial)
     del partial[dim.key]

@@ -60,11 +60,12 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
     if spec.search.algorithm == "grid":
         search.update(repeats=1, num_trials=None)
         shrunk = load_campaign({**d, "search": search})
-        grid = dimensions.expand(shrunk.space)
-        if len(grid) > max_trials:
-            step = (len(grid) - 1) / max(1, max_trials - 1)
-            picks = sorted({int(i * step + 0.5) for i in range(max_trials)})
-            d["space"] = {"variants": [grid[i] for i in picks]} if any(grid[i] for i in picks) else {}
+        size = dimensions.count(shrunk.space)
+        if size > max_trials:
+            step = (size - 1) / max(1, max_trials - 1)
+            picks = {int(i * step + 0.5) for i in range(max_trials)}
+            chosen = [c for i, c in enumerate(dimensions.iterate(shrunk.space)) if i in picks]
+            d["space"] = {"variants": chosen} if any(chosen) else {}
     else:
         search["num_trials"] = min(spec.search.num_trials, max_trials)
         if spec.search.algorithm == "nsga2":
