@@ -9,8 +9,8 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
     data: {dataset: imagefolder, path: /data/imagenet, val_fraction: null}
           # dataset: digits | cifar10 | cifar100 | imagefolder | synthetic; path required for cifar*/imagefolder
     train: {epochs: 400, batch_size: 4096, lr: 5.0e-4, warmup_epochs: 5, ...}
-          # keys and checks: spaces.keys.TRAIN_KEYS; epochs required; unset = the trainer's default
-    space:                               # flat trial keys (spaces.keys.SEARCHABLE) -> dimension
+          # keys, checks and defaults: spaces.keys.KEYS (section train); epochs required
+    space:                               # trial keys (spaces.keys.SEARCHABLE) -> dimension
       embedding: {choice: [linear, sne, psne, fsne]}   # the searcher picks one
       hidden_width: [0.5, 1.0, match]                  # a list is a choice; a scalar is a fixed value
       code_size: {grid: [8, 16], when: {embedding: fsne}}   # grid: enumerated (algorithm grid only)
@@ -32,7 +32,8 @@ fsne), code_size and code_sharing (fsne) get their embedding condition added aut
 embedding may take other values; contradicting it is an error (see spaces.dimensions).
 
 Hidden widths: a positive int is absolute, a float in (0, 4] is a ratio of the token dim d, "match"
-raises the width until the model has the linear baseline's parameter count, null = paper default.
+raises the width until the model has the linear baseline's parameter count, "paper" (the default,
+also written null) = the paper's Table 1 width.
 
 API: load_campaign(path | preset name | dict, overrides=["train.epochs=10", ...]) -> CampaignSpec;
 spec.to_dict(); base_config(spec); expand_space(spec); suggest_config(spec, optuna_trial);
