@@ -54,7 +54,7 @@ from qkvsearch.spaces.schema import (
 
 PRESET_DIR = Path(__file__).parent / "presets"
 ALGORITHMS = ("grid", "random", "tpe", "nsga2")
-SCHEDULERS = ("fifo", "asha", "moasha")
+TRIAL_SCHEDULERS = ("fifo", "asha", "moasha")   # not the learning-rate schedules (spaces.keys.LR_SCHEDULES)
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -606,7 +606,7 @@ def _parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> S
     if raw is None:
         return SchedulerSpec()
     c.unknown_keys("scheduler", raw, ("type", "grace_epochs", "reduction_factor", "metric", "mode"))
-    kind = dimensions.check_value(one_of(*SCHEDULERS), raw.get("type", "fifo"), c, "scheduler.type")
+    kind = dimensions.check_value(one_of(*TRIAL_SCHEDULERS), raw.get("type", "fifo"), c, "scheduler.type")
     grace = _opt(raw, "grace_epochs", POS_INT, 1, c, "scheduler")
     factor = _opt(raw, "reduction_factor", integer(2), 3, c, "scheduler")
     epochs = train.epochs
