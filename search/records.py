@@ -9,6 +9,10 @@ Tune's `result.json` is overwritten when a trial restarts, and it cannot say *wh
 
 `read_campaign` and `read_trial_records` are the only readers of these files (status, results, report
 and resume use them); `TrialRecorder` is their only writer.
+
+The `qs_` prefix means one thing across the project: a name qkvsearch reserves where it shares a
+namespace with Ray Tune, i.e. its files in Tune's experiment folder and the reserved keys of a trial's
+results (never a trial config key, never a metric).
 """
 from __future__ import annotations
 
@@ -23,12 +27,12 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from qkvsearch.search.storage import loads_json, open_location, read_json, write_json  # noqa: F401  (read_json re-exported)
+from qkvsearch.search.storage import loads_json, open_location, write_json
 from qkvsearch.spaces.errors import BadInput, show
 from qkvsearch.spaces.keys import COST_METRICS
 
-# Reserved result keys (the `qs_` prefix marks them): how a trial ended without a score, and the epochs
-# it plans (schedulers and searchers tell a stopped trial from a finished one by it).
+# Reserved result keys: how a trial ended without a score, and the epochs it plans (schedulers and
+# searchers tell a stopped trial from a finished one by it). Other reserved keys: trainers.engine.
 STATUS_KEY, ERROR_KEY, PLANNED_KEY = "qs_status", "qs_error", "qs_epochs_planned"
 
 logger = logging.getLogger(__name__)

@@ -251,11 +251,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="model", searchable=False),
     _k("in_chans", "model", POS_INT, 3, "input channels", section="model", searchable=False),
     _k("drop_path_rate", "model", FRACTION, 0.0, "stochastic depth rate", section="model"),
-    _k("embed_class_attn", "embedding", FLAG, False, "also embed XCiT's class-attention blocks",
-       section="model"),
-    _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
-       section="model", report=True),
-    # embedding (set by the space only)
+    # embedding (the space sets them; the model section also sets embed_class_attn and activation)
     _k("embedding", "embedding", one_of(*EMBEDDINGS), "linear", "q/k/v embedding: linear | sne | psne | fsne",
        report=True),
     _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
@@ -265,6 +261,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        report=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
        "F-SNE codes: one set for the network, or one per block", applies_to=("fsne",), report=True),
+    _k("embed_class_attn", "embedding", FLAG, False, "also embed XCiT's class-attention blocks",
+       section="model"),
+    _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
+       section="model", report=True),
     # data (campaign section `data`)
     _k("dataset", "data", one_of(*DATASETS), "digits", "dataset: " + " | ".join(DATASETS),
        section="data", searchable=False),
@@ -312,7 +312,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
 # Derived, not settable: the hidden width the embedding really has (hidden_width solved; 0 for linear).
 WIDTH = Key("width", "embedding", NONNEG_INT, None, "hidden units h the embedding uses (hidden_width solved; "
             "0 for linear)", searchable=False, report=True)
-RESOLVED_KEYS: dict[str, Key] = {**KEYS, WIDTH.name: WIDTH}   # the keys of a resolved trial config
+# The keys of a resolved trial config: the declared ones, the solved width beside the requested one.
+RESOLVED_KEYS: dict[str, Key] = {}
+for _key in KEYS.values():
+    RESOLVED_KEYS[_key.name] = _key
+    if _key.name == "hidden_width":
+        RESOLVED_KEYS[WIDTH.name] = WIDTH
 
 
 def names(*groups: str) -> tuple[str, ...]:

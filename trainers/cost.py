@@ -88,7 +88,8 @@ def _linear_macs(site: Site, tokens: int) -> int:
 def host_profile(model: str, num_classes: int | None, img_size: int | None, in_chans: int) -> HostProfile:
     """Build timm's model on the meta device, count it, and record each site's token count."""
     with torch.device("meta"):
-        host = ModelConfig(model, EmbeddingSpec(), num_classes, img_size, in_chans).create_host()
+        linear = EmbeddingSpec.from_cfg({"embedding": "linear"})
+        host = ModelConfig(model, linear, num_classes, img_size, in_chans, drop_path_rate=0.0).create_host()  # counted only
     sites = find_sites(host)
     tokens: dict[str, int] = {}
     hooks = [host.get_submodule(s.path).register_forward_pre_hook(

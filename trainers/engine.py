@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import random
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +35,7 @@ from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from qkvsearch.trainers.faults import faults_for
 
+log = logging.getLogger(__name__)
 STATE_FILE = "state.pt"
 STATE_FORMAT = 1
 
@@ -86,7 +87,7 @@ def autocast_context(cfg: dict, device: torch.device):
     """bf16 autocast on CUDA (amp auto or bf16); nothing on CPU."""
     amp = cfg["amp"]
     if amp == "bf16" and device.type != "cuda":
-        warnings.warn("amp='bf16' is used on CUDA only; training in float32 on CPU", stacklevel=2)
+        log.warning("amp: bf16 is used on CUDA only; training in float32 on %s", device.type)
     if device.type == "cuda" and amp in ("auto", "bf16"):
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext

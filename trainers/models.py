@@ -52,15 +52,15 @@ def _bad(field: str, expected: str, given: Any) -> ConfigError:
 
 @dataclass(frozen=True)
 class EmbeddingSpec:
-    """The embedding keys of a filled config (spaces.keys.fill); ``width`` is the solved width if known."""
+    """The embedding keys of a filled config (spaces.keys.fill: defaults are the declared ones)."""
 
-    kind: str = "linear"
-    hidden_width: int | float | str = PAPER_WIDTH   # as requested; resolve_width() turns it into an int
-    code_size: int | None = None
-    code_sharing: str | None = None
-    activation: str = "relu"
-    class_attn: bool = False  # also embed class-attention blocks
-    width: int | None = None  # the solved width, when the config carries it
+    kind: str
+    hidden_width: int | float | str   # as requested; resolve_width() turns it into an int
+    code_size: int | None
+    code_sharing: str | None
+    activation: str
+    class_attn: bool                  # also embed class-attention blocks
+    width: int | None = None          # the solved width, when the config carries it
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> EmbeddingSpec:
@@ -76,10 +76,10 @@ class ModelConfig:
 
     model: str
     emb: EmbeddingSpec
-    num_classes: int | None = None
-    img_size: int | None = None
-    in_chans: int = 3
-    drop_path_rate: float = 0.0
+    num_classes: int | None
+    img_size: int | None
+    in_chans: int
+    drop_path_rate: float
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> ModelConfig:
