@@ -176,7 +176,7 @@ def _settings(spec, exp: str) -> TrialSettings:
         objectives=tuple((o.metric, o.mode) for o in spec.objectives),
         constraints=tuple(spec.constraints), workers=res.workers_per_trial,
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
-        placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs",
+        placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs", experiment=exp,
         faults=tuple(read_faults()))  # trial processes do not see this process's environment
 
 

@@ -160,9 +160,21 @@ def cmd_validate(args) -> int:
           f"  data: {d['data']['dataset']}\n  space: {', '.join(d['space']) or '(none)'}\n"
           f"  objectives: {objectives}\n  search: {d['search']['algorithm']}, "
           f"{d['search'].get('num_trials')} trials\n  scheduler: {d['scheduler']['type']}\n"
-          f"  models: {len(models)} distinct configuration(s), {_span(c['params_m'] for _, c in models)} M params, "
+          f"  configurations: {_distinct(spec)}\n"
+          f"  models: {len(models)} distinct, {_span(c['params_m'] for _, c in models)} M params, "
           f"{_span(c['gmacs'] for _, c in models)} GMACs")
     return EXIT_OK
+
+
+def _distinct(spec) -> str:
+    from qkvsearch.search.costs import distinct_configurations
+    from qkvsearch.spaces import dimensions
+
+    if not spec.space.enumerable:
+        return "ranges: sampled, each distinct configuration trained once"
+    n, distinct = dimensions.count(spec.space), distinct_configurations(spec)
+    shown = "not counted (large grid)" if distinct is None else f"{distinct} distinct"
+    return f"{n} in the space, {shown}; a configuration seen before is not trained again"
 
 
 def _span(values) -> str:

@@ -12,11 +12,11 @@ import csv
 import io
 import logging
 
-from qkvsearch.spaces import SpecError, base_config
+from qkvsearch.spaces import SpecError, base_config, dimensions
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import MODEL_GROUPS, names
+from qkvsearch.spaces.keys import MODEL_GROUPS, fill, identity, names
 from qkvsearch.spaces.loader import section_path
-from qkvsearch.trainers.cost import resolve_trial
+from qkvsearch.trainers.cost import model_cost, resolve_trial
 
 log = logging.getLogger(__name__)
 COST_KEYS = names(*MODEL_GROUPS)
@@ -64,22 +64,45 @@ def _where(message: str, labels: list[str]) -> str:
 
 
 def check_models(spec) -> list[tuple[dict, dict]]:
-    """(resolved config, cost) of every model configuration of the space.
+    """(resolved config, cost) of every distinct model of the space.
 
     Raises SpecError listing each configuration no model can be made of, with the key at fault; warns
     (logging) when no configuration meets the constraints.
     """
-    resolved, failing = [], {}   # message -> labels of the configurations it holds for
+    resolved, failing, seen = [], {}, set()   # failing: message -> labels of the configurations it holds for
     for cfg in model_configs(spec):
         try:
-            resolved.append(resolve_trial(cfg))
+            config, cost = resolve_trial(cfg)
         except BadInput as err:
             failing.setdefault(str(err), []).append(_label(cfg))
+            continue
+        model = identity({k: config[k] for k in (*COST_KEYS, "width")})
+        if model not in seen:  # 0.5 of d and 64 units are one model: listed once
+            seen.add(model)
+            resolved.append((config, cost))
     if failing:
         raise SpecError([_where(message, labels) for message, labels in failing.items()], spec.source)
     if spec.constraints and resolved and all(spec.violations(cost) for _, cost in resolved):
         log.warning("constraints: no configuration of the space meets them; every trial would be infeasible")
     return resolved
+
+
+DISTINCT_LIMIT = 10_000  # resolving costs ~0.1 ms a configuration: larger grids are not counted
+
+
+def distinct_configurations(spec) -> int | None:
+    """How many distinct trainings an enumerable space holds (spaces.keys.identity of each resolved
+    configuration; repeats not counted), or None for ranges or a grid over DISTINCT_LIMIT points."""
+    if not spec.space.enumerable or dimensions.count(spec.space) > DISTINCT_LIMIT:
+        return None
+    base, widths, seen = base_config(spec), {}, set()
+    for sampled in dimensions.iterate(spec.space):
+        config = fill({**base, **sampled})
+        model_key = repr([config[k] for k in COST_KEYS])  # the requested width decides the solved one
+        if model_key not in widths:
+            widths[model_key] = model_cost(config)["width"]
+        seen.add(identity({**config, "width": widths[model_key]}))
+    return len(seen)
 
 
 def cost_table(spec) -> list[dict]:
@@ -106,7 +129,7 @@ def format_table(rows: list[dict], as_csv: bool = False) -> str:
         lines.append(f"{r['model']:<24} {r['embedding']:<9} {width:>15} {r['code_size'] or '-':>5} "
                      f"{r['code_sharing'] or '-':<9} {r['params_m']:>9.3f} {r['embed_params']:>12,} "
                      f"{r['gmacs']:>8.4f}  {r['feasible']}")
-    lines.append(f"{len(rows)} configuration(s); GMACs = multiply-accumulates per image (the papers' 'FLOPs')")
+    lines.append(f"{len(rows)} distinct model(s); GMACs = multiply-accumulates per image (the papers' 'FLOPs')")
     return "\n".join(lines)
 
 

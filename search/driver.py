@@ -1,7 +1,9 @@
 """Trials: built once in the campaign's driver (`build_trial`), run in their own process (`run_trial`).
 
 A trial is the dict Tune holds as the trial's config: ``{"config": resolved trial config, "cost": cost}``,
-or ``{"config": the raw config, "cost": {}, "invalid": message}`` when no model can be made of it.
+or ``{"config": the raw config, "cost": {}, "invalid": message}`` when no model can be made of it. A
+trial whose configuration was trained already in the campaign (same `identity`) also carries
+``"duplicate_of": <trial id>`` and, when that trial has ended, ``"known": its outcome``: it trains nothing.
 The trial process is only a driver: it holds no CPU (the workers do), checks the cost constraints before
 anything trains, runs the DDP training through `trainers.loop.run_trainer`, and turns the ways a trial can
 end without a usable score (infeasible, diverged) into a final report that the recorder and the
@@ -10,12 +12,20 @@ searchers understand.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from qkvsearch.search.records import ERROR_KEY, PLANNED_KEY, STATUS_KEY
+from qkvsearch.search.records import (
+    DUPLICATE_OF_KEY,
+    ERROR_KEY,
+    ORIGINAL_STATUS_KEY,
+    PLANNED_KEY,
+    STATUS_KEY,
+    read_trial_records,
+)
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.schema import violations
 
@@ -34,6 +44,7 @@ class TrialSettings:
     gpus_per_worker: float = 0.0
     placement_strategy: str = "PACK"                # SPREAD: one worker per node
     train_storage: str = ""                         # where Train runs keep checkpoints
+    experiment: str = ""                            # the campaign's folder (records of other trials)
     faults: tuple = ()                              # trainers.faults rules, read where the campaign starts
 
 
@@ -50,6 +61,45 @@ def build_trial(base: dict, sampled: dict) -> dict:
     except BadInput as err:  # e.g. a ratio drawn from a range that leaves less than one channel
         return {"config": raw, "cost": {}, "invalid": str(err)}
     return {"config": config, "cost": cost}
+
+
+TERMINAL = ("completed", "stopped_early", "diverged", "failed", "infeasible")
+WAIT_POLL_S = 2.0
+
+
+def outcome_of_result(result: dict | None, error: bool) -> dict:
+    """A finished trial's outcome from its last result: {"status", "metrics": finite numbers it reported}."""
+    result = result or {}
+    status = result.get(STATUS_KEY) or ("failed" if error else None)
+    if status is None:
+        planned = result.get(PLANNED_KEY)
+        status = "stopped_early" if planned is not None and result.get(TIME_ATTR, 0) < planned else "completed"
+    metrics = {k: float(v) for k, v in result.items() if not k.startswith("qs_") and isinstance(v, (int, float))
+               and not isinstance(v, bool) and math.isfinite(v)}
+    return {"status": status, "metrics": metrics}
+
+
+def _outcome_of_record(experiment: str, trial_id: str) -> dict | None:
+    """The outcome of a trial from its record, or None while it has not ended."""
+    records, _problems = read_trial_records(experiment)
+    rec = next((r for r in records if r["trial_id"] == trial_id), None)
+    if rec is None or rec.get("status") not in TERMINAL:
+        return None
+    return {"status": rec["status"], "metrics": dict(rec["epochs"][-1]) if rec["epochs"] else {}}
+
+
+def _report_duplicate(settings: TrialSettings, trial: dict) -> None:
+    """Report the original's outcome (waiting for it if it still runs) under this trial's name."""
+    known = trial.get("known")
+    while known is None:
+        known = _outcome_of_record(settings.experiment, trial["duplicate_of"])
+        if known is None:
+            time.sleep(WAIT_POLL_S)
+    result = {**known["metrics"], **trial["cost"], STATUS_KEY: "duplicate", DUPLICATE_OF_KEY: trial["duplicate_of"],
+              ORIGINAL_STATUS_KEY: known["status"], TIME_ATTR: 0.0}  # epoch 0: no scheduler rung counts it twice
+    for metric, _ in settings.objectives:
+        result.setdefault(metric, math.nan)
+    tune.report(result)
 
 
 def _terminal_report(settings: TrialSettings, status: str, error: str, cost: dict) -> dict:
@@ -76,6 +126,9 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     from qkvsearch.trainers.loop import find_divergence, run_trainer
 
     cfg, cost = trial["config"], trial["cost"]
+    if trial.get("duplicate_of"):
+        _report_duplicate(settings, trial)
+        return
     if trial.get("invalid"):
         tune.report(_terminal_report(settings, "infeasible", trial["invalid"], cost))
         return

@@ -34,6 +34,8 @@ from qkvsearch.spaces.keys import COST_METRICS
 # Reserved result keys: how a trial ended without a score, and the epochs it plans (schedulers and
 # searchers tell a stopped trial from a finished one by it). Other reserved keys: trainers.engine.
 STATUS_KEY, ERROR_KEY, PLANNED_KEY = "qs_status", "qs_error", "qs_epochs_planned"
+# A duplicate trial (its resolved config was trained already) reports its original's outcome under these.
+DUPLICATE_OF_KEY, ORIGINAL_STATUS_KEY = "qs_duplicate_of", "qs_original_status"
 
 logger = logging.getLogger(__name__)
 
@@ -271,6 +273,9 @@ class _Recorder:
         if status in ("infeasible", "diverged"):
             rec["status"] = status
             rec["error"] = result.get(ERROR_KEY)
+        elif status == "duplicate":  # trained nothing: its outcome is its original's, recorded there
+            rec["status"] = status
+            rec["duplicate_of"] = result.get(DUPLICATE_OF_KEY)
         else:
             metrics = _metrics_of(result)
             if "epoch" in metrics:
@@ -286,7 +291,7 @@ class _Recorder:
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rec = self._record(trial)
-        if rec["status"] not in ("infeasible", "diverged"):
+        if rec["status"] not in ("infeasible", "diverged", "duplicate"):
             done = max((e.get("epoch", 0) for e in rec["epochs"]), default=0)
             rec["status"] = "completed" if done >= rec["epochs_planned"] else "stopped_early"
         self._finish(rec)
@@ -337,4 +342,6 @@ def _summary_line(rec: dict) -> str:
     parts.append(f"{len(rec['epochs'])}/{rec['epochs_planned']} epochs, {rec['train_s_total']:.1f} s training")
     if rec.get("error") and rec["status"] in ("failed", "diverged", "infeasible"):
         parts.append(rec["error"].strip().splitlines()[-1][:160])
+    if rec.get("duplicate_of"):
+        parts.append(f"same configuration as trial {rec['duplicate_of']}: not trained again")
     return " | ".join(parts)

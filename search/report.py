@@ -32,7 +32,7 @@ from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, refere
 from qkvsearch.search.records import read_campaign
 from qkvsearch.search.results import CONFIG_PREFIX, collect, resolve_out_dir, write_results
 from qkvsearch.search.storage import write_bytes
-from qkvsearch.spaces.keys import RESOLVED_KEYS
+from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.spaces.schema import DEFAULT_OBJECTIVES as SPEC_DEFAULT_OBJECTIVES
 
 __all__ = ["build_report", "DEFAULT_OBJECTIVES", "objective_columns", "paper_setting"]
@@ -311,8 +311,11 @@ def _html_table(df: pd.DataFrame, columns: list[str], table_id: str, front_flag:
         v = _formatted(df, c)
         rows = rows + '<td data-v="' + v + '">' + v + "</td>"
     flag = (' data-front="' + df["on_front"].astype(int).astype(str).astype(object) + '"') if front_flag else ""
-    ids = pd.Series([html.escape(t) for t in df["trial_id"]], index=df.index, dtype=object)
-    trs = '<tr data-trial-id="' + ids + '"' + flag + ">" + rows + "</tr>"
+    if "trial_id" in df:
+        ids = pd.Series([html.escape(t) for t in df["trial_id"]], index=df.index, dtype=object)
+        trs = '<tr data-trial-id="' + ids + '"' + flag + ">" + rows + "</tr>"
+    else:  # a table of configurations (repeats), not of trials
+        trs = "<tr>" + rows + "</tr>"
     return f"<table id=\"{table_id}\" class=\"sortable\"><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
 
 
@@ -324,7 +327,26 @@ def _markdown_table(df: pd.DataFrame, columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _report_md(campaign: dict, df: pd.DataFrame, front: pd.DataFrame, metrics, cols, dirs, front_statuses, ref) -> str:
+def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
+    """Configurations trained with several seeds (search.repeats): per configuration, the eligible
+    trials, their seeds, and each objective's mean and sample standard deviation over them."""
+    pool = df[df["eligible"]]
+    keys = [identity(json.loads(c), ignore=("seed",)) for c in pool["config_json"]]
+    rows = []
+    for _key, group in pool.groupby(keys, sort=False):
+        if len(group) < 2:
+            continue
+        row = {"configuration": str(group["trial_name"].iloc[0]).rsplit("-", 1)[0], "n": len(group),
+               "seeds": ", ".join(str(v) for v in group["config_seed"])}
+        for m, c in zip(metrics, cols):
+            values = group[c].astype("float64")
+            row[f"{m} mean"], row[f"{m} sd"] = values.mean(), values.std(ddof=1)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _report_md(campaign: dict, df: pd.DataFrame, front: pd.DataFrame, metrics, cols, dirs, front_statuses, ref,
+               repeats: pd.DataFrame) -> str:
     counts = df["status"].value_counts().sort_index()
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(metrics, dirs))
     parts = [
@@ -335,12 +357,17 @@ def _report_md(campaign: dict, df: pd.DataFrame, front: pd.DataFrame, metrics, c
         f"- front from statuses: {', '.join(front_statuses)}; {len(front)} trials on the front",
         f"- hypervolume reference: {', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
         "", "## Pareto front", "", _markdown_table(front, _front_columns(front, cols)) if len(front) else "(empty)",
+        *(["", f"## {REPEATS_TITLE}", "", _markdown_table(repeats, list(repeats.columns))] if len(repeats) else []),
         "", "## Campaign settings", "", "```json", json.dumps(campaign.get("spec", {}), indent=2, sort_keys=True), "```", "",
     ]
     return "\n".join(parts)
 
 
-def _page(title: str, campaign: dict, summary_html: str, figures_html: list[str], front_table: str, all_table: str) -> str:
+REPEATS_TITLE = "Repeated configurations (mean and standard deviation over seeds)"
+
+
+def _page(title: str, campaign: dict, summary_html: str, figures_html: list[str], front_table: str, all_table: str,
+          repeats_table: str = "") -> str:
     spec = html.escape(json.dumps(campaign.get("spec", {}), indent=2, sort_keys=True))
     style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
              "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
@@ -349,6 +376,7 @@ def _page(title: str, campaign: dict, summary_html: str, figures_html: list[str]
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{summary_html}"
             + "".join(f"<div class='fig'>{f}</div>" for f in figures_html)
             + f"<h2>Pareto front</h2>{front_table}"
+            + (f"<h2>{REPEATS_TITLE}</h2>{repeats_table}" if repeats_table else "")
             + f"<details><summary>All trials</summary>{all_table}</details>"
             + f"<details><summary>Campaign settings</summary><pre>{spec}</pre></details>{SORT_JS}</body></html>")
 
@@ -408,16 +436,19 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
                + (f"; paper points: XCiT size {size}" if size else "") + "</p>")
     figs_html = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%")
                  for i, fig in enumerate(figures.values())]
+    repeats = repeat_summary(df, metrics, cols)
     page = _page(f"Pareto report: {campaign.get('name', '?')}", campaign, summary, figs_html,
                  _html_table(front, fcols, "front", True),
-                 _html_table(df.sort_values("trial_id"), fcols + ["error"], "trials", True))
+                 _html_table(df.sort_values("trial_id"), fcols + ["error"], "trials", True),
+                 _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "")
 
     buf = io.StringIO()
     front[["trial_id"] + fcols + ["checkpoint_path", "config_json"]].to_csv(buf, index=False)
     paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
     write_bytes(paths["html"], page.encode("utf-8"))
     write_bytes(paths["csv"], buf.getvalue().encode("utf-8"))
-    write_bytes(paths["md"], _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref).encode("utf-8"))
+    write_bytes(paths["md"], _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref,
+                                        repeats).encode("utf-8"))
     paths.update(write_results(experiment_dir, out_dir=out, tables=(trials, epochs)))
     if static:
         paths.update(_export_static(figures, out))

@@ -15,29 +15,38 @@ import optuna
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from qkvsearch.search.driver import build_trial
-from qkvsearch.search.records import PLANNED_KEY, STATUS_KEY
+from qkvsearch.search.driver import build_trial, outcome_of_result
+from qkvsearch.search.records import ORIGINAL_STATUS_KEY, PLANNED_KEY, STATUS_KEY
 from qkvsearch.search.storage import read_json, write_json
 from qkvsearch.spaces import base_config, dimensions, suggest_config
+from qkvsearch.spaces.keys import identity
 
 
 class GridSearcher(Searcher):
-    """Suggests each configuration of an enumerable space in order, ``repeats`` times, then FINISHED.
+    """Suggests each configuration of an enumerable space in order, ``repeats`` times with successive
+    seeds, then FINISHED.
 
     Configurations are generated as they are suggested (spaces.dimensions.iterate): a grid of 10^8 points
     costs no memory. Its state is the number suggested so far.
     """
 
-    def __init__(self, space, repeats: int = 1):
+    def __init__(self, space, repeats: int = 1, seed: int = 0):
         super().__init__()
-        self.space, self.repeats = space, repeats
+        self.space, self.repeats, self.seed = space, repeats, seed
         self.next = 0
         self._pending = None  # iterator over the configurations not yet suggested
 
+    def _repeated(self):
+        """Each configuration, then its repeats with the next seeds (seed + 1, ...): distinct trainings."""
+        for cfg in dimensions.iterate(self.space):
+            seed = cfg.get("seed", self.seed)
+            yield cfg
+            for k in range(1, self.repeats):
+                yield {**cfg, "seed": seed + k}
+
     def suggest(self, trial_id: str):
         if self._pending is None:
-            repeated = (cfg for cfg in dimensions.iterate(self.space) for _ in range(self.repeats))
-            self._pending = itertools.islice(repeated, self.next, None)
+            self._pending = itertools.islice(self._repeated(), self.next, None)
         config = next(self._pending, None)
         if config is None:
             return Searcher.FINISHED
@@ -62,12 +71,21 @@ class TrialConfigs(Searcher):
 
     Defaults, the solved width and the cost are computed here, once per trial, in the campaign's driver;
     the trial's process, its workers and the records take them from the trial's config.
+
+    No configuration trains twice: a suggestion whose identity (driver.identity) was suggested before
+    becomes a duplicate trial that reuses that trial's outcome (driver.run_trial), which the wrapped
+    searcher then learns as this trial's result. An enumerating searcher (grid) skips such suggestions:
+    a grid runs each distinct configuration once.
     """
 
-    def __init__(self, searcher: Searcher, base: dict):
+    def __init__(self, searcher: Searcher, base: dict, skip_duplicates: bool = False):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher = searcher
         self.base = base
+        self.skip_duplicates = skip_duplicates
+        self.first: dict[str, str] = {}     # identity -> the trial that trains it
+        self.identity_of: dict[str, str] = {}  # trial id -> identity (trials that train)
+        self.outcomes: dict[str, dict] = {}    # identity -> outcome, once its trial has ended
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return self.searcher.set_search_properties(metric, mode, config, **spec)
@@ -76,23 +94,35 @@ class TrialConfigs(Searcher):
         return self.searcher.set_max_concurrency(max_concurrent)
 
     def suggest(self, trial_id: str):
-        sampled = self.searcher.suggest(trial_id)
-        if sampled is None or sampled == Searcher.FINISHED:
-            return sampled
-        return build_trial(self.base, sampled)
+        while True:
+            sampled = self.searcher.suggest(trial_id)
+            if sampled is None or sampled == Searcher.FINISHED:
+                return sampled
+            trial = build_trial(self.base, sampled)
+            if trial.get("invalid"):
+                return trial
+            key = identity(trial["config"])
+            if key not in self.first:
+                self.first[key] = trial_id
+                self.identity_of[trial_id] = key
+                return trial
+            if not self.skip_duplicates:
+                return {**trial, "duplicate_of": self.first[key], "known": self.outcomes.get(key)}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self.searcher.on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        if trial_id in self.identity_of:
+            self.outcomes[self.identity_of[trial_id]] = outcome_of_result(result, error)
         self.searcher.on_trial_complete(trial_id, result=result, error=error)
 
     # Tune saves a wrapper's state (it has a .searcher) apart from the searcher it wraps.
     def get_state(self) -> dict:
-        return {"base": dict(self.base)}
+        return {k: getattr(self, k) for k in ("base", "skip_duplicates", "first", "identity_of", "outcomes")}
 
     def set_state(self, state: dict) -> None:
-        self.base = dict(state["base"])
+        self.__dict__.update(state)
 
     def save(self, checkpoint_path: str):
         self.searcher.save(checkpoint_path)
@@ -133,11 +163,15 @@ def _outcome(result, error, metric):
     TS = optuna.trial.TrialState
     if error or not result:
         return TS.FAIL, None
-    if result.get(STATUS_KEY) in ("infeasible", "diverged"):
-        return TS.FAIL, None
-    planned = result.get(PLANNED_KEY)
-    if planned is not None and result.get("epoch", 0) < planned:
+    status = result.get(STATUS_KEY)
+    if status == "duplicate":  # the outcome of the trial that trained this configuration
+        status = result.get(ORIGINAL_STATUS_KEY)
+    elif status is None and result.get(PLANNED_KEY) is not None and result.get("epoch", 0) < result[PLANNED_KEY]:
+        status = "stopped_early"
+    if status == "stopped_early":
         return TS.PRUNED, None
+    if status in ("infeasible", "diverged", "failed"):
+        return TS.FAIL, None
     metrics = metric if isinstance(metric, list) else [metric]
     values = [result.get(m) for m in metrics]
     if any(v is None or not math.isfinite(v) for v in values):
@@ -162,8 +196,8 @@ def build_search(spec) -> tuple[TrialConfigs, int]:
     search = spec.search
     base = base_config(spec)
     if search.algorithm == "grid":
-        grid = GridSearcher(spec.space, search.repeats)
-        return TrialConfigs(grid, base), dimensions.count(spec.space) * search.repeats
+        grid = GridSearcher(spec.space, search.repeats, base["seed"])
+        return TrialConfigs(grid, base, skip_duplicates=True), dimensions.count(spec.space) * search.repeats
     searcher = CampaignOptunaSearch(
         space=partial(suggest_config, spec),  # define-by-run: returns the keys it chose
         metric=[o.metric for o in spec.objectives],

@@ -29,6 +29,8 @@ def status_table(exp: str) -> str:
         top1 = f"{last['top1']:.1f}" if _is_num(last.get("top1")) else "-"
         error = r.get("error")
         note = error.strip().splitlines()[-1][:60] if isinstance(error, str) and error.strip() else ""
+        if r.get("duplicate_of"):
+            note = f"same configuration as trial {r['duplicate_of']}"
         lines.append(f"{_text(r.get('trial_name', r['trial_id'])):<34} {_text(r.get('status')):<13} "
                      f"{len(r['epochs']):>3}/{_text(r.get('epochs_planned')):<3} {top1:>7} "
                      f"{_num(r['cost'].get('params_m')):>9.3f} {_num(r['cost'].get('gmacs')):>8.4f}  {note}")

@@ -12,6 +12,7 @@ A check normalises a value (ints given for float keys become floats) or raises `
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -453,6 +454,14 @@ def flatten(section: str, values: Mapping) -> dict:
     """A campaign-file section's values keyed by trial key (model.name -> model, data.path -> data_path)."""
     table = section_keys(section)
     return {table[k].name: v for k, v in values.items()}
+
+
+def identity(config: Mapping, ignore: tuple[str, ...] = ()) -> str:
+    """What makes two resolved trials the same training: the config with null keys (those that do not
+    apply to the trial) left out, and the solved ``width`` standing for the requested ``hidden_width``.
+    ``ignore``: keys left out too (``("seed",)`` groups the repeats of one configuration)."""
+    skip = {"hidden_width", *ignore}
+    return json.dumps({k: v for k, v in config.items() if v is not None and k not in skip}, sort_keys=True)
 
 
 def require_filled(cfg) -> dict:

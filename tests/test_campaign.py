@@ -12,7 +12,7 @@ from qkvsearch.search.cli import main
 from qkvsearch.search.pareto import nondominated_mask
 from qkvsearch.search.status import load_records
 from qkvsearch.spaces import load_campaign
-from qkvsearch.spaces.keys import require_filled
+from qkvsearch.spaces.keys import identity, require_filled
 
 pytestmark = pytest.mark.slow
 
@@ -182,3 +182,50 @@ def test_quickstart_smoke_test_through_the_command_line(ray_local, tmp_path, cap
     saved = json.loads((exp / "qs_campaign.json").read_text())
     assert saved["spec"]["name"] == exp.name
     assert str(exp) in out
+
+
+def _small(tmp: Path, name: str, space: dict, search: dict) -> dict:
+    return {"name": name, "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
+            "data": {"dataset": "digits", "val_fraction": 0.1},
+            "train": {"epochs": 1, "batch_size": 32, "warmup_epochs": 0, "max_steps_per_epoch": 2},
+            "space": space, "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+            "search": search, "resources": {"workers_per_trial": 1, "max_concurrent_trials": 1},
+            "storage": str(tmp)}
+
+
+def test_no_configuration_trains_twice(ray_local, tmp_path):
+    """3 distinct configurations (sne at width 0.5 of d = 64 units is one model), 8 trials: 3 trainers."""
+    from qkvsearch.search.campaign import launch
+    from qkvsearch.search.report import build_report
+
+    space = {"embedding": ["linear", "sne", "psne"], "hidden_width": [0.5, 64]}
+    exp = Path(launch(load_campaign(_small(tmp_path, "dedupe", space, {"algorithm": "random", "num_trials": 8,
+                                                                         "seed": 3}))))
+    records = load_records(str(exp))
+    trained = [r for r in records if r["status"] != "duplicate"]
+    duplicates = [r for r in records if r["status"] == "duplicate"]
+    assert len(records) == 8 and len(trained) == 3 and len(duplicates) == 5
+    assert {r["config"]["embedding"] for r in trained} == {"linear", "sne", "psne"}
+    assert sorted(p.name for p in (exp / "train_runs").iterdir() if p.is_dir()) == sorted(r["trial_id"] for r in trained)
+    by_id = {r["trial_id"]: r for r in trained}
+    for dup in duplicates:
+        original = by_id[dup["duplicate_of"]]
+        assert dup["epochs"] == [] and identity(dup["config"]) == identity(original["config"])
+    written = build_report(str(exp), out_dir=str(tmp_path / "report"), static=False)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(written["trials"]).to_pandas()
+    plotted = table[table["final_top1"].notna() & table["gmacs"].notna()]
+    assert len(plotted) == 3 and set(plotted["status"]) == {"completed"}
+
+
+def test_repeats_train_each_configuration_with_successive_seeds(ray_local, tmp_path):
+    from qkvsearch.search.campaign import launch
+    from qkvsearch.search.report import build_report
+
+    exp = Path(launch(load_campaign(_small(tmp_path, "repeats", {"embedding": ["sne"]},
+                                           {"algorithm": "grid", "repeats": 2}))))
+    records = load_records(str(exp))
+    assert sorted(r["config"]["seed"] for r in records) == [0, 1] and {r["status"] for r in records} == {"completed"}
+    md = Path(build_report(str(exp), out_dir=str(tmp_path / "report"), static=False)["md"]).read_text()
+    assert "## Repeated configurations" in md and "| 0, 1 |" in md

@@ -126,3 +126,11 @@ def _write(tmp_path, d) -> str:
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(d))
     return os.fspath(path)
+
+
+def test_validate_and_cost_count_distinct_configurations(capsys):
+    widths = ["--set", "space.hidden_width={choice: [0.5, 64, match]}"]  # at d = 128, 0.5 and 64 are one model
+    assert main(["validate", "quickstart", *widths]) == 0
+    assert "configurations: 13 in the space, 9 distinct" in capsys.readouterr().out
+    assert main(["cost", "quickstart", *widths]) == 0
+    assert "9 distinct model(s)" in capsys.readouterr().out

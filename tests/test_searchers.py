@@ -27,12 +27,44 @@ def drain(searcher, limit=1000) -> list:
     return out
 
 
-def test_grid_suggests_the_space_in_order_with_repeats_then_finishes():
+def test_grid_suggests_the_space_in_order_with_repeats_on_successive_seeds_then_finishes():
     s = spec({"embedding": ["linear", "sne"], "lr": [1e-3, 2e-3]}, repeats=2)
-    grid = GridSearcher(s.space, 2)
-    configs = [c for c in dimensions.expand(s.space) for _ in range(2)]
+    grid = GridSearcher(s.space, 2, seed=7)
+    configs = [c for cfg in dimensions.expand(s.space) for c in (cfg, {**cfg, "seed": 8})]
     assert drain(grid) == configs and len(configs) == 8
     assert grid.suggest("again") == Searcher.FINISHED
+
+
+def test_a_grid_trains_each_distinct_configuration_once():
+    # sne at d = 128: a ratio of 0.5 and 64 units are the same model; linear ignores hidden_width
+    s = spec({"variants": [{"embedding": "linear"}, {"embedding": "sne", "hidden_width": 0.5},
+                           {"embedding": "sne", "hidden_width": 64}, {"embedding": "sne", "hidden_width": 32}]})
+    searcher, planned = build_search(s)
+    trials = drain(searcher)
+    assert planned == 4 and [t["config"]["width"] for t in trials] == [0, 64, 32]
+    assert not any("duplicate_of" in t for t in trials)
+
+
+def test_a_sampled_configuration_seen_before_becomes_a_duplicate_with_the_known_outcome():
+    s = load_campaign({**BASE, "space": {"embedding": ["sne"], "hidden_width": [0.5, 64]},
+                       "objectives": ["top1"], "search": {"algorithm": "random", "num_trials": 6, "seed": 0}})
+    searcher, _ = build_search(s)
+    searcher.set_search_properties(None, None, {})
+    first = searcher.suggest("t0")
+    assert "duplicate_of" not in first
+    second = searcher.suggest("t1")
+    assert second["duplicate_of"] == "t0" and second["known"] is None  # t0 still runs: wait for it
+    searcher.on_trial_complete("t0", {"top1": 55.0, "epoch": 1.0, "qs_epochs_planned": 1.0})
+    third = searcher.suggest("t2")
+    assert third["duplicate_of"] == "t0" and third["known"] == {"status": "completed",
+                                                                "metrics": {"top1": 55.0, "epoch": 1.0}}
+    searcher.on_trial_complete("t1", {"top1": 55.0, "epoch": 0.0, "qs_status": "duplicate",
+                                      "qs_duplicate_of": "t0", "qs_original_status": "completed"})
+    study = searcher.searcher._ot_study
+    assert [t.values for t in study.trials[:2]] == [[55.0], [55.0]]  # Optuna learns the known result
+    restored = type(searcher)(searcher.searcher, {})
+    restored.set_state(searcher.get_state())
+    assert restored.suggest("t3")["duplicate_of"] == "t0"
 
 
 def test_grid_state_survives_save_restore_and_pickling(tmp_path):
