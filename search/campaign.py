@@ -130,7 +130,8 @@ def _scheduler(spec, exp: str):
     if sched.type == "fifo":
         return None
     common = dict(time_attr=TIME_ATTR, grace_period=sched.grace_epochs,
-                  reduction_factor=sched.reduction_factor, max_t=spec.train.epochs)
+                  reduction_factor=sched.reduction_factor, max_t=spec.train.epochs,
+                  brackets=sched.bracket_count(spec.train.epochs))
     if sched.type == "asha":  # the loader resolved metric and mode (first objective by default)
         return tune.schedulers.ASHAScheduler(metric=sched.metric, mode=sched.mode, **common)
     from qkvsearch.search.schedulers import MOASHAScheduler

@@ -60,6 +60,30 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write the Pareto report (HTML, CSV, Markdown, Parquet, figures)")
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--out", metavar="OUT", default=None, help="output folder (default DIR/report)")
+    simulate = sub.add_parser(
+        "simulate", help="replay scheduler settings on recorded learning curves, without training",
+        description="Replay a campaign's searcher and scheduler settings side by side on recorded learning "
+                    "curves (a campaign folder, or a tabular benchmark file; format: qkvsearch.search.simulate) "
+                    "and print the completed front's hypervolume against simulated time and epochs spent.")
+    simulate.add_argument("source", metavar="SOURCE",
+                          help="a campaign folder (e.g. results/quickstart) or a .parquet/.csv table of curves")
+    simulate.add_argument("--schedulers", nargs="+", metavar="SETTING", default=None,
+                          help="TYPE[:grace=G,rf=R,brackets=B], TYPE fifo, asha or moasha, e.g. fifo "
+                               "moasha moasha:brackets=3 (default: fifo, asha, moasha with 1-3 brackets at "
+                               "the campaign's grace and rf)")
+    simulate.add_argument("--concurrency", type=int, default=None, metavar="N",
+                          help="trials at once (default: the campaign's max_concurrent_trials, else 4)")
+    simulate.add_argument("--startup-s", type=float, default=None, metavar="S",
+                          help="seconds each trial spends before its first epoch (default: estimated from a "
+                               "campaign's records; 0 for a table)")
+    simulate.add_argument("--seed", type=int, default=0, metavar="K", help="orders the trials (default 0)")
+    simulate.add_argument("--trials", type=int, default=None, metavar="N",
+                          help="trials per setting (default: every recorded curve once)")
+    simulate.add_argument("--objectives", default=None, metavar="METRIC:MODE,...",
+                          help="e.g. top1:max,params_m:min (default: the campaign's; for a table those of "
+                               "top1:max, gmacs:min, params_m:min it has)")
+    simulate.add_argument("--out", metavar="OUT", default=None,
+                          help="output folder (default DIR/simulate, or <file>-simulate next to a table)")
     return p
 
 
@@ -206,6 +230,32 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_simulate(args) -> int:
+    from qkvsearch.search import simulate as sim
+    from qkvsearch.spaces import BadInput
+
+    for name in ("concurrency", "trials"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise BadInput(f"--{name}: expected an int >= 1, given {value}")
+    objectives = sim.parse_objectives(args.objectives) if args.objectives is not None else None
+    curves = sim.load_source(args.source, objectives)
+    settings = sim.parse_settings(args.schedulers, curves)
+    out = args.out if args.out is not None else sim.default_out_dir(args.source)
+    runs = sim.compare(curves, settings, concurrency=args.concurrency, startup_s=args.startup_s,
+                       seed=args.seed, num_trials=args.trials)
+    startup = curves.startup_s if args.startup_s is None else args.startup_s
+    print(f"{args.source}: {len(curves)} curves, {curves.max_t} planned epochs, objectives "
+          f"{', '.join(f'{d} {m}' for m, d in curves.objectives)}; full grid: {curves.grid_epochs} epochs, "
+          f"hypervolume {curves.grid_hv:.4g}\n{args.concurrency or curves.concurrency or sim.DEFAULT_CONCURRENCY} "
+          f"trial(s) at a time, {startup:.3g} s start-up each, seed {args.seed}; HV@x%: the completed front's "
+          f"hypervolume / the full grid's once x% of its epochs were spent\n")
+    print(sim.format_table(curves, runs))
+    for kind, path in sim.write_outputs(curves, runs, out).items():
+        print(f"{kind}: {path}")
+    return EXIT_OK
+
+
 def _records(exp: str) -> list[dict]:
     from qkvsearch.search.status import load_records
 
@@ -223,7 +273,7 @@ def _status_table(exp: str) -> str:
 
 
 _COMMANDS = {"launch": cmd_launch, "resume": cmd_resume, "validate": cmd_validate, "cost": cmd_cost,
-             "status": cmd_status, "report": cmd_report}
+             "status": cmd_status, "report": cmd_report, "simulate": cmd_simulate}
 
 if __name__ == "__main__":
     sys.exit(main())

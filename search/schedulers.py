@@ -18,11 +18,30 @@ Missing or non-finite objectives: a result whose objective is absent, not a numb
 ranks behind every complete result at its rung (it is judged, so it can still be stopped) but is not
 recorded there (it never raises the bar for later trials). A result without ``time_attr`` is ignored.
 
+Brackets (asynchronous Hyperband): with ``brackets=B`` there are B independent sets of rungs.
+Bracket s starts judging at ``grace_period * reduction_factor**s``: its rungs are bracket 0's from the
+(s+1)-th on, so a trial of bracket s is first compared after rf^s times more epochs, and only with
+trials of its own bracket. Bracket 0 alone (B = 1, the constructor's default) is the rule above.
+
+Which bracket a trial joins: round-robin in the order trials reach the scheduler (``on_trial_add``,
+or the first result of a trial never added): a new trial joins the bracket holding the fewest trials,
+the lowest index on a tie, so trials 0, 1, 2, ... join brackets 0, 1, ..., B-1, 0, 1, ... No random
+number is drawn (Ray's ASHA draws one per trial), and the assignment is a plain trial_id -> bracket
+map saved with the rungs: a restored scheduler keeps every trial where it was and goes on from the
+counts. Why equal shares rather than Hyperband's (equal budget per bracket: most trials in bracket 0,
+which Ray approximates with weights e^rungs): a conservative bracket exists for the configurations
+that early rungs misjudge, and on curves that cross (larger models learning slower) bracket 0 stops
+most of the final front. On benchmarks/bench_search.py's crossing benchmark (3 brackets, 20 seeds,
+81 and 243 configurations), Hyperband's shares kept 0.89 and 0.93 of the full grid's hypervolume
+at half its epochs, equal shares 0.93 and 0.95, spending 0.39 and 0.36 of the grid's epochs in all
+instead of 0.29 and 0.26.
+
 State is plain Python (lists, dicts, floats) so the object pickles; ``get_state``/``set_state`` and
-``save``/``restore`` use JSON. Ray Tune 2.60 does not save a scheduler with the experiment state: on
-``Tuner.restore`` it unpickles the scheduler as it was when the ``Tuner`` was built. Pass
-``state_path`` (a local file) to persist the state after every rung decision; the restored scheduler
-reloads it on its first callback.
+``save``/``restore`` use JSON (a state saved before brackets existed loads as bracket 0's). Ray Tune
+2.60 does not save a scheduler with the experiment state: on ``Tuner.restore`` it unpickles the
+scheduler as it was when the ``Tuner`` was built. Pass ``state_path`` (a local file) to persist the
+state after every rung decision and bracket assignment; the restored scheduler reloads it on its
+first callback.
 """
 from __future__ import annotations
 
@@ -38,9 +57,11 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from qkvsearch.search.pareto import NAN_RANK, nondominated_ranks, to_minimise
 from qkvsearch.search.storage import write_json
 
-__all__ = ["MOASHAScheduler", "crowding_distance", "promotable", "rung_positions"]
+__all__ = ["MOASHAScheduler", "candidate_position", "crowding_distance", "promotable",
+           "rung_positions"]
 
-_STATE_FORMAT = "qkvsearch.moasha/1"
+_STATE_FORMAT = "qkvsearch.moasha/2"
+_STATE_FORMAT_V1 = "qkvsearch.moasha/1"  # one bracket; still loaded
 
 
 def crowding_distance(values, directions: Sequence[str], ranks: np.ndarray) -> np.ndarray:
@@ -76,6 +97,15 @@ def rung_positions(rung_values, directions: Sequence[str]) -> np.ndarray:
     Position of row i = number of rows strictly ahead of it in the order (non-dominated rank
     ascending, crowding distance descending); tied rows share a position. Non-finite values count
     as missing: such rows rank behind every complete row."""
+    vals = _rung_array(rung_values, directions)
+    ranks = nondominated_ranks(vals, directions)  # (n,) NaN rows: NAN_RANK
+    crowd = crowding_distance(vals, directions, ranks)  # (n,)
+    r_ahead = ranks[None, :] < ranks[:, None]  # (n, n) [i, j]: j has a better rank than i
+    c_ahead = (ranks[None, :] == ranks[:, None]) & (crowd[None, :] > crowd[:, None])
+    return (r_ahead | c_ahead).sum(axis=1)
+
+
+def _rung_array(rung_values, directions: Sequence[str]) -> np.ndarray:
     vals = np.array(rung_values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[1] != len(directions):
         raise ValueError(
@@ -83,11 +113,24 @@ def rung_positions(rung_values, directions: Sequence[str]) -> np.ndarray:
             f"direction), given shape {vals.shape}"
         )
     vals[~np.isfinite(vals)] = np.nan  # +/-inf too: a diverged metric must not look best
-    ranks = nondominated_ranks(vals, directions)  # (n,) NaN rows: NAN_RANK
-    crowd = crowding_distance(vals, directions, ranks)  # (n,)
-    r_ahead = ranks[None, :] < ranks[:, None]  # (n, n) [i, j]: j has a better rank than i
-    c_ahead = (ranks[None, :] == ranks[:, None]) & (crowd[None, :] > crowd[:, None])
-    return (r_ahead | c_ahead).sum(axis=1)
+    return vals
+
+
+def candidate_position(rung_values, directions: Sequence[str], candidate_index: int) -> int:
+    """``rung_positions(rung_values, directions)[candidate_index]`` without ordering the whole rung:
+    the rows ahead are those of a better rank plus, in the candidate's own front, those of a larger
+    crowding distance, and a member's crowding distance depends on its front alone. O(n log n)
+    instead of O(n^2) in time and memory: the schedulers judge one result at a time."""
+    vals = _rung_array(rung_values, directions)
+    ranks = nondominated_ranks(vals, directions)  # (n,)
+    r = ranks[candidate_index]
+    ahead = int(np.count_nonzero(ranks < r))
+    if r == NAN_RANK:  # rows with a missing value all have crowding distance 0: tied
+        return ahead
+    front = np.flatnonzero(ranks == r)  # (m,) includes the candidate
+    crowd = crowding_distance(vals[front], directions, np.zeros(front.size, dtype=np.int64))
+    mine = crowd[np.searchsorted(front, candidate_index)]
+    return ahead + int(np.count_nonzero(crowd > mine))
 
 
 def promotable(rung_values, directions: Sequence[str], reduction_factor: float, candidate_index: int) -> bool:
@@ -97,8 +140,7 @@ def promotable(rung_values, directions: Sequence[str], reduction_factor: float, 
     n = len(rung_values)
     if not 0 <= candidate_index < n:
         raise ValueError(f"candidate_index: expected an int in [0, {n}), given {candidate_index!r}")
-    position = int(rung_positions(rung_values, directions)[candidate_index])
-    return position * reduction_factor < n
+    return candidate_position(rung_values, directions, candidate_index) * reduction_factor < n
 
 
 def _check_reduction_factor(rf) -> None:
@@ -123,9 +165,11 @@ class MOASHAScheduler(FIFOScheduler):
     metrics/modes: the objectives and "min"/"max" for each. time_attr: the result key counting
     progress (our workers report ``epoch``, which, unlike Tune's training_iteration, survives a
     restore). Rungs at grace_period * reduction_factor**k < max_t; set max_t to the planned epochs.
+    brackets: how many Hyperband brackets (1 to the number of rungs); bracket s skips the first s rungs.
 
     After (or during) a run: ``stopped`` maps trial_id -> rung (epoch milestone) where this
-    scheduler stopped it early; ``rungs`` lists the milestones."""
+    scheduler stopped it early; ``rungs`` lists bracket 0's milestones, ``bracket_rungs`` every
+    bracket's, ``bracket_of(trial_id)`` the bracket a trial joined."""
 
     def __init__(
         self,
@@ -136,6 +180,7 @@ class MOASHAScheduler(FIFOScheduler):
         reduction_factor: float = 3,
         max_t: float = 100,
         state_path: str | os.PathLike | None = None,
+        brackets: int = 1,
     ):
         super().__init__()
         self._metrics, self._modes = _check_objectives(metrics, modes)
@@ -146,17 +191,31 @@ class MOASHAScheduler(FIFOScheduler):
         _check_positive("max_t", max_t)
         if max_t < grace_period:
             raise ValueError(f"max_t: expected a value >= grace_period ({grace_period}), given {max_t!r}")
+        base = _milestones(grace_period, reduction_factor, max_t)  # bracket 0, ascending
+        most = max(1, len(base))  # grace_period == max_t: no rung, one (empty) bracket
+        if isinstance(brackets, bool) or not isinstance(brackets, (int, np.integer)) or not 1 <= brackets <= most:
+            raise ValueError(f"brackets: expected an int in [1, {most}] (at most one per rung below "
+                             f"max_t {max_t}), given {brackets!r}")
+        brackets = int(brackets)
         self._time_attr = time_attr
         self._rf = reduction_factor
         self._max_t = max_t
-        self._milestones = _milestones(grace_period, reduction_factor, max_t)  # ascending
-        self._recorded: list[dict[str, list[float]]] = [{} for _ in self._milestones]  # per rung
+        self._brackets = [base[s:] for s in range(brackets)]  # bracket s: rungs from grace * rf**s
+        # [bracket][rung] -> trial_id -> objective values recorded there
+        self._recorded: list[list[dict[str, list[float]]]] = [[{} for _ in ms] for ms in self._brackets]
+        self._bracket_of: dict[str, int] = {}  # trial_id -> bracket, in the order trials arrived
+        self._counts = [0] * brackets  # trials per bracket (from _bracket_of)
         self.stopped: dict[str, float] = {}  # trial_id -> milestone where it was stopped early
         self._state_path = None if state_path is None else str(state_path)
         self._loaded = False  # state_path read yet?
 
     def __setstate__(self, state: dict) -> None:
         # An unpickled copy (Tune's tuner.pkl on restore) re-reads state_path: the file is newer.
+        if "_brackets" not in state:  # pickled before brackets existed: one bracket
+            recorded = state.pop("_recorded")
+            known = {t: 0 for r in recorded for t in r} | {t: 0 for t in state.get("stopped", {})}
+            state.update(_brackets=[state.pop("_milestones")], _recorded=[recorded], _bracket_of=known,
+                         _counts=[len(known)])
         self.__dict__.update(state)
         self._loaded = False
 
@@ -171,13 +230,26 @@ class MOASHAScheduler(FIFOScheduler):
 
     @property
     def rungs(self) -> list[float]:
-        return list(self._milestones)
+        """Bracket 0's milestones (every rung)."""
+        return list(self._brackets[0])
 
-    def recorded(self, milestone: float) -> dict[str, list[float]]:
-        """trial_id -> objective values recorded at the rung ``milestone`` (a copy)."""
-        if milestone not in self._milestones:
-            raise ValueError(f"milestone: expected one of {self._milestones}, given {milestone!r}")
-        return {t: list(v) for t, v in self._recorded[self._milestones.index(milestone)].items()}
+    @property
+    def bracket_rungs(self) -> list[list[float]]:
+        """Milestones of each bracket; bracket s holds bracket 0's from the (s+1)-th on."""
+        return [list(ms) for ms in self._brackets]
+
+    def bracket_of(self, trial_id: str) -> int | None:
+        """The bracket a trial joined; None for a trial this scheduler has not seen."""
+        return self._bracket_of.get(trial_id)
+
+    def recorded(self, milestone: float, bracket: int = 0) -> dict[str, list[float]]:
+        """trial_id -> objective values recorded at the rung ``milestone`` of ``bracket`` (a copy)."""
+        if not (isinstance(bracket, int) and 0 <= bracket < len(self._brackets)):
+            raise ValueError(f"bracket: expected an int in [0, {len(self._brackets)}), given {bracket!r}")
+        ms = self._brackets[bracket]
+        if milestone not in ms:
+            raise ValueError(f"milestone: expected one of {ms} (bracket {bracket}), given {milestone!r}")
+        return {t: list(v) for t, v in self._recorded[bracket][ms.index(milestone)].items()}
 
     # ---- Tune callbacks --------------------------------------------------------------------
     def set_search_properties(self, metric, mode, **spec) -> bool:
@@ -187,6 +259,7 @@ class MOASHAScheduler(FIFOScheduler):
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self._ensure_loaded()
+        self._assign(trial.trial_id)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         self._ensure_loaded()
@@ -200,42 +273,59 @@ class MOASHAScheduler(FIFOScheduler):
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
         # A trial ending on its own between rungs still adds its last result to its rung.
         self._ensure_loaded()
+        b = self._assign(trial.trial_id)
         t = _as_float((result or {}).get(self._time_attr))
-        i = self._rung_index(t)
+        i = self._rung_index(b, t)
         row = self._objectives(result or {})
-        if i is None or trial.trial_id in self._recorded[i] or math.isnan(sum(row)):
+        if i is None or trial.trial_id in self._recorded[b][i] or math.isnan(sum(row)):
             return
-        self._recorded[i][trial.trial_id] = row
+        self._recorded[b][i][trial.trial_id] = row
         self._persist()
 
     def debug_string(self) -> str:
-        rungs = " | ".join(f"epoch {m:g}: {len(r)}" for m, r in zip(self._milestones, self._recorded))
-        return f"Using MOASHA: {len(self.stopped)} stopped early; recorded per rung: {rungs}"
+        parts = []
+        for b, (ms, rec) in enumerate(zip(self._brackets, self._recorded)):
+            rungs = " | ".join(f"epoch {m:g}: {len(r)}" for m, r in zip(ms, rec))
+            parts.append(rungs if len(self._brackets) == 1 else f"bracket {b}: {rungs}")
+        return f"Using MOASHA: {len(self.stopped)} stopped early; recorded per rung: {'; '.join(parts)}"
 
     # ---- rung logic ------------------------------------------------------------------------
     def _objectives(self, result: dict) -> list[float]:
         return [_as_float(result.get(m)) for m in self._metrics]
 
-    def _rung_index(self, t: float) -> int | None:
-        """Index of the highest milestone <= t, None if below the first (or t is NaN)."""
-        below = [i for i, m in enumerate(self._milestones) if m <= t]
+    def _assign(self, trial_id: str) -> int:
+        """The trial's bracket; a new trial joins the one holding the fewest (module doc)."""
+        b = self._bracket_of.get(trial_id)
+        if b is not None:
+            return b
+        b = min(range(len(self._counts)), key=lambda s: (self._counts[s], s))
+        self._bracket_of[trial_id] = b
+        self._counts[b] += 1
+        if len(self._brackets) > 1:
+            self._persist()
+        return b
+
+    def _rung_index(self, bracket: int, t: float) -> int | None:
+        """Index of the bracket's highest milestone <= t, None if below its first (or t is NaN)."""
+        below = [i for i, m in enumerate(self._brackets[bracket]) if m <= t]
         return below[-1] if below else None
 
     def _judge(self, trial_id: str, t: float, row: list[float]) -> str:
-        i = self._rung_index(t)
+        b = self._assign(trial_id)
+        i = self._rung_index(b, t)
         if i is None:
             return TrialScheduler.CONTINUE
         if trial_id in self.stopped:  # already stopped (a re-sent result): keep the decision
             return TrialScheduler.STOP
-        if trial_id in self._recorded[i]:  # judged at this rung already and promoted
+        rung = self._recorded[b][i]
+        if trial_id in rung:  # judged at this rung already and promoted
             return TrialScheduler.CONTINUE
-        rung = self._recorded[i]
         values = [*rung.values(), row]  # (n, k), candidate last
         keep = promotable(np.array(values), self._modes, self._rf, len(values) - 1)
         if not math.isnan(sum(row)):
             rung[trial_id] = row
         if not keep:
-            self.stopped[trial_id] = self._milestones[i]
+            self.stopped[trial_id] = self._brackets[b][i]
         self._persist()
         return TrialScheduler.CONTINUE if keep else TrialScheduler.STOP
 
@@ -247,21 +337,31 @@ class MOASHAScheduler(FIFOScheduler):
             "metrics": list(self._metrics),
             "modes": list(self._modes),
             "time_attr": self._time_attr,
-            "milestones": list(self._milestones),
-            "recorded": [{t: list(v) for t, v in r.items()} for r in self._recorded],
+            "brackets": [list(ms) for ms in self._brackets],
+            "recorded": [[{t: list(v) for t, v in r.items()} for r in rec] for rec in self._recorded],
+            "bracket_of": dict(self._bracket_of),
             "stopped": dict(self.stopped),
         }
 
     def set_state(self, state: dict) -> None:
-        """Load ``get_state()`` output; the objectives and rungs must match this scheduler's."""
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        """Load ``get_state()`` output; the objectives and rungs must match this scheduler's. A state
+        of format qkvsearch.moasha/1 (one bracket) loads into bracket 0."""
+        fmt = state.get("format") if isinstance(state, dict) else None
+        if fmt == _STATE_FORMAT_V1:
+            state = _upgrade_v1(state, self._brackets)
+        elif fmt != _STATE_FORMAT:
+            got = fmt if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"state: expected a dict with format {_STATE_FORMAT!r}, given {got!r}")
         for key, mine in (("metrics", self._metrics), ("modes", self._modes),
-                          ("time_attr", self._time_attr), ("milestones", self._milestones)):
+                          ("time_attr", self._time_attr), ("brackets", self._brackets)):
             if state.get(key) != mine:
                 raise ValueError(f"state[{key!r}]: expected {mine!r} (this scheduler's), given {state.get(key)!r}")
-        self._recorded = [{str(t): [float(x) for x in v] for t, v in r.items()} for r in state["recorded"]]
+        self._recorded = [[{str(t): [float(x) for x in v] for t, v in r.items()} for r in rec]
+                          for rec in state["recorded"]]
+        self._bracket_of = {str(t): int(b) for t, b in state["bracket_of"].items()}
+        self._counts = [0] * len(self._brackets)
+        for b in self._bracket_of.values():
+            self._counts[b] += 1
         self.stopped = {str(t): m for t, m in state["stopped"].items()}
         self._loaded = True
 
@@ -281,6 +381,18 @@ class MOASHAScheduler(FIFOScheduler):
     def _persist(self) -> None:
         if self._state_path:
             self.save(self._state_path)
+
+
+def _upgrade_v1(state: dict, brackets: list[list[float]]) -> dict:
+    """A one-bracket state (format qkvsearch.moasha/1) in the current format: its rungs become
+    bracket 0's (they must match), every trial it knows joins bracket 0, other brackets start empty."""
+    if state.get("milestones") != brackets[0]:
+        raise ValueError(f"state['milestones']: expected {brackets[0]!r} (this scheduler's bracket 0), "
+                         f"given {state.get('milestones')!r}")
+    recorded = list(state.get("recorded") or [])
+    seen = {t: 0 for r in recorded for t in r} | {t: 0 for t in state.get("stopped") or {}}
+    return {**state, "format": _STATE_FORMAT, "brackets": [list(ms) for ms in brackets],
+            "recorded": [recorded] + [[{} for _ in ms] for ms in brackets[1:]], "bracket_of": seen}
 
 
 def _check_objectives(metrics, modes) -> tuple[list[str], list[str]]:

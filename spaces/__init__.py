@@ -21,7 +21,8 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
     constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs)
     search: {algorithm: nsga2, num_trials: 64, seed: 0, population_size: 16}
           # grid | random | tpe | nsga2; grid: num_trials = grid size x repeats (repeats: n)
-    scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3}   # fifo | asha (metric, mode) | moasha
+    scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3, brackets: 3}   # fifo | asha (metric, mode) | moasha
+          # brackets: asynchronous Hyperband (default: 3 for moasha, fewer when fewer rungs fit; 1 for asha)
     resources: {workers_per_trial: 8, cpus_per_worker: 8, gpus_per_worker: 1,
                 max_concurrent_trials: auto, placement_strategy: PACK}
     storage: results/                    # a local path or s3:// gs:// gcs:// file:// hdfs:// abfs://

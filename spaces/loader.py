@@ -602,16 +602,33 @@ def _opt(raw: dict, key: str, check, default, c: Collector, section: str):
 
 
 def _parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> SchedulerSpec:
-    raw = _mapping(raw, c, "scheduler", "a mapping (type, grace_epochs, reduction_factor)")
+    """The scheduler section. ``brackets`` (asha, moasha): Hyperband brackets, bracket s judging
+    trials first at grace_epochs * reduction_factor**s; at most one per rung that fits below
+    train.epochs. Left out (stored as None) it takes SchedulerSpec.bracket_count's default: 3 for
+    moasha (see there: measured with benchmarks/bench_search.py), 1 for asha (Ray's). None rather than
+    the number keeps a spec that shrinks train.epochs (smoke_test) valid."""
+    raw = _mapping(raw, c, "scheduler", "a mapping (type, grace_epochs, reduction_factor, brackets)")
     if raw is None:
         return SchedulerSpec()
-    c.unknown_keys("scheduler", raw, ("type", "grace_epochs", "reduction_factor", "metric", "mode"))
+    c.unknown_keys("scheduler", raw, ("type", "grace_epochs", "reduction_factor", "brackets", "metric", "mode"))
     kind = dimensions.check_value(one_of(*TRIAL_SCHEDULERS), raw.get("type", "fifo"), c, "scheduler.type")
     grace = _opt(raw, "grace_epochs", POS_INT, 1, c, "scheduler")
     factor = _opt(raw, "reduction_factor", integer(2), 3, c, "scheduler")
+    brackets = _opt(raw, "brackets", POS_INT, None, c, "scheduler")
     epochs = train.epochs
     if kind in ("asha", "moasha") and epochs is not None and grace > epochs:
         c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), given {grace}")
+    if brackets is not None and kind not in ("asha", "moasha"):
+        if kind is not dimensions.ABSENT:  # an invalid type has its own message
+            c.add("scheduler.brackets", f"expected no brackets for type {kind} (they apply to asha and "
+                                        f"moasha), given {brackets}")
+        brackets = None
+    elif brackets is not None and epochs is not None and grace <= epochs:
+        rungs = SchedulerSpec.rung_epochs(grace, factor, epochs)
+        if brackets > max(1, len(rungs)):
+            listed = ", ".join(map(str, rungs)) or "none"
+            c.add("scheduler.brackets", f"expected at most {max(1, len(rungs))} (one per rung below train.epochs "
+                                        f"{epochs}: epochs {listed}), given {brackets}")
     metric, mode = raw.get("metric"), raw.get("mode")
     if kind != "asha":
         for key in ("metric", "mode"):
@@ -620,9 +637,9 @@ def _parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> S
         if kind == "moasha" and objectives and not any(o.metric in SCHEDULER_METRICS for o in objectives):
             c.add("scheduler.type", "moasha stops trials on training metrics, but every objective is known "
                                     "before training; add e.g. {metric: top1, mode: max} or use fifo")
-        return SchedulerSpec(kind if kind is not dimensions.ABSENT else "fifo", grace, factor)
+        return SchedulerSpec(kind if kind is not dimensions.ABSENT else "fifo", grace, factor, brackets=brackets)
     metric, mode = _asha_target(metric, mode, objectives, c)
-    return SchedulerSpec("asha", grace, factor, metric, mode)
+    return SchedulerSpec("asha", grace, factor, metric, mode, brackets)
 
 
 def _asha_target(metric, mode, objectives, c: Collector):

@@ -55,7 +55,7 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
                       batch_size=SMOKE_BATCH_PER_WORKER * workers, batch_per_worker=None,
                       warmup_epochs=0, checkpoint_every=1)
     d["space"] = _without_batch_keys(spec)
-    d["scheduler"]["grace_epochs"] = 1
+    d["scheduler"].update(grace_epochs=1, brackets=None)  # brackets: as many as the shrunk epochs fit
     search = d["search"]
     if spec.search.algorithm == "grid":
         search.update(repeats=1, num_trials=None)

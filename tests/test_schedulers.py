@@ -8,7 +8,13 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from qkvsearch.search.schedulers import MOASHAScheduler, crowding_distance, promotable, rung_positions
+from qkvsearch.search.schedulers import (
+    MOASHAScheduler,
+    candidate_position,
+    crowding_distance,
+    promotable,
+    rung_positions,
+)
 
 CONTINUE, STOP = TrialScheduler.CONTINUE, TrialScheduler.STOP
 ACC_PARAMS = ["max", "min"]  # (top1 %, params M)
@@ -236,6 +242,217 @@ def test_callback_and_scheduler_stay_linked_through_one_pickle():
     assert back["run_config"].callbacks[0].sched is restored
     _feed_stops(restored)
     assert back["run_config"].callbacks[0].sched.stopped == {"b": 1}
+
+
+# ---- (2b) brackets (asynchronous Hyperband) ------------------------------------------------------
+
+# Recorded metrics: trial -> (top1 per epoch 1..27, params M). "late" is the largest model and learns
+# slowest: last of all at epoch 1, first from epoch 9 on.
+def _curve(final, tau, epochs=27):
+    e = np.arange(1, epochs + 1)
+    return (final * (1 - np.exp(-e / tau)) / (1 - np.exp(-epochs / tau))).tolist()
+
+
+RECORDED = {"fast": (_curve(70, 1.0), 2.0), "mid": (_curve(74, 2.0), 3.0), "late": (_curve(80, 4.0), 4.0),
+            "weak": (_curve(60, 1.0), 3.5), "small": (_curve(65, 1.0), 1.0), "fat": (_curve(66, 2.0), 5.0)}
+
+
+def _replay(sched, names, upto=27, add=True):
+    """Feed the recorded epochs round by round (every trial's epoch e before any epoch e + 1), as
+    trials running side by side report them; returns {(name, epoch): decision} up to each stop."""
+    trials = {n: _trial(n) for n in names}
+    if add:
+        for t in trials.values():
+            sched.on_trial_add(None, t)
+    decisions, live = {}, list(names)
+    for epoch in range(1, upto + 1):
+        for n in list(live):
+            top1, params = RECORDED[n]
+            d = _report(sched, trials[n], epoch, top1[epoch - 1], params)
+            decisions[(n, epoch)] = d
+            if d == STOP:
+                live.remove(n)
+    return decisions
+
+
+def test_bracket_s_skips_the_first_s_rungs_and_trials_join_round_robin():
+    sched = _moasha(max_t=27, brackets=3)
+    assert sched.rungs == [1, 3, 9] and sched.bracket_rungs == [[1, 3, 9], [3, 9], [9]]
+    names = [f"t{i}" for i in range(7)]
+    for n in names:
+        sched.on_trial_add(None, _trial(n))
+    assert [sched.bracket_of(n) for n in names] == [0, 1, 2, 0, 1, 2, 0]
+    sched.on_trial_add(None, _trial("t1"))  # added again (a restore): stays where it is
+    assert sched.bracket_of("t1") == 1 and sched.bracket_of("unseen") is None
+    _report(sched, _trial("u"), 1, 50.0, 1.0)  # a trial never added joins on its first result
+    assert sched.bracket_of("u") == 1
+
+
+def test_a_trial_is_judged_only_at_its_own_brackets_rungs():
+    sched = _moasha(max_t=27, brackets=3)
+    a, b, c, d = (_trial(x) for x in "abcd")  # brackets 0, 1, 2, 0
+    for t in (a, b, c, d):
+        sched.on_trial_add(None, t)
+    assert _report(sched, a, 1, 60.0, 3.0) == CONTINUE  # bracket 0: first at rung 1
+    assert _report(sched, d, 1, 50.0, 4.0) == STOP  # bracket 0: dominated by a
+    for epoch in (1, 2):  # bracket 1 has no rung before epoch 3; bracket 2 none before 9
+        assert _report(sched, b, epoch, 10.0, 9.0) == CONTINUE
+        assert _report(sched, c, epoch, 10.0, 9.0) == CONTINUE
+    assert sched.recorded(1) == {"a": [60.0, 3.0], "d": [50.0, 4.0]}
+    assert _report(sched, b, 3, 10.0, 9.0) == CONTINUE  # first at bracket 1's rung 3, whatever a did
+    assert sched.recorded(3, bracket=1) == {"b": [10.0, 9.0]} and sched.recorded(3) == {}
+    e = _trial("e")  # bracket 1
+    sched.on_trial_add(None, e)
+    assert _report(sched, e, 3, 9.0, 9.5) == STOP  # dominated by b in bracket 1
+    assert sched.stopped == {"d": 1, "e": 3}
+    for epoch in range(3, 9):
+        assert _report(sched, c, epoch, 10.0, 9.0) == CONTINUE
+    assert _report(sched, c, 9, 10.0, 9.0) == CONTINUE  # judged at 9, first there
+    assert sched.recorded(9, bracket=2) == {"c": [10.0, 9.0]}
+    with pytest.raises(ValueError, match="milestone"):
+        sched.recorded(1, bracket=1)
+    assert "bracket 2: epoch 9: 1" in sched.debug_string()
+
+
+def test_bracket_zero_alone_gives_the_one_bracket_decisions():
+    names = list(RECORDED)
+    hb = _moasha(max_t=27, brackets=3)
+    mixed = _replay(hb, names)
+    zero = [n for n in names if hb.bracket_of(n) == 0]
+    assert zero == ["fast", "weak"]
+    alone = _replay(_moasha(max_t=27), zero)
+    assert {k: v for k, v in mixed.items() if k[0] in zero} == alone
+    one = _moasha(max_t=27)
+    _replay(one, zero)
+    assert hb.get_state()["recorded"][0] == one.get_state()["recorded"][0]
+
+
+def test_late_bloomer_survives_only_in_a_later_bracket():
+    # one bracket: "late" (worst top1 at epoch 1, largest model) is dominated at rung 1 and stopped;
+    # in bracket 2 (first rung at epoch 9) it is already ahead and trains to the end.
+    names = ["fast", "mid", "small", "weak", "fat", "late"]
+    one = _moasha(max_t=27)
+    assert _replay(one, names)[("late", 1)] == STOP
+    three = _moasha(max_t=27, brackets=3)
+    decisions = _replay(three, names)
+    assert three.bracket_of("late") == 2
+    assert decisions[("late", 9)] == CONTINUE and decisions[("late", 27)] == STOP  # 27 = max_t: done
+    assert "late" not in three.stopped
+
+
+def test_brackets_survive_save_restore_pickle_and_state_path(tmp_path):
+    sched = _moasha(max_t=27, brackets=3, state_path=tmp_path / "s.json")
+    built = pickle.dumps(sched)
+    _replay(sched, ["fast", "mid", "late", "weak"], upto=9)
+    restored = pickle.loads(built)
+    restored.on_trial_add(None, _trial("fast"))  # first callback: reloads state_path
+    assert restored.get_state() == sched.get_state()
+    for s in (sched, restored):  # both go on with the same round-robin
+        s.on_trial_add(None, _trial("new"))
+    assert sched.bracket_of("new") == restored.bracket_of("new") == 1
+    other = _moasha(max_t=27, brackets=3)
+    sched.save(str(tmp_path / "copy.json"))
+    other.restore(str(tmp_path / "copy.json"))
+    assert other.get_state() == sched.get_state()
+    with pytest.raises(ValueError, match="brackets"):
+        _moasha(max_t=27, brackets=2).restore(str(tmp_path / "copy.json"))
+
+
+def test_a_one_bracket_state_of_the_previous_format_loads_into_bracket_zero():
+    old = {"format": "qkvsearch.moasha/1", "metrics": ["top1", "params_m"], "modes": ACC_PARAMS,
+           "time_attr": "epoch", "milestones": [1, 3],
+           "recorded": [{"a": [60.0, 3.0], "b": [50.0, 4.0]}, {"a": [70.0, 3.0]}], "stopped": {"b": 1}}
+    one = _moasha()
+    one.set_state(old)
+    assert one.recorded(1) == {"a": [60.0, 3.0], "b": [50.0, 4.0]} and one.stopped == {"b": 1}
+    assert _report(one, _trial("c"), 1, 40.0, 5.0) == STOP
+    two = _moasha(max_t=27, brackets=2)
+    with pytest.raises(ValueError, match="milestones"):
+        two.set_state(old)  # rungs 1, 3, 9 here: not the saved scheduler's
+    two = _moasha(max_t=9, brackets=2)
+    two.set_state(old)
+    assert two.bracket_of("a") == two.bracket_of("b") == 0
+    two.on_trial_add(None, _trial("c"))
+    assert two.bracket_of("c") == 1  # the bracket holding fewer trials
+
+
+def test_a_scheduler_pickled_before_brackets_existed_unpickles_as_one_bracket(tmp_path):
+    # tuner.pkl of an older campaign holds the scheduler's __dict__ in the one-bracket layout.
+    sched = _feed_stops(_moasha())
+    old = {k: v for k, v in sched.__dict__.items() if k not in ("_brackets", "_recorded", "_bracket_of", "_counts")}
+    old.update(_milestones=[1, 3], _recorded=sched.get_state()["recorded"][0])
+    back = MOASHAScheduler.__new__(MOASHAScheduler)
+    back.__setstate__(old)
+    assert back.bracket_rungs == [[1, 3]] and back.recorded(1) == sched.recorded(1)
+    assert back.bracket_of("a") == 0 and back.stopped == {"b": 1}
+    assert _report(back, _trial("e"), 1, 40.0, 5.0) == STOP
+
+
+@pytest.mark.parametrize("brackets", [0, 4, True, 1.5, "2"])
+def test_brackets_outside_the_rungs_are_refused(brackets):
+    with pytest.raises(ValueError, match="brackets"):
+        _moasha(max_t=27, brackets=brackets)  # rungs 1, 3, 9: at most 3
+
+
+def test_grace_at_max_t_leaves_one_empty_bracket():
+    sched = _moasha(grace_period=9, max_t=9)
+    assert sched.bracket_rungs == [[]]
+    assert _report(sched, _trial("a"), 9, 1.0, 1.0) == STOP  # done, not stopped early
+    assert sched.stopped == {}
+
+
+def test_candidate_position_matches_ordering_the_whole_rung():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n, k = int(rng.integers(1, 25)), int(rng.integers(1, 4))
+        rung = rng.integers(0, 4, size=(n, k)).astype(float)  # ties and duplicates on purpose
+        rung[rng.random((n, k)) < 0.05] = np.nan
+        dirs = list(rng.choice(["min", "max"], size=k))
+        full = rung_positions(rung, dirs)
+        assert [candidate_position(rung, dirs, i) for i in range(n)] == full.tolist()
+
+
+# ---- (2c) the spec's scheduler section ------------------------------------------------------------
+
+def _spec(**scheduler):
+    from qkvsearch.spaces import load_campaign
+
+    return load_campaign({"name": "t", "model": {"name": "xcit_nano_12_p16_224", "img_size": 32, "num_classes": 10},
+                          "data": {"dataset": "digits"}, "train": {"epochs": 9, "batch_size": 8},
+                          "space": {"embedding": {"choice": ["linear", "sne"]}}, "scheduler": scheduler})
+
+
+@pytest.mark.parametrize("scheduler, message", [
+    ({"type": "moasha", "brackets": 3},
+     "scheduler.brackets: expected at most 2 (one per rung below train.epochs 9: epochs 1, 3), given 3"),
+    ({"type": "asha", "grace_epochs": 3, "brackets": 2},
+     "scheduler.brackets: expected at most 1 (one per rung below train.epochs 9: epochs 3), given 2"),
+    ({"type": "fifo", "brackets": 2},
+     "scheduler.brackets: expected no brackets for type fifo (they apply to asha and moasha), given 2"),
+    ({"type": "moasha", "brackets": 0}, "scheduler.brackets: expected a positive int, given 0"),
+    ({"type": "moasha", "brackets": "two"}, 'scheduler.brackets: expected a positive int, given "two"'),
+])
+def test_spec_brackets_mistakes(scheduler, message):
+    from qkvsearch.spaces import SpecError
+
+    with pytest.raises(SpecError) as info:
+        _spec(**scheduler)
+    assert info.value.errors == [message]
+
+
+def test_spec_brackets_default_and_what_the_campaign_builds(tmp_path):
+    from qkvsearch.search.campaign import _scheduler
+    from qkvsearch.spaces import load_campaign, smoke_test
+
+    spec = _spec(type="moasha")
+    assert spec.scheduler.brackets is None and spec.scheduler.bracket_count(9) == 2  # 3, at most the 2 rungs
+    assert load_campaign(spec.to_dict()) == spec
+    assert _scheduler(spec, str(tmp_path)).bracket_rungs == [[1, 3], [3]]
+    assert smoke_test(spec).scheduler.bracket_count(2) == 1  # shrunk epochs: the default shrinks too
+    assert _spec(type="moasha", brackets=1).scheduler.bracket_count(9) == 1
+    asha = _scheduler(_spec(type="asha", brackets=2), str(tmp_path))
+    assert isinstance(asha, ASHAScheduler) and len(asha._brackets) == 2  # Ray's own brackets
+    assert len(_scheduler(_spec(type="asha"), str(tmp_path))._brackets) == 1  # Ray's default
 
 
 # ---- (3) a real Tune run -------------------------------------------------------------------------

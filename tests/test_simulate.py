@@ -1,0 +1,161 @@
+"""search.simulate: replays of recorded curves through the campaign's own scheduler classes (no Ray
+runtime, no training): determinism, a FIFO replay of a recorded campaign, the tabular format, speed."""
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_results import ALL_STATUSES, write_campaign
+
+from qkvsearch.search.cli import main
+from qkvsearch.search.pareto import nondominated_mask
+from qkvsearch.search.results import collect
+from qkvsearch.search.schedulers import MOASHAScheduler
+from qkvsearch.search.simulate import (
+    Setting,
+    compare,
+    curves_from_frame,
+    default_settings,
+    load_source,
+    simulate,
+)
+from qkvsearch.spaces.errors import BadInput
+
+TWO = [("top1", "max"), ("params_m", "min")]
+
+
+def table(n: int = 30, epochs: int = 9, seed: int = 0, crossing: bool = True) -> pd.DataFrame:
+    """n configurations x epochs in the tabular format; larger models learn slower when crossing."""
+    rng = np.random.default_rng(seed)
+    params = rng.uniform(1, 6, n)
+    final = 60 + 4 * params + rng.normal(0, 2, n)
+    tau = 1 + (params - 1) * 0.6 if crossing else np.full(n, 2.0)
+    e = np.arange(1, epochs + 1)
+    top1 = final[:, None] * (1 - np.exp(-e[None] / tau[:, None])) / (1 - np.exp(-epochs / tau[:, None]))
+    return pd.DataFrame({"config_id": np.repeat(np.arange(n), epochs), "config_lr": np.repeat(params / 10, epochs),
+                         "epoch": np.tile(e, n), "top1": top1.reshape(-1), "params_m": np.repeat(params, epochs),
+                         "epoch_s": np.repeat(10 * params, epochs)})
+
+
+def _trace(run):
+    return (run.end_time_s.tolist(), run.end_epochs.tolist(), run.end_curve.tolist(), run.end_complete.tolist(),
+            run.hv.tolist())
+
+
+def test_same_seed_same_run_other_seed_other_order():
+    curves = curves_from_frame(table(), "t", TWO)
+    settings = [Setting("fifo"), Setting("asha", 1, 3, 2), Setting("moasha", 1, 3, 2)]
+    state = np.random.get_state()[1].copy()
+    a = compare(curves, settings, concurrency=3, startup_s=5, seed=7)
+    b = compare(curves, settings, concurrency=3, startup_s=5, seed=7)
+    assert [_trace(r) for r in a] == [_trace(r) for r in b]
+    assert (np.random.get_state()[1] == state).all()  # Ray's ASHA draws from numpy: restored afterwards
+    c = simulate(curves, settings[2], concurrency=3, startup_s=5, seed=8)
+    assert _trace(c) != _trace(a[2])
+
+
+def test_fifo_replay_of_a_recorded_campaign_reproduces_its_front(tmp_path):
+    exp = tmp_path / "synth"
+    write_campaign(exp, ALL_STATUSES)  # 14 trials, every status; completed ones trained 6 of 6 epochs
+    trials = collect(exp)[0].to_pandas()
+    done = trials[trials["status"] == "completed"]
+    values = done[["final_top1", "gmacs", "params_m"]].to_numpy()
+    front = set(done["trial_id"][nondominated_mask(values, ["max", "min", "min"])])
+
+    curves = load_source(exp)
+    assert curves.max_t == 6 and curves.metrics == ["top1", "gmacs", "params_m"]
+    run = simulate(curves, Setting("fifo"), concurrency=2, seed=3)
+    assert run.trials == (trials["epochs_run"] > 0).sum()  # pending and infeasible trials never trained
+    completed = run.completed_curves()
+    assert {curves.ids[c] for c in completed} == set(done["trial_id"])
+    finals = curves.finals[completed]
+    replayed = {curves.ids[c] for c in completed[nondominated_mask(finals, curves.directions)]}
+    assert replayed == front
+    assert run.final_hv == pytest.approx(curves.grid_hv)
+    assert run.truncated == run.trials - len(done)  # curves that end early end there, not complete
+    assert run.epochs == curves.grid_epochs
+
+
+def test_schedulers_are_the_campaigns_own_classes_and_stop_early():
+    curves = curves_from_frame(table(60, 9, crossing=False), "t", TWO)
+    run = simulate(curves, Setting("moasha", 1, 3, 2), concurrency=4, seed=0)
+    sched = run.scheduler
+    assert isinstance(sched, MOASHAScheduler) and sched.bracket_rungs == [[1, 3], [3]]
+    assert run.stopped == len(sched.stopped) > 0
+    assert run.epochs < curves.grid_epochs
+    brackets = [sched.bracket_of(f"sim_{k:05d}") for k in range(run.trials)]
+    assert brackets == [k % 2 for k in range(run.trials)]  # round-robin in the order trials started
+    fifo = simulate(curves, Setting("fifo"), concurrency=4, seed=0)
+    assert fifo.complete == len(curves) and fifo.final_hv == pytest.approx(curves.grid_hv)
+
+
+def test_thousand_trials_take_seconds():
+    curves = curves_from_frame(table(1000, 27, crossing=True), "t", TWO)
+    start = time.perf_counter()
+    run = simulate(curves, Setting("moasha", 1, 3, 1), concurrency=8, seed=0)
+    elapsed = time.perf_counter() - start
+    assert run.trials == 1000 and run.complete > 0
+    assert elapsed < 4.0, elapsed
+
+
+def test_more_trials_than_curves_reuse_them_pass_by_pass():
+    curves = curves_from_frame(table(10, 3), "t", TWO)
+    run = simulate(curves, Setting("fifo"), concurrency=1, seed=0, num_trials=25)
+    order = run.end_curve.tolist()
+    assert len(order) == 25
+    assert sorted(order[:10]) == list(range(10)) and sorted(order[10:20]) == list(range(10))
+
+
+def test_tabular_files_csv_and_parquet(tmp_path):
+    df = table(12, 5)
+    df.loc[(df["config_id"] == 0) & (df["epoch"] == 3), "epoch"] = 7  # a gap: curve 0 keeps epochs 1-2
+    csv, parquet = tmp_path / "b.csv", tmp_path / "b.parquet"
+    df.to_csv(csv, index=False)
+    df.to_parquet(parquet)
+    a, b = load_source(csv), load_source(parquet)
+    assert len(a) == len(b) == 12 and a.max_t == 5  # the longest curve's
+    assert a.objectives == (("top1", "max"), ("params_m", "min"))  # the defaults that are columns
+    assert [len(r) for r in a.results][:2] == [2, 5]
+    assert a.configs[1] == {"id": 1, "lr": pytest.approx(df["config_lr"].iloc[5])}
+    assert [s.label for s in default_settings(a)] == ["fifo", "asha g1 rf3", "moasha g1 rf3",
+                                                      "moasha g1 rf3 b2"]
+
+
+@pytest.mark.parametrize("frame, objectives, field", [
+    (table().drop(columns="epoch"), None, "epoch"),
+    (table().drop(columns=["config_id", "config_lr"]), None, "config_"),
+    (table().assign(epoch=0), None, "epoch"),
+    (table(), [("gmacs", "min")], "objectives"),
+    (table(), [("top1", "up")], "objectives"),
+])
+def test_bad_tables_are_bad_input(frame, objectives, field):
+    with pytest.raises(BadInput, match=field):
+        curves_from_frame(frame, "t.csv", objectives)
+
+
+def test_settings_parse_and_refuse():
+    assert Setting.parse("moasha:grace=3,rf=2,brackets=2") == Setting("moasha", 3, 2, 2)
+    assert Setting.parse("asha", grace=2, rf=4) == Setting("asha", 2, 4, 1)
+    for bad in ("hyperband", "moasha:brackets", "moasha:rf=1", "moasha:grace=x", "moasha:speed=2"):
+        with pytest.raises(BadInput, match="schedulers"):
+            Setting.parse(bad)
+    curves = curves_from_frame(table(), "t", TWO)
+    with pytest.raises(BadInput, match="at most 2 bracket"):
+        simulate(curves, Setting("moasha", 1, 3, 3))
+
+
+def test_cli_simulate_writes_figure_and_trace(tmp_path, capsys):
+    path = tmp_path / "bench.parquet"
+    table(20, 9).to_parquet(path)
+    out = tmp_path / "sim"
+    rc = main(["simulate", str(path), "--schedulers", "fifo", "moasha:brackets=2", "--concurrency", "2",
+               "--startup-s", "30", "--seed", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "moasha g1 rf3 b2" in printed and "HV@50%" in printed
+    assert (out / "simulate.html").read_text().count("plotly") > 0
+    lines = (out / "simulate.csv").read_text().splitlines()
+    assert lines[0] == "scheduler,seed,time_s,epochs,hypervolume,hv_fraction" and len(lines) > 2
+    assert main(["simulate", str(path), "--schedulers", "moasha:brackets=9", "--out", str(out)]) == 2
+    assert "scheduler" not in capsys.readouterr().out
+    assert main(["simulate", str(tmp_path / "none.csv")]) == 2
