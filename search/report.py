@@ -337,7 +337,7 @@ def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
         if len(group) < 2:
             continue
         row = {"configuration": str(group["trial_name"].iloc[0]).rsplit("-", 1)[0], "n": len(group),
-               "seeds": ", ".join(str(v) for v in group["config_seed"])}
+               "seeds": ", ".join(str(v) for v in sorted(group["config_seed"]))}
         for m, c in zip(metrics, cols):
             values = group[c].astype("float64")
             row[f"{m} mean"], row[f"{m} sd"] = values.mean(), values.std(ddof=1)
