@@ -16,11 +16,22 @@ Algorithms (n points, k objectives, R fronts, F = size of the largest front):
   k-D: each test is vectorised over the front's members: O(n log R * F * k).
 - the front alone (``nondominated_mask``): 2-D a fully vectorised sort + prefix-minimum sweep,
   O(n log n); k-D one pass in lexicographic order against the running front, O(n log n + n F k).
-- hypervolume: exact. 2-D: sort + sweep, O(n log n). k >= 3: slicing along the last objective (HSO),
-  each slice a (k-1)-D hypervolume: O(n^(k-1) log n), fine for the few hundred points of a front.
+- hypervolume: exact. 2-D: sort + sweep, O(n log n). 3-D: dimension sweep along the third objective
+  keeping the 2-D staircase of the points seen so far in bisect-sorted lists, O(n log n) comparisons
+  (each point is inserted and removed at most once; list inserts move pointers in C). k >= 4: slicing
+  along the last objective (HSO) down to the 3-D sweep: O(n^(k-2) log n), fine for the few hundred
+  points of a front. A point with an infinite coordinate inside the reference box makes it infinite.
+- hypervolume trace: the running front is kept; a point it weakly dominates changes nothing (tested
+  a block of points at a time). 3-D: a new front point adds its exclusive contribution, its box minus
+  the front's boxes clipped to it. Members no worse in two objectives cap the box; of the rest only
+  those reaching below the cap (on each face of the box its 2-D front, and members the point
+  dominates) enter the 3-D sweep: O(F) vectorised work per addition plus a sweep over its few
+  neighbours (10,000 points all on one front, in random order: a few seconds). Other k: the volume of
+  the new front is recomputed.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import numpy as np
@@ -246,13 +257,15 @@ def hypervolume(points, directions: Sequence[str], reference) -> float:
     ref = _reference_min(reference, directions, pts.shape[1])
     inside = ~np.isnan(pts).any(axis=1) & (pts < ref).all(axis=1)
     pts = pts[inside]
-    if pts.shape[1] > 2 and len(pts):
+    if len(pts) and not (np.isfinite(pts).all() and np.isfinite(ref).all()):
+        return float("inf")  # a box with an infinite side and every other side positive
+    if pts.shape[1] > 3 and len(pts):
         pts = pts[_front_mask_kd(pts)]  # dominated points add nothing; drop them once, up front
     return _hv_min(pts, ref)
 
 
 def _hv_min(pts: np.ndarray, ref: np.ndarray) -> float:
-    """(m, k) minimise, all strictly inside ref -> exact hypervolume."""
+    """(m, k) minimise, finite, all strictly inside a finite ref -> exact hypervolume."""
     m, k = pts.shape
     if m == 0:
         return 0.0
@@ -260,6 +273,8 @@ def _hv_min(pts: np.ndarray, ref: np.ndarray) -> float:
         return float(ref[0] - pts[:, 0].min())
     if k == 2:
         return _hv_2d(pts, ref)
+    if k == 3:
+        return _hv_3d(pts, ref)
     return _hv_slices(pts, ref)
 
 
@@ -270,6 +285,50 @@ def _hv_2d(pts: np.ndarray, ref: np.ndarray) -> float:
     x, y = front[:, 0], front[:, 1]
     widths = np.diff(np.append(x, ref[0]))  # (F,)
     return float(np.sum(widths * (ref[1] - y)))
+
+
+def _hv_3d(pts: np.ndarray, ref: np.ndarray) -> float:
+    """Dimension sweep in z (Fonseca, Paquete, Lopez-Ibanez 2006; Beume et al. 2009).
+
+    Points in z order; between consecutive z levels the dominated region's cross-section is the 2-D
+    region of every point at or below the lower level, whose area is kept current as points arrive.
+    That region is a staircase: xs increasing, ys strictly decreasing, no member weakly dominating
+    another. A new point weakly dominated in (x, y) leaves it unchanged; otherwise the members it
+    dominates (a contiguous run from its x on) are replaced by it and the area grows by the strip
+    between the old steps and the new point's y. Only additions of non-negative terms: no cancellation."""
+    order = np.argsort(pts[:, 2], kind="stable")
+    sx, sy, sz = (pts[order, j].tolist() for j in range(3))
+    rx, ry, rz = float(ref[0]), float(ref[1]), float(ref[2])
+    xs: list[float] = []
+    ys: list[float] = []
+    area = volume = 0.0
+    last_z = sz[0]
+    for px, py, pz in zip(sx, sy, sz):
+        if pz != last_z:
+            volume += area * (pz - last_z)
+            last_z = pz
+        i = bisect_left(xs, px)
+        if i < len(xs) and xs[i] == px:
+            if ys[i] <= py:
+                continue  # a member at the same x, no higher
+        elif i and ys[i - 1] <= py:
+            continue  # the member just left of p is no higher: p adds nothing
+        h = ys[i - 1] if i else ry  # height of the staircase just right of px
+        e, cx, add = i, px, 0.0
+        n = len(xs)
+        while e < n and ys[e] >= py:  # members p dominates
+            add += (xs[e] - cx) * (h - py)
+            cx, h = xs[e], ys[e]
+            e += 1
+        add += ((xs[e] if e < n else rx) - cx) * (h - py)
+        area += add
+        if e == i:
+            xs.insert(i, px)
+            ys.insert(i, py)
+        else:
+            xs[i:e] = (px,)
+            ys[i:e] = (py,)
+    return float(volume + area * (rz - last_z))
 
 
 def _hv_slices(pts: np.ndarray, ref: np.ndarray) -> float:
@@ -292,23 +351,99 @@ def hypervolume_trace(values, directions: Sequence[str], reference, order=None) 
 
     order: row indices of ``values`` in completion order (default 0..n-1); rows left out are
     never added. Returns (len(order),) float64: entry i is the hypervolume of rows order[:i+1].
-    Only the running front is kept, and the volume is recomputed only when it changes."""
+    Only the running front is kept. A point weakly dominated by it changes nothing; otherwise in 3-D
+    its exclusive contribution is added, in other dimensions the volume of the new front recomputed."""
     pts = to_minimise(values, directions)
     n, k = pts.shape
     ref = _reference_min(reference, directions, k)
     seq = np.arange(n) if order is None else np.asarray(order, dtype=np.int64).reshape(-1)
     if seq.size and (seq.min() < 0 or seq.max() >= n):
         raise ValueError(f"order: expected row indices in [0, {n}), given values from {seq.min()} to {seq.max()}")
-    trace = np.zeros(seq.size, dtype=np.float64)
-    front = np.empty((0, k))
+    cand = pts[seq]  # (N, k) in completion order
+    counts = ~np.isnan(cand).any(axis=1) & (cand < ref).all(axis=1)  # (N,) rows that can add volume
+    infinite = counts & ~np.isfinite(cand).all(axis=1) if np.isfinite(ref).all() else counts
+    first_inf = int(np.argmax(infinite)) if infinite.any() else seq.size  # volume infinite from there on
+    counts[first_inf:] = False
+    added = np.zeros(seq.size, dtype=bool)  # (N,) rows that changed the front
+    value = np.zeros(seq.size, dtype=np.float64)  # (N,) the volume right after them
+    front = np.empty((k, 0))  # (k, F): the running front, one row per objective
     current = 0.0
-    for i, row in enumerate(seq):
-        p = pts[row]
-        if not np.isnan(p).any() and (p < ref).all():
-            dominated = np.any((front <= p).all(axis=1) & (front < p).any(axis=1))
-            if not dominated:
-                keep = ~((p <= front).all(axis=1) & (p < front).any(axis=1))  # drop members p dominates
-                front = np.vstack([front[keep], p])
-                current = _hv_min(front, ref)
-        trace[i] = current
+    for start in range(0, seq.size, _TRACE_BLOCK):
+        live = np.flatnonzero(counts[start:start + _TRACE_BLOCK]) + start
+        if live.size and front.shape[1]:
+            # The dominated region only grows: a point under the front now stays under it (one test per block).
+            under = _rows_all(front[None] <= cand[live][:, :, None], axis=1).any(axis=1)  # (B, k, F) -> (B,)
+            live = live[~under]
+        for i in live.tolist():
+            p = cand[i]
+            no_worse = front <= p[:, None]  # (k, F): member no worse than p, per objective
+            if _rows_all(no_worse).any():
+                continue  # weakly dominated (or a duplicate): adds nothing
+            if k == 3:
+                current += _contribution_3d(front, no_worse, p, ref)
+            covered = _rows_all(front >= p[:, None])  # (F,) members p weakly dominates leave
+            front = np.concatenate([front[:, ~covered], p[:, None]], axis=1)
+            if k != 3:
+                current = _hv_min(front.T, ref)
+            added[i], value[i] = True, current
+    last = np.maximum.accumulate(np.where(added, np.arange(seq.size), -1))  # (N,) last addition so far
+    trace = np.where(last >= 0, value[np.maximum(last, 0)], 0.0)
+    trace[first_inf:] = np.inf
     return trace
+
+
+_TRACE_BLOCK = 256  # points screened against the front at once: (256, F, k) comparisons
+
+
+def _rows_all(mask: np.ndarray, axis: int = 0) -> np.ndarray:
+    """mask.all(axis) for a short axis (the k objectives), as k - 1 elementwise ands: numpy's
+    reduction over a short leading axis is several times slower."""
+    if axis:
+        mask = np.moveaxis(mask, axis, 0)
+    out = mask[0].copy()
+    for row in mask[1:]:
+        out &= row
+    return out
+
+
+def _contribution_3d(front: np.ndarray, no_worse: np.ndarray, p: np.ndarray, ref: np.ndarray) -> float:
+    """Volume that p (finite, inside ref, weakly dominated by no member) adds to the (3, F) front
+    (``no_worse`` = front <= p, per objective): its box minus the union of the members' boxes clipped
+    to it, max(q, p). A member no worse than p in two objectives covers the box from its third
+    coordinate on, so the least such coordinate caps the box (per objective). Only members below the
+    cap in every objective reach into the capped box: clipped, one no worse in one objective lies on
+    that face of the box, where only its 2-D front matters; one no worse in none is a member p
+    dominates. These few go through the 3-D sweep."""
+    cap = ref.copy()
+    for j in range(3):
+        a, b = [c for c in range(3) if c != j]
+        two = no_worse[a] & no_worse[b]  # then front[j] > p[j]: p is not weakly dominated
+        if two.any():
+            cap[j] = min(cap[j], front[j, two].min())
+    box = float(np.prod(cap - p))
+    near = np.flatnonzero(_rows_all(front < cap[:, None]))  # (m,) members reaching into the capped box
+    if not near.size:
+        return box
+    pts = np.maximum(front[:, near], p[:, None])  # (3, m) clipped
+    held = no_worse[:, near]  # (3, m)
+    count = held.sum(axis=0)  # (m,) 0 or 1: two or more would have set the cap at or below them
+    parts = [pts[:, count == 0].T]
+    for j in range(3):
+        a, b = [c for c in range(3) if c != j]
+        on_face = pts[:, held[j]]  # (3, f) with row j == p[j]
+        if on_face.shape[1]:
+            parts.append(on_face[:, _face_front(on_face[[a, b]].T)].T)
+    sub = np.concatenate(parts)
+    return max(0.0, box - _hv_3d(sub, cap)) if len(sub) else box  # a tiny contribution can round below 0
+
+
+def _face_front(face: np.ndarray) -> np.ndarray:
+    """(m, 2) -> indices of a subset whose 2-D dominated region is the whole set's: sorted by the first
+    coordinate, a point is kept when its second is below every earlier one (a tie may keep a point
+    weakly dominated by a later one; it adds nothing)."""
+    order = np.argsort(face[:, 0])
+    second = face[order, 1]
+    below = np.empty(len(order), dtype=bool)
+    below[0] = True
+    below[1:] = second[1:] < np.minimum.accumulate(second)[:-1]
+    return order[below]

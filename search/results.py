@@ -1,10 +1,12 @@
 """Collect a campaign's record files into two Arrow tables (trials, epochs) and write them as Parquet.
 
-Reads ``<exp>/qs_campaign.json`` and ``<exp>/qs_trials/*.json`` through ``search.records`` (so the
-experiment dir may be a local path or a URI: ``s3://``, ``gs://``, ``file://``). A campaign may still
-be running: what has been recorded so far is collected, and a damaged record is left out, with a
-warning logged naming the file. The campaign's own files are only ever read.
-Column names, types and units: search/RESULTS_SCHEMA.md.
+Reads ``<exp>/qs_campaign.json``, ``<exp>/qs_trials/*.json`` and their ``*.epochs.csv`` through
+``search.records.read_trials`` (so the experiment dir may be a local path or a URI: ``s3://``,
+``gs://``, ``file://``), which hands the epochs over as columns: no per-epoch Python objects. A
+campaign may still be running: what has been recorded so far is collected, and a damaged record is
+left out (a damaged epochs file gives the epochs it still can), with a warning logged naming the
+file. The campaign's own files are only ever read. Column names, types and units:
+search/RESULTS_SCHEMA.md.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from qkvsearch.search.records import TRIALS_DIR, read_campaign, read_trial_records
+from qkvsearch.search.records import EPOCH, TRIALS_DIR, read_campaign, read_trials
 from qkvsearch.search.storage import open_location, write_bytes
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.keys import COST_METRICS, RESOLVED_KEYS
@@ -90,7 +92,9 @@ def _to_int(v):
 def _to_str(v):
     if v is None:
         return None
-    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    if type(v) is int:
+        return str(v)  # what json.dumps writes for an int, without its call
+    return v if isinstance(v, str) else _SORTED_JSON.encode(v)
 
 
 def _to_bool(v):
@@ -116,62 +120,34 @@ def _timestamp(v):
 
 
 # ---------------------------------------------------------------------------------------- epochs
-def _epoch_metric_names(epoch_lists: list[list]) -> list[str]:
-    seen: set[str] = set()
-    for epochs in epoch_lists:
-        seen.update(*epochs)  # keys of every epoch dict, iterated in C
-    seen.discard("epoch")
-    return list(KNOWN_METRICS) + sorted(seen - set(KNOWN_METRICS))
+def _epoch_metric_names(read: list[str]) -> list[str]:
+    """Metric columns: the contract's in order, then every other metric read, sorted."""
+    extra = set(read) - set(KNOWN_METRICS) - {EPOCH}
+    return list(KNOWN_METRICS) + sorted(extra)
 
 
-def _epoch_matrix(epoch_lists: list[list], names: list[str]) -> np.ndarray:
-    """All epochs as one (E, 1 + M) float64 matrix, columns ["epoch", *names], trial after trial;
-    missing or non-numeric values are NaN. A trial whose epochs share one key order (the usual case)
-    is converted in one numpy call; others value by value."""
-    col_of = {n: j for j, n in enumerate(["epoch", *names])}
-    total = sum(len(e) for e in epoch_lists)
-    out = np.full((total, len(col_of)), np.nan, order="F")  # column-major: each column contiguous
-    row = 0
-    for epochs in epoch_lists:
-        if not epochs:
-            continue
-        block = None
-        if len(set(map(tuple, epochs))) == 1:  # one key order for every epoch (C-level loops)
-            try:
-                block = np.array(list(map(list, map(dict.values, epochs))), dtype=np.float64)  # (E_t, K)
-            except (TypeError, ValueError):
-                block = None  # a string or nested value: fall back
-        if block is not None and block.ndim == 2:
-            out[row:row + len(epochs), [col_of[k] for k in epochs[0]]] = block
-        else:
-            for i, e in enumerate(epochs):
-                for k, v in e.items():
-                    f = _to_float(v)
-                    if f is not None:
-                        out[row + i, col_of[k]] = f
-        row += len(epochs)
-    return out
-
-
-def _epochs_table(trial_ids: list[str], names: list[str], epoch_lists: list[list], metric_names: list[str]):
-    matrix = _epoch_matrix(epoch_lists, metric_names)  # (E, 1 + M)
-    counts = np.array([len(e) for e in epoch_lists], dtype=np.int64)
+def _epochs_table(trial_ids: pa.Array, names: pa.Array, counts: np.ndarray, columns: dict[str, np.ndarray],
+                  metric_names: list[str]) -> pa.Table:
+    """Per trial its id and name; columns: epoch and every metric as (E,) float64, NaN where missing,
+    rows trial after trial."""
     take = pa.array(np.repeat(np.arange(len(counts)), counts))
-    epoch = matrix[:, 0]
-    columns = {
-        "trial_id": pa.array(trial_ids, pa.string()).take(take),
-        "trial_name": pa.array(names, pa.string()).take(take),
-        "epoch": pa.array(np.where(np.isnan(epoch), 0, epoch).astype(np.int64), mask=np.isnan(epoch)),
+    epoch = columns[EPOCH]
+    missing = np.isnan(epoch)
+    out = {
+        "trial_id": trial_ids.take(take),
+        "trial_name": names.take(take),
+        "epoch": pa.array(np.where(missing, 0, epoch).astype(np.int64), mask=missing),
     }
-    for j, m in enumerate(metric_names, start=1):
-        columns[m] = pa.array(matrix[:, j], pa.float64(), from_pandas=True)  # NaN -> null
-    return pa.table(columns), matrix
+    for m in metric_names:
+        out[m] = pa.array(columns[m], pa.float64(), from_pandas=True)  # NaN -> null
+    return pa.table(out)
 
 
 # ---------------------------------------------------------------------------------------- trials
-def _summaries(matrix: np.ndarray, counts: list[int], metric_names: list[str]) -> dict[str, list]:
-    """Per trial: final_<m> (value at the last reported epoch), best_<m> (BEST direction, NaN-aware)
-    and best_epoch (epoch of the best top1). Vectorised over segments of the flat epoch array."""
+def _summaries(columns: dict[str, np.ndarray], counts: np.ndarray, metric_names: list[str]) -> dict[str, np.ndarray]:
+    """Per trial (T,) float64, NaN for none: final_<m> (value at the last reported epoch), best_<m>
+    (BEST direction, NaN-aware) and best_epoch (epoch of the best top1). Vectorised over segments of
+    the flat epoch array."""
     n = len(counts)
     counts_a = np.asarray(counts, dtype=np.int64)
     nonempty = counts_a > 0
@@ -179,10 +155,8 @@ def _summaries(matrix: np.ndarray, counts: list[int], metric_names: list[str]) -
     last = (np.cumsum(counts_a) - 1)[nonempty]
     seg_of_row = np.repeat(np.arange(starts.size), counts_a[nonempty])  # (E,) segment of each row
 
-    index = {n: j for j, n in enumerate(["epoch", *metric_names])}
-
     def column(m):
-        return matrix[:, index[m]]  # (E,), NaN where missing
+        return columns[m]  # (E,), NaN where missing
 
     def per_trial(seg_values):
         full = np.full(n, np.nan)
@@ -209,79 +183,115 @@ def _summaries(matrix: np.ndarray, counts: list[int], metric_names: list[str]) -
         if m == "top1":
             out["best_epoch"] = per_trial(np.where(np.isneginf(best), np.nan, epoch[np.minimum(first, col.size - 1)]))
     out.setdefault("best_epoch", np.full(n, np.nan))
-    return {k: [None if math.isnan(x) else float(x) for x in v.tolist()] for k, v in out.items()}
+    return out
 
 
-def _config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, list]]:
+# Python types a column takes as they are (pyarrow converts them as the casts would); others go through the cast.
+_AS_IS = {pa.int64(): {int}, pa.float64(): {float, int}, pa.string(): {str}, pa.bool_(): {bool}}
+
+
+def _config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, pa.Array]]:
     keys: list[str] = list(CONFIG_TYPES)
-    extra = sorted({k for c in configs for k in c} - set(CONFIG_TYPES))
+    extra = sorted(set().union(*configs) - set(CONFIG_TYPES))
     cols = []
     for key in keys + extra:
         raw = [c.get(key) for c in configs]
         typ = CONFIG_TYPES.get(key) or _infer_type(raw)
-        cast = _CASTS[typ]
-        cols.append((CONFIG_PREFIX + key, typ, [cast(v) for v in raw]))
+        cols.append((CONFIG_PREFIX + key, typ, _typed(raw, typ)))
     return cols
 
 
-def _trial_row(rec: dict) -> dict:
-    """Scalar fields of one record (as read_trial_records checks it), coerced to the schema's Python types."""
-    cost, config = rec["cost"], rec["config"]
-    return {
-        "trial_id": rec["trial_id"], "trial_name": _to_str(rec.get("trial_name")),
-        "campaign": _to_str(rec.get("campaign")), "code_version": _to_str(rec.get("code_version")),
-        "status": _to_str(rec.get("status")),
-        "params_m": _to_float(cost.get("params_m")), "gmacs": _to_float(cost.get("gmacs")),
-        "params": _to_int(cost.get("params")), "embed_params": _to_int(cost.get("embed_params")),
-        "epochs_planned": _to_int(rec.get("epochs_planned")),
-        "train_s_total": _to_float(rec.get("train_s_total")),
-        "checkpoint_path": _to_str(rec.get("checkpoint_path")),
-        "started_at": _timestamp(rec.get("started_at")), "ended_at": _timestamp(rec.get("ended_at")),
-        "error": _to_str(rec.get("error")), "config_json": json.dumps(config, sort_keys=True),
-        "_config": config,
-    }
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(..., sort_keys=True), built once
+
+
+def _typed(raw: list, typ: pa.DataType) -> pa.Array:
+    """Values as a column of ``typ``, each coerced by the type's cast (one that does not fit is null);
+    a column whose values all fit as they are goes to pyarrow in one call."""
+    if set(map(type, raw)) - {type(None)} <= _AS_IS[typ]:
+        try:
+            return pa.array(raw, typ)
+        except (pa.ArrowInvalid, OverflowError):
+            pass  # e.g. an int too large for float64 exactly: the cast decides
+    return pa.array(list(map(_CASTS[typ], raw)), typ)
+
+
+def _timestamps(raw: list) -> pa.Array:
+    """Unix seconds (numbers; anything else, or non-finite, is null) -> TS."""
+    if set(map(type, raw)) <= {float, int, type(None)}:
+        seconds = np.array(raw, dtype=np.float64)  # None -> NaN
+        micros = np.round(seconds * 1e6)  # half to even, as round() does
+        missing = ~np.isfinite(micros)
+        return pa.array(np.where(missing, 0, micros).astype(np.int64), pa.int64(), mask=missing).cast(TS)
+    return pa.array([_timestamp(v) for v in raw], pa.int64()).cast(TS)
+
+
+def _trial_columns(records: list[dict]) -> dict[str, pa.Array]:
+    """The record fields of the trials table (as read_trials checks records), in the schema's types."""
+    cost = [r["cost"] for r in records]
+    out = {"trial_id": pa.array([r["trial_id"] for r in records], pa.string())}
+    for name, typ in TRIAL_HEAD[1:]:
+        out[name] = _typed([r.get(name) for r in records], typ)
+    for name, typ in TRIAL_COST:
+        out[name] = _typed([c.get(name) for c in cost], typ)
+    for name, typ in TRIAL_TAIL:
+        if typ == TS:
+            out[name] = _timestamps([r.get(name) for r in records])
+        elif name == "config_json":
+            out[name] = pa.array([_SORTED_JSON.encode(r["config"]) for r in records], pa.string())
+        elif name not in ("best_epoch", "epochs_run"):  # those come from the epochs
+            out[name] = _typed([r.get(name) for r in records], typ)
+    return out
 
 
 def collect(experiment_dir) -> tuple[pa.Table, pa.Table]:
     """Experiment dir (path or URI) -> (trials, epochs) Arrow tables, one row per trial (sorted by
     trial_id) and one per reported epoch. Works on a running campaign (what is recorded so far)."""
     read_campaign(experiment_dir)  # fails early, naming the file, when the folder is not a campaign
-    records, _ = read_trial_records(experiment_dir)  # damaged records are left out and logged
-    rows = [_trial_row(rec) for rec in records]
-    epoch_lists = [rec["epochs"] for rec in records]
-    order = sorted(range(len(rows)), key=lambda i: rows[i]["trial_id"])
-    rows = [rows[i] for i in order]
-    epoch_lists = [epoch_lists[i] for i in order]
+    read = read_trials(experiment_dir)  # damaged records are left out and logged
+    epochs = read.epoch_columns()
+    order = sorted(range(len(read.records)), key=lambda i: read.records[i]["trial_id"])
+    records = [read.records[i] for i in order]
+    counts = epochs.counts[order]
+    take = None  # epoch rows in trial_id order, when the records were read in another
+    if order != sorted(order):
+        firsts = np.cumsum(epochs.counts) - epochs.counts
+        take = np.concatenate([np.arange(firsts[i], firsts[i] + epochs.counts[i]) for i in order] + [np.zeros(0, np.int64)])
+    fields = _trial_columns(records)
 
-    metric_names = _epoch_metric_names(epoch_lists)
-    ids = [r["trial_id"] for r in rows]
-    epochs_table, matrix = _epochs_table(ids, [r["trial_name"] for r in rows], epoch_lists, metric_names)
-    counts = [len(e) for e in epoch_lists]
-    summary = _summaries(matrix, counts, metric_names)
-    summary["epochs_run"] = counts
+    metric_names = _epoch_metric_names(epochs.names)
+    gap = np.full(len(epochs.values), np.nan)  # a contract metric nobody reported
+    columns = {}
+    for name in [EPOCH, *metric_names]:
+        col = epochs.values[:, epochs.names.index(name)] if name in epochs.names else gap
+        columns[name] = col if take is None else col[take]
+    epochs_table = _epochs_table(fields["trial_id"], fields["trial_name"], counts, columns, metric_names)
+    summary = _summaries(columns, counts, metric_names)
+    summary["epochs_run"] = counts.astype(np.float64)
 
-    columns: dict[str, pa.Array] = {}
-    for name, typ in TRIAL_HEAD:
-        columns[name] = pa.array([r[name] for r in rows], typ)
-    for name, typ, values in _config_columns([r["_config"] for r in rows]):
-        columns[name] = pa.array(values, typ)
-    for name, typ in TRIAL_COST:
-        columns[name] = pa.array([r[name] for r in rows], typ)
+    out: dict[str, pa.Array] = {name: fields[name] for name, _ in TRIAL_HEAD}
+    for name, _, array in _config_columns([r["config"] for r in records]):
+        out[name] = array
+    for name, _ in TRIAL_COST:
+        out[name] = fields[name]
     for name in sorted(k for k in summary if k.startswith("final_")) + sorted(k for k in summary if k.startswith("best_") and k != "best_epoch"):
-        columns[name] = pa.array(summary[name], pa.float64())
+        out[name] = pa.array(summary[name], pa.float64(), from_pandas=True)  # NaN -> null
     for name, typ in TRIAL_TAIL:
-        values = summary[name] if name in summary else [r[name] for r in rows]
-        if typ == pa.int64():
-            values = [None if v is None else int(v) for v in values]
-        columns[name] = pa.array(values, pa.int64()).cast(typ) if typ == TS else pa.array(values, typ)
-    return pa.table(columns), epochs_table
+        if name in summary:  # (T,) float64, NaN for none; the int64 ones hold whole numbers
+            missing = np.isnan(summary[name])
+            out[name] = pa.array(np.where(missing, 0, summary[name]).astype(np.int64), typ, mask=missing)
+        else:
+            out[name] = fields[name]
+    return pa.table(out), epochs_table
 
 
 # ---------------------------------------------------------------------------------------- writing
 def _parquet_file(table: pa.Table) -> pa.Buffer:
     """``table`` as a zstd-compressed Parquet file in memory, for storage.write_bytes to write whole."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    # Dictionary pages for the string columns only: metric values are nearly all distinct, and building
+    # a dictionary for them before falling back to plain pages slows the write by about a sixth.
+    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+    pq.write_table(table, sink, compression="zstd", use_dictionary=strings)
     return sink.getvalue()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from qkvsearch.search.records import read_campaign, read_trial_records
+from qkvsearch.search.records import read_campaign, read_trial_records, read_trials
 
 
 def load_records(exp: str) -> list[dict]:
@@ -20,19 +20,20 @@ def load_records(exp: str) -> list[dict]:
 
 def status_table(exp: str) -> str:
     read_campaign(exp)
-    records, problems = read_trial_records(exp)
-    records = _by_start(records)
+    read = read_trials(exp)  # epochs as counts and last rows: no object per epoch
+    problems = read.problems
+    rows = sorted(zip(read.records, read.epoch_counts(), read.last_epochs()), key=lambda row: _start_key(row[0]))
+    records = [r for r, _, _ in rows]
     header = f"{'trial':<34} {'status':<13} {'epochs':>7} {'top1 %':>7} {'params M':>9} {'GMACs':>8}  note"
     lines = [header, "-" * len(header)]
-    for r in records:
-        last = r["epochs"][-1] if r["epochs"] else {}
+    for r, n_epochs, last in rows:
         top1 = f"{last['top1']:.1f}" if _is_num(last.get("top1")) else "-"
         error = r.get("error")
         note = error.strip().splitlines()[-1][:60] if isinstance(error, str) and error.strip() else ""
         if r.get("duplicate_of"):
             note = f"same configuration as trial {r['duplicate_of']}"
         lines.append(f"{_text(r.get('trial_name', r['trial_id'])):<34} {_text(r.get('status')):<13} "
-                     f"{len(r['epochs']):>3}/{_text(r.get('epochs_planned')):<3} {top1:>7} "
+                     f"{n_epochs:>3}/{_text(r.get('epochs_planned')):<3} {top1:>7} "
                      f"{_num(r['cost'].get('params_m')):>9.3f} {_num(r['cost'].get('gmacs')):>8.4f}  {note}")
     lines += [f"damaged record {p}" for p in problems]
     counts = Counter(_text(r.get("status")) for r in records)
@@ -44,7 +45,11 @@ def status_table(exp: str) -> str:
 
 
 def _by_start(records: list[dict]) -> list[dict]:
-    return sorted(records, key=lambda r: (_num(r.get("started_at"), math.inf), r["trial_id"]))
+    return sorted(records, key=_start_key)
+
+
+def _start_key(r: dict):
+    return _num(r.get("started_at"), math.inf), r["trial_id"]
 
 
 def _is_num(v) -> bool:

@@ -4,7 +4,11 @@ A write is all or nothing: a reader sees the old file or the new one, never part
 bytes go to a hidden temp file in the target's folder (``.<name>.<random>.tmp``) that ``os.replace``
 then renames over the target; the temp file is removed on any failure. On an object store one PUT
 is already atomic. Every file the package writes (records, scheduler state, checkpoints, Parquet,
-report pages) goes through ``write_bytes``.
+report pages) goes through ``write_bytes``, or ``append_bytes`` for a log that only grows: appended
+in place where the filesystem can append (local), replaced whole and atomically where it cannot
+(object stores). ``read_many`` reads a folder's worth of files: in turn locally (a thread pool does
+not beat one thread at page-cache speed on two cores), through a thread pool on a remote
+filesystem, where each read waits on the network.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import contextlib
 import json
 import os
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
 
@@ -20,7 +26,13 @@ try:  # records are float-heavy JSON: orjson parses them several times faster th
 except ImportError:  # pragma: no cover
     _fast_loads = None
 
-__all__ = ["open_location", "write_bytes", "read_bytes", "write_json", "read_json", "loads_json"]
+__all__ = [
+    "open_location", "write_bytes", "append_bytes", "can_append", "read_bytes", "list_files", "read_many",
+    "write_json", "read_json", "loads_json",
+]
+
+REMOTE_READ_THREADS = 16  # concurrent reads on a remote filesystem (each one mostly waits)
+_FIRST_READ = 1 << 16  # bytes asked of a local file's first read (below malloc's mmap threshold)
 
 
 def open_location(uri_or_path) -> tuple[pafs.FileSystem, str]:
@@ -62,11 +74,92 @@ def _write_local(path: str, data: bytes) -> None:
         raise
 
 
+def can_append(fs: pafs.FileSystem) -> bool:
+    """Whether files on ``fs`` are appended in place (local) rather than replaced whole (object stores)."""
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
+def append_bytes(uri, data: bytes, whole: Callable[[], bytes]) -> None:
+    """Add ``data`` at the end of the existing file at ``uri``. Locally one ``O_APPEND`` write (a
+    reader sees the file without the new bytes or with them; a crash mid-write can leave a part of
+    them, which a reader of such a log must recognise by its missing final newline). Where the
+    filesystem cannot append, and locally when the file is missing, the file is replaced atomically
+    by ``whole()``: its complete new content, old bytes and ``data`` together."""
+    fs, path = open_location(uri)
+    if can_append(fs):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError:
+            pass
+        else:
+            try:
+                view = memoryview(data)
+                while view:  # one write() unless the kernel takes less
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            return
+    write_bytes(uri, whole())
+
+
 def read_bytes(uri) -> bytes:
     """The whole file at ``uri``; FileNotFoundError when there is none."""
     fs, path = open_location(uri)
     with fs.open_input_stream(path) as f:
         return f.read()
+
+
+def list_files(fs: pafs.FileSystem, folder: str) -> list[str]:
+    """Names of the plain files directly in ``folder`` (a path inside ``fs``); [] when it does not exist."""
+    if can_append(fs):  # local: scandir gives entry types without a stat per file
+        try:
+            with os.scandir(folder) as it:
+                return [e.name for e in it if e.is_file()]  # a link to a file counts, as pyarrow sees it
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    return [i.base_name for i in infos if i.type == pafs.FileType.File]
+
+
+def read_many(fs: pafs.FileSystem, paths: list[str]) -> list[bytes | None | OSError]:
+    """The whole content of each file (paths inside ``fs``), in order: bytes, None for a file that
+    does not exist, or the OSError that reading it raised."""
+    if can_append(fs):  # local
+        return [_read_local(p) for p in paths]
+    with ThreadPoolExecutor(min(REMOTE_READ_THREADS, max(1, len(paths)))) as pool:
+        return list(pool.map(lambda p: _read_remote(fs, p), paths))
+
+
+def _read_local(path: str) -> bytes | None | OSError:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
+    try:
+        # Records and epochs files are a few kB: one read, no fstat. A regular file reads short only at its end.
+        data = os.read(fd, _FIRST_READ)
+        if len(data) < _FIRST_READ:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+
+
+def _read_remote(fs: pafs.FileSystem, path: str) -> bytes | None | OSError:
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
 
 
 def write_json(uri, obj) -> None:

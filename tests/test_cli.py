@@ -73,7 +73,7 @@ def test_validate_and_cost_on_the_paper_preset(capsys):
     assert "valid" in capsys.readouterr().out
     assert main(["cost", str(PRESETS / "paper-s.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "7 configuration(s)" in out
+    assert "7 distinct model(s)" in out
     # The linear baseline row: XCiT-N12 at 224 px, 1000 classes, 3.05M parameters and 0.55 GMACs.
     (linear,) = [line for line in out.splitlines() if " linear " in line]
     assert "3.053" in linear and "0.55" in linear

@@ -179,3 +179,122 @@ def test_large_mask_matches_vectorised_brute_force(k):
     expected = ~dominated & ~np.isnan(pts).any(axis=1)
     np.testing.assert_array_equal(nondominated_mask(vals, directions), expected)
     np.testing.assert_array_equal(nondominated_ranks(vals, directions) == 0, expected)
+
+
+# ---------------------------------------------------------------------------------------- 3-D sweep
+def _slow_hv(pts, ref):
+    """The slicing method (HSO) this module used before the 3-D sweep: exact, O(n^2 log n) in 3-D.
+    pts: (m, k) minimise, strictly inside ref."""
+    if len(pts) == 0:
+        return 0.0
+    if pts.shape[1] == 2:
+        order = np.lexsort(pts.T[::-1])
+        xs, ys = pts[order, 0], pts[order, 1]
+        best = np.minimum.accumulate(ys)
+        widths = np.diff(np.append(xs, ref[0]))
+        return float(np.sum(widths * (ref[1] - best)))
+    order = np.argsort(pts[:, -1], kind="stable")
+    pts = pts[order]
+    levels = np.append(pts[:, -1], ref[-1])
+    return float(sum((levels[i + 1] - levels[i]) * _slow_hv(pts[: i + 1, :-1], ref[:-1])
+                     for i in range(len(pts)) if levels[i + 1] > levels[i]))
+
+
+def _inside(vals, directions, ref):
+    pts = to_minimise(vals, directions)
+    r = to_minimise(np.asarray(ref, dtype=float).reshape(1, -1), directions)[0]
+    return pts[~np.isnan(pts).any(axis=1) & (pts < r).all(axis=1)], r
+
+
+def _sphere_front(rng, n, ties=False):
+    """n mutually non-dominated points (minimise) on the unit sphere's positive octant, shifted; with
+    ``ties`` coordinates snapped to a grid, so that many share a value (still a front after dedup)."""
+    v = np.abs(rng.normal(size=(n, 3)))
+    pts = 1.0 - v / np.linalg.norm(v, axis=1, keepdims=True)
+    return np.round(pts * 40) / 40 if ties else pts
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_hypervolume_3d_with_ties_duplicates_and_outside_points_matches_inclusion_exclusion(seed):
+    rng = np.random.default_rng(200 + seed)
+    directions = [["min", "min", "min"], ["max", "min", "max"]][seed % 2]
+    vals = rng.integers(0, 4, size=(10, 3)).astype(float)
+    vals[5:8] = vals[:3]  # exact duplicates
+    vals[8] = [9.0, 9.0, 9.0] if seed % 2 == 0 else [-9.0, 9.0, -9.0]  # worse than the reference
+    vals[9, 1] = np.nan
+    ref = np.where(np.array(directions) == "min", 3.0, 0.0)  # some points sit on the reference: they add nothing
+    expected = _brute_hv(vals, directions, ref)
+    assert hypervolume(vals, directions, ref) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    pts, r = _inside(vals, directions, ref)
+    assert _slow_hv(pts, r) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_hypervolume_3d_on_1000_point_fronts_matches_the_slicing_method(ties):
+    rng = np.random.default_rng(11 + ties)
+    front = _sphere_front(rng, 1000, ties)
+    vals = np.concatenate([front, front[:50], rng.uniform(0.5, 1.3, (200, 3))])  # duplicates, dominated, outside
+    ref = np.array([1.05, 1.1, 1.2])
+    pts, r = _inside(vals, ["min"] * 3, ref)
+    assert hypervolume(vals, ["min"] * 3, ref) == pytest.approx(_slow_hv(pts, r), rel=1e-12)
+    directions = ["max", "min", "max"]  # the same set seen through other directions
+    flipped = vals * np.array([-1.0, 1.0, -1.0])
+    assert hypervolume(flipped, directions, ref * np.array([-1.0, 1.0, -1.0])) == pytest.approx(
+        _slow_hv(pts, r), rel=1e-12)
+
+
+def test_hypervolume_3d_on_a_1000_point_random_cloud_matches_the_slicing_method():
+    rng = np.random.default_rng(5)
+    vals = rng.random((1000, 3))
+    vals[::7, 2] = vals[::7, 0]  # shared values across objectives and points
+    vals[::11] = vals[1::11][: len(vals[::11])]
+    pts, r = _inside(vals, ["min"] * 3, [1.0, 0.9, 1.0])
+    assert hypervolume(vals, ["min"] * 3, [1.0, 0.9, 1.0]) == pytest.approx(_slow_hv(pts, r), rel=1e-12)
+
+
+def test_hypervolume_3d_of_a_10000_point_front_is_fast():
+    import time
+
+    front = _sphere_front(np.random.default_rng(3), 10_000)
+    t = time.perf_counter()
+    hv = hypervolume(front, ["min"] * 3, [1.1, 1.1, 1.1])
+    assert time.perf_counter() - t < 1.0  # the sweep takes milliseconds; slicing would take seconds
+    assert 0 < hv < 1.1 ** 3
+
+
+def test_infinite_coordinates_give_an_infinite_volume():
+    vals = np.array([[0.5, 0.5, 0.5], [-np.inf, 0.9, 0.9], [np.nan, 0.0, 0.0]])
+    assert hypervolume(vals[:1], ["min"] * 3, [1, 1, 1]) == pytest.approx(0.125)
+    assert hypervolume(vals, ["min"] * 3, [1, 1, 1]) == np.inf
+    assert hypervolume(vals[:1], ["min"] * 3, [np.inf, 1, 1]) == np.inf
+    assert hypervolume(np.array([[2.0, 0.0, 0.0]]), ["min"] * 3, [np.inf, 1, 1]) == np.inf
+    assert hypervolume(np.array([[np.inf, 0.0, 0.0]]), ["min"] * 3, [np.inf, 1, 1]) == 0.0  # not inside
+    trace = hypervolume_trace(vals, ["min"] * 3, [1, 1, 1], [2, 0, 1, 0])
+    assert trace.tolist() == [0.0, 0.125, np.inf, np.inf]
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("seed", range(3))
+def test_hypervolume_trace_with_ties_duplicates_and_outside_points_matches_every_prefix(k, seed):
+    rng = np.random.default_rng(300 + seed)
+    directions = (["max", "min", "min", "max"])[:k]
+    vals = _random_values(rng, 120, k, 6)  # integer grid: many ties, duplicates, NaN rows
+    ref = reference_point(vals, directions)
+    ref = ref - 0.3 * np.sign(ref) * (np.array(directions) == "min")  # pull in: some points end up outside
+    order = rng.permutation(120)[:100]  # some rows never added
+    trace = hypervolume_trace(vals, directions, ref, order)
+    expected = [hypervolume(vals[order[: i + 1]], directions, ref) for i in range(len(order))]
+    np.testing.assert_allclose(trace, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_hypervolume_trace_3d_on_a_1000_point_front_matches_the_slicing_method():
+    rng = np.random.default_rng(8)
+    front = _sphere_front(rng, 1000, ties=True)
+    vals = np.concatenate([front, rng.uniform(0.3, 1.2, (300, 3))])
+    order = rng.permutation(len(vals))
+    ref = np.array([1.1, 1.1, 1.1])
+    trace = hypervolume_trace(vals, ["min"] * 3, ref, order)
+    assert np.all(np.diff(trace) >= 0)
+    for i in (0, 9, 99, 499, 999, len(order) - 1):  # spot checks: the slicing method is slow
+        pts, r = _inside(vals[order[: i + 1]], ["min"] * 3, ref)
+        assert trace[i] == pytest.approx(_slow_hv(pts, r), rel=1e-12)

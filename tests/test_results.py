@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from qkvsearch.search.records import CampaignFileError
+from qkvsearch.search import records as records_module
+from qkvsearch.search.records import EPOCHS_SUFFIX, CampaignFileError, epochs_csv
 from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, collect, write_results
 from qkvsearch.spaces.errors import BadInput
 
@@ -81,8 +82,11 @@ def synthetic_record(i, status, *, rng, epochs_planned=6, campaign="synth", t0=1
     }
 
 
-def write_campaign(exp_dir, statuses, *, spec=SPEC, seed=0, epochs_planned=6, size="S", name="synth", overrides=None):
-    """Write qs_campaign.json and one qs_trials/<id>.json per status; returns the records."""
+def write_campaign(exp_dir, statuses, *, spec=SPEC, seed=0, epochs_planned=6, size="S", name="synth", overrides=None,
+                   layout="current"):
+    """Write qs_campaign.json and per status qs_trials/<id>.json with, in the current layout, the epochs
+    in qs_trials/<id>.epochs.csv (``layout="older"``: inside the record; a list of layouts: one per
+    record, in turn); returns the records, each with its "epochs"."""
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(exp_dir, "qs_trials"), exist_ok=True)
     _atomic_json(os.path.join(exp_dir, "qs_campaign.json"),
@@ -90,9 +94,23 @@ def write_campaign(exp_dir, statuses, *, spec=SPEC, seed=0, epochs_planned=6, si
     records = [synthetic_record(i, s, rng=rng, epochs_planned=epochs_planned, size=size, campaign=name,
                                 overrides=overrides)
                for i, s in enumerate(statuses)]
-    for rec in records:
-        _atomic_json(os.path.join(exp_dir, "qs_trials", f"{rec['trial_id']}.json"), rec)
+    layouts = [layout] if isinstance(layout, str) else layout
+    for i, rec in enumerate(records):
+        write_record(exp_dir, rec, layouts[i % len(layouts)])
     return records
+
+
+def write_record(exp_dir, rec, layout="current"):
+    """One trial's files as the recorder leaves them (no epochs file before the first epoch)."""
+    folder = os.path.join(exp_dir, "qs_trials")
+    if layout == "older":
+        _atomic_json(os.path.join(folder, f"{rec['trial_id']}.json"), rec)
+        return
+    stored = {k: v for k, v in rec.items() if k != "epochs"} | {"epochs_file": f"{rec['trial_id']}{EPOCHS_SUFFIX}"}
+    if rec["epochs"]:
+        with open(os.path.join(folder, stored["epochs_file"]), "wb") as f:
+            f.write(epochs_csv(rec["epochs"]))
+    _atomic_json(os.path.join(folder, f"{rec['trial_id']}.json"), stored)
 
 
 ALL_STATUSES = list(STATUSES) + ["completed"] * 7  # 14 trials, every status present
@@ -239,7 +257,7 @@ def test_uri_and_out_dir(tmp_path):
 
 def test_irregular_epochs_and_extra_metrics(tmp_path):
     """Epoch dicts with differing keys, a non-numeric value and an extra metric still line up."""
-    write_campaign(tmp_path, ["completed"])
+    write_campaign(tmp_path, ["completed"], layout="older")
     path = tmp_path / "qs_trials" / "t00000.json"
     rec = json.loads(path.read_text())
     rec["epochs"] = [{"epoch": 1, "top1": 10.0, "qs_note": "warmup"},
@@ -254,3 +272,55 @@ def test_irregular_epochs_and_extra_metrics(tmp_path):
     row = trials.to_pylist()[0]
     assert row["final_top1"] is None and row["best_top1"] == 20.0 and row["best_epoch"] == 2
     assert row["final_ema_top1"] is None and row["final_val_loss"] == 0.5
+
+
+# ---------------------------------------------------------------------------------------- layouts
+def _tables(exp):
+    trials, epochs = collect(exp)
+    return trials, epochs
+
+
+@pytest.mark.parametrize("layout", ["current", ["current", "older"], ["older", "older", "current"]])
+def test_both_record_layouts_collect_the_same_tables(tmp_path, layout, monkeypatch):
+    """Older campaigns (epochs inside the records), current ones (epochs files) and campaigns mixing
+    both give equal tables: same columns, types, values and order. Small read chunks and a second
+    header (an extra metric) exercise the grouped parse across chunks."""
+    monkeypatch.setattr(records_module, "_CHUNK", 4)
+    extra = {i: {"ema_top1": 1.5 * i} for i in (3, 8, 9)}
+
+    def write(exp, lay):
+        recs = write_campaign(exp, ALL_STATUSES, layout="older")
+        for i, rec in enumerate(recs):
+            for e in rec["epochs"]:
+                e.update(extra.get(i, {}))
+            write_record(exp, rec, lay if isinstance(lay, str) else lay[i % len(lay)])
+        return recs
+
+    write(tmp_path / "older", "older")
+    recs = write(tmp_path / "new", layout)
+    if layout == "current":
+        assert sorted(os.listdir(tmp_path / "new" / "qs_trials")) == sorted(
+            [f"{r['trial_id']}.json" for r in recs] + [f"{r['trial_id']}{EPOCHS_SUFFIX}" for r in recs if r["epochs"]])
+    old_trials, old_epochs = _tables(tmp_path / "older")
+    new_trials, new_epochs = _tables(tmp_path / "new")
+    assert new_trials.schema == old_trials.schema and new_epochs.schema == old_epochs.schema
+    assert new_trials.equals(old_trials) and new_epochs.equals(old_epochs)
+    assert "final_ema_top1" in new_trials.column_names and new_epochs.num_rows == sum(len(r["epochs"]) for r in recs)
+
+
+def test_epochs_file_is_readable_csv_with_exact_numbers(tmp_path):
+    epochs = [{"epoch": 1.0, "top1": 0.1 + 0.2, "lr": 1e-300, "val_loss": -0.0, "images_per_s": 1e16, "a,b": 2.5},
+              {"epoch": 2.0, "top1": 1 / 3, "note": "n/a"}]
+    text = epochs_csv(epochs).decode()
+    assert text.splitlines()[0] == 'epoch,top1,lr,val_loss,images_per_s,"a,b",note'
+    assert text.splitlines()[1] == "1,0.30000000000000004,1e-300,-0,1e+16,2.5,"
+    assert text.splitlines()[2] == "2,0.3333333333333333,,,,,"
+    write_campaign(tmp_path, ["completed"], layout="older")
+    rec = json.loads((tmp_path / "qs_trials" / "t00000.json").read_text())
+    rec["epochs"] = epochs
+    write_record(tmp_path, rec)
+    _, table = collect(tmp_path)
+    assert table.column("top1").to_pylist() == [0.1 + 0.2, 1 / 3]
+    assert table.column("lr").to_pylist() == [1e-300, None]
+    assert str(table.column("val_loss").to_pylist()[0]) == "-0.0"
+    assert table.column("a,b").to_pylist() == [2.5, None] and "note" in table.column_names
