@@ -148,7 +148,7 @@ def _check_reduction_factor(rf) -> None:
         raise ValueError(f"reduction_factor: expected a number > 1, given {rf!r}")
 
 
-def _as_float(x) -> float:
+def as_float(x) -> float:
     """A reported value as a float; NaN when absent, not a number, or non-finite."""
     if isinstance(x, bool) or x is None:
         return math.nan
@@ -263,7 +263,7 @@ class MOASHAScheduler(FIFOScheduler):
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         self._ensure_loaded()
-        t = _as_float(result.get(self._time_attr))
+        t = as_float(result.get(self._time_attr))
         if math.isnan(t):
             return TrialScheduler.CONTINUE
         if t >= self._max_t:
@@ -274,7 +274,7 @@ class MOASHAScheduler(FIFOScheduler):
         # A trial ending on its own between rungs still adds its last result to its rung.
         self._ensure_loaded()
         b = self._assign(trial.trial_id)
-        t = _as_float((result or {}).get(self._time_attr))
+        t = as_float((result or {}).get(self._time_attr))
         i = self._rung_index(b, t)
         row = self._objectives(result or {})
         if i is None or trial.trial_id in self._recorded[b][i] or math.isnan(sum(row)):
@@ -291,7 +291,7 @@ class MOASHAScheduler(FIFOScheduler):
 
     # ---- rung logic ------------------------------------------------------------------------
     def _objectives(self, result: dict) -> list[float]:
-        return [_as_float(result.get(m)) for m in self._metrics]
+        return [as_float(result.get(m)) for m in self._metrics]
 
     def _assign(self, trial_id: str) -> int:
         """The trial's bracket; a new trial joins the one holding the fewest (module doc)."""

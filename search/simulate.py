@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qkvsearch.search.pareto import hypervolume, hypervolume_trace, reference_point
+from qkvsearch.search.schedulers import as_float
 from qkvsearch.spaces.errors import BadInput
 
 __all__ = ["Curves", "Run", "Setting", "ShuffledCurves", "SimTrial", "compare", "curves_from_frame",
@@ -121,7 +122,7 @@ class Curves:
         self.finals = np.full((len(self.ids), k), np.nan)
         for c, rows in enumerate(self.results):
             if len(rows) >= self.max_t:
-                self.finals[c] = [_num(rows[self.max_t - 1].get(m)) for m, _ in self.objectives]
+                self.finals[c] = [as_float(rows[self.max_t - 1].get(m)) for m, _ in self.objectives]
         ok = ~np.isnan(self.finals).any(axis=1)
         if not ok.any():
             raise BadInput(f"{self.name}: expected at least one curve trained for the planned {self.max_t} "
@@ -140,16 +141,6 @@ class Curves:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-def _num(v) -> float:
-    if v is None or isinstance(v, bool):
-        return math.nan
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return math.nan
-    return f if math.isfinite(f) else math.nan
 
 
 def load_source(source, objectives: Sequence[tuple[str, str]] | None = None) -> Curves:
