@@ -24,7 +24,7 @@ from qkvsearch.search.records import (
     ORIGINAL_STATUS_KEY,
     PLANNED_KEY,
     STATUS_KEY,
-    read_trial_records,
+    read_trials,
 )
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.schema import violations
@@ -81,11 +81,12 @@ def outcome_of_result(result: dict | None, error: bool) -> dict:
 
 def _outcome_of_record(experiment: str, trial_id: str) -> dict | None:
     """The outcome of a trial from its record, or None while it has not ended."""
-    records, _problems = read_trial_records(experiment)
-    rec = next((r for r in records if r["trial_id"] == trial_id), None)
-    if rec is None or rec.get("status") not in TERMINAL:
+    read = read_trials(experiment)  # the last epochs only: no object per epoch
+    found = next(((r, last) for r, last in zip(read.records, read.last_epochs()) if r["trial_id"] == trial_id),
+                 None)
+    if found is None or found[0].get("status") not in TERMINAL:
         return None
-    return {"status": rec["status"], "metrics": dict(rec["epochs"][-1]) if rec["epochs"] else {}}
+    return {"status": found[0]["status"], "metrics": found[1]}
 
 
 def _report_duplicate(settings: TrialSettings, trial: dict) -> None:

@@ -16,7 +16,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from qkvsearch.search.driver import build_trial, outcome_of_result
-from qkvsearch.search.records import ORIGINAL_STATUS_KEY, PLANNED_KEY, STATUS_KEY
+from qkvsearch.search.records import ORIGINAL_STATUS_KEY
 from qkvsearch.search.storage import read_json, write_json
 from qkvsearch.spaces import base_config, dimensions, suggest_config
 from qkvsearch.spaces.keys import identity
@@ -72,7 +72,7 @@ class TrialConfigs(Searcher):
     Defaults, the solved width and the cost are computed here, once per trial, in the campaign's driver;
     the trial's process, its workers and the records take them from the trial's config.
 
-    No configuration trains twice: a suggestion whose identity (driver.identity) was suggested before
+    No configuration trains twice: a suggestion whose identity (spaces.keys.identity) was suggested before
     becomes a duplicate trial that reuses that trial's outcome (driver.run_trial), which the wrapped
     searcher then learns as this trial's result. An enumerating searcher (grid) skips such suggestions:
     a grid runs each distinct configuration once.
@@ -163,11 +163,9 @@ def _outcome(result, error, metric):
     TS = optuna.trial.TrialState
     if error or not result:
         return TS.FAIL, None
-    status = result.get(STATUS_KEY)
+    status = outcome_of_result(result, error)["status"]
     if status == "duplicate":  # the outcome of the trial that trained this configuration
         status = result.get(ORIGINAL_STATUS_KEY)
-    elif status is None and result.get(PLANNED_KEY) is not None and result.get("epoch", 0) < result[PLANNED_KEY]:
-        status = "stopped_early"
     if status == "stopped_early":
         return TS.PRUNED, None
     if status in ("infeasible", "diverged", "failed"):
