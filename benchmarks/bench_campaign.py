@@ -27,8 +27,9 @@ def campaign_spec(storage: str, trials: int, epochs: int, steps: int) -> dict:
         "data": {"dataset": "digits"},
         "train": {"epochs": epochs, "batch_size": 64, "lr": 1e-3, "warmup_epochs": 0,
                   "max_steps_per_epoch": steps, "seed": 0},
+        # an lr range: every trial a distinct configuration (a repeated one would not train again)
         "space": {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},
-                  "code_size": {"choice": [8, 16]}},
+                  "code_size": {"choice": [8, 16]}, "lr": {"float": [5e-4, 2e-3], "log": True}},
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "params_m", "mode": "min"}],
         "search": {"algorithm": "random", "num_trials": trials, "seed": 0},
         "scheduler": {"type": "fifo"},
@@ -72,7 +73,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         wall_ray, records = run_campaign(campaign_spec(tmp, args.trials, args.epochs, args.steps))
-    configs = [r["config"] for r in records]
+    configs = [r["config"] for r in records if r["status"] != "duplicate"]  # what the campaign trained
     wall_plain, plain_train_s = run_plain(configs)
 
     steps_s = sum(e.get("train_s", 0.0) for r in records for e in r["epochs"])
