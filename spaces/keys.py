@@ -147,6 +147,8 @@ TEXT = Check("a non-empty string", "non-empty strings", _text)
 AUTO_AUGMENT = Check("a timm auto_augment string such as rand-m9-mstd0.5-inc1",
                      "timm auto_augment strings", _auto_augment)
 FLAG = Check("true or false", "booleans", _flag, arrow="bool")
+AUTO_FLAG = Check("true, false or auto", "true, false or auto", lambda v: v if v == "auto" else _flag(v),
+                  options=("auto",))  # Parquet: string ("true", "false", "auto")
 POS_INT = integer(1)
 NONNEG_INT = integer(0)
 POS_NUM = number(0, low_open=True)
@@ -306,6 +308,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("deterministic", "train", FLAG, False, "deterministic torch kernels", section="train"),
     _k("amp", "train", one_of("auto", "bf16", "none"), "auto", "mixed precision: auto = bf16 on CUDA, none on CPU",
        section="train"),
+    _k("compile", "train", AUTO_FLAG, "auto",
+       "torch.compile the model: auto = on CUDA for runs long enough to repay compiling "
+       "(trainers.engine.COMPILE_MIN_UPDATES)", section="train"),
     _k("loader_workers", "train", NONNEG_INT, 0, "DataLoader processes per worker (PIL-decoded datasets)",
        section="train"),
 )}

@@ -8,6 +8,18 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu run where CUDA is present and are skipped, saying so, elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""

@@ -112,6 +112,26 @@ def test_imagefolder_is_read(tmp_path):
     assert x.shape == (8, 3, 16, 16)
 
 
+def test_augmented_epochs_replay_whatever_the_loader_processes(tmp_path):
+    """An augmented epoch depends on the epoch's seed alone: the same batches with 0 or 2 persistent
+    loader processes, again on a second pass over the same loader, and different for the next epoch."""
+    _write_imagefolder(tmp_path, ["ant", "bee"], 4)
+    base = {"dataset": "imagefolder", "data_path": str(tmp_path), "img_size": 16, "augment": True,
+            "randaugment": "rand-m9-mstd0.5"}
+
+    def epoch(source, seed):
+        torch.manual_seed(seed)
+        return torch.cat([x for x, _ in source.batches(torch.arange(8), 4, CPU, drop_last=True)])
+
+    inline = load_data(trial_cfg(base))[0]
+    workers = load_data(trial_cfg({**base, "loader_workers": 2}))[0]
+    first = epoch(inline, 1)
+    assert torch.equal(first, epoch(workers, 1))
+    assert torch.equal(first, epoch(workers, 1))  # the same loader processes, a second pass
+    assert not torch.equal(first, epoch(workers, 2))
+    assert len(workers._loaders) == 1  # one DataLoader kept across epochs
+
+
 def test_imagefolder_errors(tmp_path):
     (tmp_path / "train" / "a").mkdir(parents=True)
     cfg = trial_cfg({"dataset": "imagefolder", "data_path": str(tmp_path)})

@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +150,11 @@ def _read_cifar_file(file, label_key):
 
 @dataclass
 class TensorSource:
-    """A split held in memory as uint8 (N, C, h, w) images and int64 (N,) labels."""
+    """A split held in memory as uint8 (N, C, h, w) images and int64 (N,) labels.
+
+    On a GPU the whole split is copied to the device once (CIFAR's 50,000 images are 150 MB as uint8):
+    a batch is then an index into device memory, with no host copy or synchronisation per step.
+    """
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -161,11 +166,19 @@ class TensorSource:
 
     def batches(self, indices, batch_size, device, drop_last):
         """Yield (x float (B, in_chans, img_size, img_size) normalised on device, y int64 (B,))."""
+        images, labels = self._on(device)
+        indices = indices.to(images.device)
         stop = len(indices) - batch_size + 1 if drop_last else len(indices)
         for i in range(0, max(stop, 0), batch_size):
             idx = indices[i:i + batch_size]
-            x = self.images[idx].to(device, non_blocking=True)
-            yield prepare_images(x, self.img_size, self.in_chans), self.labels[idx].to(device)
+            yield prepare_images(images[idx], self.img_size, self.in_chans), labels[idx]
+
+    def _on(self, device):
+        if device.type == "cuda" and self.images.device != device:
+            self.images, self.labels = self.images.to(device), self.labels.to(device)
+        if self.images.device.type == device.type:
+            return self.images, self.labels
+        return self.images.to(device), self.labels.to(device)
 
 
 def prepare_images(x, img_size, in_chans):
@@ -198,23 +211,76 @@ class _ArrayImages(torch.utils.data.Dataset):
         return self.transform(img), int(self.labels[i])
 
 
+class _SeededItems(torch.utils.data.Dataset):
+    """dataset[(i, seed)] = dataset[i] with random, numpy and torch seeded from (seed, i) first.
+
+    The augmentation of an image then depends on the epoch's seed and the image alone, not on which
+    loader process reads it or how long that process has lived: persistent loader processes replay an
+    epoch exactly, after a resume too.
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        i, seed = key
+        s = np.random.SeedSequence([seed, i]).generate_state(2)
+        random.seed(int(s[0]))
+        np.random.seed(s)
+        torch.manual_seed(int(s[0]) << 32 | int(s[1]))
+        return self.dataset[i]
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """The (index, seed) keys of the current epoch; set before each pass over a persistent DataLoader
+    (the sampler is read in the main process, so loader processes need not restart)."""
+
+    def __init__(self):
+        self.keys: list[tuple[int, int]] = []
+
+    def __iter__(self):
+        return iter(self.keys)
+
+    def __len__(self):
+        return len(self.keys)
+
+
 @dataclass
 class PilSource:
-    """A torch Dataset yielding (normalised (C, H, W) tensor, label), read via a DataLoader."""
+    """A torch Dataset yielding (normalised (C, H, W) tensor, label), read via a DataLoader.
+
+    One DataLoader per (batch size, drop_last, device type), kept across epochs: its loader processes
+    persist (no fork and dataset pickling per epoch); on CUDA batches come in pinned memory and are
+    copied without blocking the host.
+    """
 
     dataset: torch.utils.data.Dataset
     loader_workers: int
+    _loaders: dict = field(default_factory=dict, repr=False)
 
     def __len__(self):
         return len(self.dataset)
 
     def batches(self, indices, batch_size, device, drop_last):
-        g = torch.Generator().manual_seed(int(torch.initial_seed()) % 2**63)  # seeded per epoch
-        loader = torch.utils.data.DataLoader(
-            self.dataset, batch_size=batch_size, sampler=indices.tolist(), drop_last=drop_last,
-            num_workers=self.loader_workers, generator=g, pin_memory=device.type == "cuda")
+        sampler, loader = self._loader(batch_size, drop_last, device)
+        seed = int(torch.initial_seed())  # set per (seed, rank, epoch) by the engine
+        sampler.keys = [(i, seed) for i in indices.tolist()]
         for x, y in loader:
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def _loader(self, batch_size, drop_last, device):
+        key = (batch_size, drop_last, device.type)
+        if key not in self._loaders:
+            sampler = _EpochSampler()
+            workers = self.loader_workers
+            loader = torch.utils.data.DataLoader(
+                _SeededItems(self.dataset), batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                num_workers=workers, persistent_workers=workers > 0, pin_memory=device.type == "cuda")
+            self._loaders[key] = sampler, loader
+        return self._loaders[key]
 
 
 # ---------------------------------------------------------------------------------------------

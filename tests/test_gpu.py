@@ -1,0 +1,82 @@
+"""The CUDA training path: bf16 autocast, torch.compile, device-resident data, the deferred NaN check,
+persistent pinned-memory loaders, and a 1-GPU Ray Train trial (NCCL process group). Skipped without CUDA."""
+import math
+
+import pytest
+import torch
+
+from qkvsearch.spaces.keys import fill
+from qkvsearch.trainers import engine
+from qkvsearch.trainers.engine import Dist, DivergenceError, Run
+
+pytestmark = pytest.mark.gpu
+
+SMALL = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "code_size": 8, "img_size": 32,
+         "dataset": "digits", "batch_size": 32, "lr": 2e-3, "warmup_epochs": 0, "epochs": 2,
+         "max_steps_per_epoch": 2 * engine.CHECK_EVERY["cuda"] + 3}  # checks mid-epoch and at its end
+
+
+def cuda():
+    return Dist(0, 1, torch.device("cuda"))
+
+
+def test_bf16_compiled_training_learns_with_data_on_the_device():
+    run = Run(fill(dict(SMALL, compile=True)), cuda())
+    assert isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert not engine.compile_enabled(fill(SMALL), run.dist.device, 2 * SMALL["max_steps_per_epoch"])  # auto
+    with run.autocast():
+        x, _ = next(run.val_src.batches(torch.arange(4), 4, run.dist.device, drop_last=False))
+        assert run.model(x).dtype == torch.bfloat16
+    run.train()
+    first, last = run.history
+    assert run.train_src.images.is_cuda and run.val_src.images.is_cuda  # copied once, indexed there
+    assert all(math.isfinite(v) for v in last.values())
+    assert last["train_loss"] < first["train_loss"] and last["top1"] > 30.0
+    assert not any(k.startswith("_orig_mod.") for k in run.state_dict()["model"])  # checkpoints as eager
+
+
+def test_divergence_is_found_at_its_update_between_host_checks():
+    with pytest.raises(DivergenceError, match=r"non-finite loss nan at epoch 1 step 7"):
+        engine.fit(fill(dict(SMALL, compile=False)), cuda(), faults=[{"nan_at_update": 7}])
+
+
+def test_compiled_and_eager_runs_agree_closely():
+    """The same seed, data and steps, compiled or eager: bf16 sums differ in order only."""
+    cfg = dict(SMALL, epochs=1, max_steps_per_epoch=10)
+    eager, compiled = (Run(fill(dict(cfg, compile=c)), cuda()) for c in (False, True))
+    eager.train(), compiled.train()
+    a, b = eager.history[-1]["train_loss"], compiled.history[-1]["train_loss"]
+    assert abs(a - b) < 0.05 * abs(a)
+
+
+def test_imagefolder_trains_through_persistent_pinned_loaders(tmp_path):
+    from test_data import _write_imagefolder
+
+    _write_imagefolder(tmp_path, ["ant", "bee", "cow"], 12)
+    cfg = fill(dict(SMALL, dataset="imagefolder", data_path=str(tmp_path), img_size=32, batch_size=8,
+                    max_steps_per_epoch=None, augment=True, loader_workers=2, compile=False))
+    run = Run(cfg, cuda())
+    run.train()
+    assert len(run.history) == 2 and all(math.isfinite(v) for v in run.history[-1].values())
+    ((_, loader),) = run.train_src._loaders.values()
+    assert loader.pin_memory and loader.persistent_workers
+
+
+@pytest.mark.slow
+def test_ray_train_trial_on_one_gpu(tmp_path):
+    import ray
+
+    from qkvsearch.trainers.loop import run_trainer
+
+    if ray.is_initialized():
+        pytest.skip("needs its own Ray with the GPU")
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run_trainer(fill(SMALL), num_workers=1, cpus_per_worker=2, gpus_per_worker=1,
+                             name="gpu", storage_path=str(tmp_path))
+    finally:
+        ray.shutdown()
+    history = result.return_value
+    assert [m["epoch"] for m in history] == [1.0, 2.0]
+    assert all(math.isfinite(v) for v in history[-1].values()) and result.checkpoint is not None
+    assert history[-1]["top1"] > 30.0
