@@ -21,6 +21,7 @@ _EPILOG = textwrap.dedent("""\
       qkvsearch launch spaces/presets/quickstart.yaml     # a small real campaign on local Ray
       qkvsearch launch my.yaml --set train.epochs=20 --set search.num_trials=16
       qkvsearch status results/quickstart
+      qkvsearch watch results/quickstart                  # live trials, front and hypervolume until it ends
       qkvsearch report results/quickstart                 # pareto.html, pareto.csv, report.md, Parquet
 
     Ray: a local Ray is started on 127.0.0.1 unless RAY_ADDRESS names a cluster.
@@ -57,6 +58,18 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("dir", metavar="DIR", help="the campaign's results folder, e.g. results/quickstart")
     status = sub.add_parser("status", help="one line per trial of a campaign (running or finished)")
     status.add_argument("dir", metavar="DIR")
+    watch = sub.add_parser("watch", help="follow a campaign's trials, front and hypervolume until it ends",
+                           description="Redraw a campaign's progress (trials, epochs, running trials, the "
+                                       "completed front and its hypervolume) from its records every few seconds, "
+                                       "until its driver records the end. DIR: a folder or a storage URI.")
+    watch.add_argument("dir", metavar="DIR")
+    watch.add_argument("--interval", type=float, default=None, metavar="S", help="seconds between reads (default 2)")
+    watch.add_argument("--once", action="store_true", help="show the progress once and exit")
+    grafana = sub.add_parser("grafana-dashboard", help="write the qkvsearch campaign Grafana dashboard JSON",
+                             description="Write the 'qkvsearch campaign' Grafana dashboard (campaign metrics, "
+                                         "Ray node utilisation, Train controller state) for a Grafana of one's "
+                                         "own; `launch` installs it into the Grafana Ray's head provisions.")
+    grafana.add_argument("--out", metavar="DIR", required=True, help="folder to write it into")
     report = sub.add_parser("report", help="write the Pareto report (HTML, CSV, Markdown, Parquet, figures)")
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--out", metavar="OUT", default=None, help="output folder (default DIR/report)")
@@ -230,6 +243,27 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_watch(args) -> int:
+    from qkvsearch.search.monitor import INTERVAL_S, watch
+    from qkvsearch.search.terminal import TerminalView
+    from qkvsearch.spaces import BadInput
+
+    interval = INTERVAL_S if args.interval is None else args.interval
+    if not interval > 0:
+        raise BadInput(f"--interval: expected a number of seconds > 0, given {args.interval}")
+    progress = watch(args.dir, TerminalView(), interval=interval, until_ended=not args.once)
+    if progress.ended:
+        print(f"{progress.name} has ended; `qkvsearch report {args.dir}` writes its report")
+    return EXIT_OK
+
+
+def cmd_grafana_dashboard(args) -> int:
+    from qkvsearch.search.grafana import write_dashboard
+
+    print(f"grafana dashboard: {write_dashboard(args.out)}")
+    return EXIT_OK
+
+
 def cmd_simulate(args) -> int:
     from qkvsearch.search import simulate as sim
     from qkvsearch.spaces import BadInput
@@ -273,7 +307,8 @@ def _status_table(exp: str) -> str:
 
 
 _COMMANDS = {"launch": cmd_launch, "resume": cmd_resume, "validate": cmd_validate, "cost": cmd_cost,
-             "status": cmd_status, "report": cmd_report, "simulate": cmd_simulate}
+             "status": cmd_status, "watch": cmd_watch, "report": cmd_report, "simulate": cmd_simulate,
+             "grafana-dashboard": cmd_grafana_dashboard}
 
 if __name__ == "__main__":
     sys.exit(main())

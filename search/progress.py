@@ -1,0 +1,142 @@
+"""Where a campaign stands, read from its records: what the live terminal block, `qkvsearch watch` and
+the campaign metrics show. One reader (`read_progress`) for all three, for a running or a finished
+campaign, on a local path or a URI.
+
+The front and hypervolume are those of the trials finished so far (status completed), on the spec's
+objectives; the hypervolume's reference point is `pareto.reference_point` of those same points, so it
+moves while the campaign runs (compare hypervolumes within one snapshot, or in the report).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qkvsearch.search.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.records import read_campaign, read_trials
+
+STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible", "duplicate")
+TERMINAL = STATUSES[2:]  # final: the trial trains no more in this campaign
+ENDED_KEY = "ended_at"  # qs_campaign.json: unix time the campaign's driver finished (absent: running)
+
+
+@dataclass
+class RunningTrial:
+    name: str
+    epochs: int
+    planned: int
+    top1: float | None
+
+
+@dataclass
+class Progress:
+    """A campaign's state at `read_at` (unix seconds)."""
+
+    name: str
+    trials_planned: int
+    counts: Counter            # status -> trials recorded
+    epochs_done: int
+    epochs_planned: int        # every planned trial's epochs (trials not yet started counted in full)
+    running: list[RunningTrial]
+    objectives: list[tuple[str, str]]          # (metric, "min" | "max")
+    best: dict[str, float]                     # objective metric -> best value among completed trials
+    front: list[dict] = field(default_factory=list)  # the completed front: {"trial", metric: value...}
+    hypervolume: float | None = None
+    images_per_s: dict[str, float] = field(default_factory=dict)   # trial -> last epoch's images/s
+    startup_s: dict[str, float] = field(default_factory=dict)      # trial -> start -> first step, s
+    finished: list[tuple[str, str, int, float | None]] = field(default_factory=list)  # (trial, status,
+    #   epochs, last top-1) of every trial in a final status, in record order
+    ended: bool = False
+    read_at: float = 0.0
+
+    @property
+    def trials_recorded(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def trials_done(self) -> int:  # in a final status
+        return sum(n for s, n in self.counts.items() if s in TERMINAL)
+
+    def summary(self) -> str:
+        """One line: trials by status, epochs, front and best values."""
+        by_status = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))
+        hv = "-" if self.hypervolume is None else f"{self.hypervolume:.4g}"
+        best = ", ".join(f"{m} {v:.4g}" for m, v in self.best.items())
+        return (f"{self.name}: {self.trials_done}/{self.trials_planned} trials done ({by_status or 'none yet'}); "
+                f"epochs {self.epochs_done}/{self.epochs_planned}; front {len(self.front)}, hypervolume {hv}"
+                + (f"; best {best}" if best else ""))
+
+
+def read_progress(exp) -> Progress:
+    """The campaign at ``exp`` now. CampaignFileError when ``exp`` is not a campaign folder."""
+    campaign = read_campaign(exp)
+    spec = campaign["spec"]
+    read = read_trials(exp)
+    records, counts, lasts = read.records, read.epoch_counts(), read.last_epochs()
+    search = spec.get("search") or {}
+    planned = int(search.get("num_trials") or len(records)) * int(search.get("repeats") or 1)
+    planned = max(planned, len(records))
+    epochs_each = int((spec.get("train") or {}).get("epochs") or 0)
+    objectives = [(o["metric"], o["mode"]) for o in spec.get("objectives") or []]
+    status = Counter(str(r.get("status")) for r in records)
+    running = [RunningTrial(_name(r), n, int(r.get("epochs_planned") or epochs_each), _finite(last.get("top1")))
+               for r, n, last in zip(records, counts, lasts) if r.get("status") == "running"]
+    progress = Progress(
+        name=str(campaign.get("name") or spec.get("name")), trials_planned=planned, counts=status,
+        epochs_done=int(sum(counts)),
+        epochs_planned=sum(_epochs_to_train(r, epochs_each) for r in records) + (planned - len(records)) * epochs_each,
+        running=running, objectives=objectives, best={}, read_at=time.time())
+    # ended: the driver recorded its end, or (a campaign recorded before drivers did) every trial is final
+    progress.ended = campaign.get(ENDED_KEY) is not None or (len(records) >= planned and progress.trials_done >= planned)
+    progress.finished = [(_name(r), r["status"], n, _finite(last.get("top1")))
+                         for r, n, last in zip(records, counts, lasts) if r.get("status") in TERMINAL]
+    for r, last in zip(records, lasts):
+        if _finite(last.get("images_per_s")) is not None:
+            progress.images_per_s[_name(r)] = last["images_per_s"]
+        if _finite(r.get("first_step_at")) and _finite(r.get("started_at")):
+            progress.startup_s[_name(r)] = r["first_step_at"] - r["started_at"]
+    _add_front(progress, [(r, last) for r, last in zip(records, lasts) if r.get("status") == "completed"])
+    return progress
+
+
+def _add_front(progress: Progress, done: list[tuple[dict, dict]]) -> None:
+    """Best values, the non-dominated completed trials and their hypervolume."""
+    if not done or not progress.objectives:
+        return
+    metrics = [m for m, _ in progress.objectives]
+    dirs = [d for _, d in progress.objectives]
+    values = np.array([[_objective(r, last, m) for m in metrics] for r, last in done], dtype=float)
+    ok = np.isfinite(values).all(axis=1)
+    for j, (m, d) in enumerate(progress.objectives):
+        col = values[np.isfinite(values[:, j]), j]
+        if len(col):
+            progress.best[m] = float(col.max() if d == "max" else col.min())
+    if not ok.any():
+        return
+    pts = values[ok]
+    names = [_name(r) for (r, _), good in zip(done, ok) if good]
+    mask = nondominated_mask(pts, dirs)
+    progress.front = [{"trial": n, **dict(zip(metrics, map(float, p)))} for n, p, f in zip(names, pts, mask) if f]
+    progress.hypervolume = float(hypervolume(pts[mask], dirs, reference_point(pts, dirs)))
+
+
+def _objective(record: dict, last: dict, metric: str) -> float:
+    """An objective's value: the trial's last epoch metric, else its cost (params_m, gmacs...)."""
+    v = last.get(metric, (record.get("cost") or {}).get(metric))
+    return _finite(v) if _finite(v) is not None else math.nan
+
+
+def _epochs_to_train(record: dict, default: int) -> int:
+    """Epochs a trial will train: none for one that never trains (a duplicate, an infeasible one)."""
+    return 0 if record.get("status") in ("duplicate", "infeasible") else int(record.get("epochs_planned") or default)
+
+
+def _name(record: dict) -> str:
+    return str(record.get("trial_name") or record["trial_id"])
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None

@@ -1,0 +1,129 @@
+"""Watching a campaign without Ray: progress read from records, the terminal block and lines, `watch`,
+and the shipped Grafana dashboard's queries."""
+import io
+import json
+import math
+import os
+import threading
+import time
+
+import numpy as np
+from test_results import write_campaign
+
+from qkvsearch.search import grafana, metrics
+from qkvsearch.search.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from qkvsearch.search.monitor import CampaignMonitor, watch
+from qkvsearch.search.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.progress import ENDED_KEY, read_progress
+from qkvsearch.search.terminal import TerminalView
+
+STATUSES = ["completed", "completed", "running", "stopped_early", "failed", "completed", "pending"]
+
+
+class Recorder:
+    def __init__(self):
+        self.seen, self.closed = [], False
+
+    def show(self, progress):
+        self.seen.append(progress)
+
+    def close(self):
+        self.closed = True
+
+
+def _end(exp):
+    path = os.path.join(exp, "qs_campaign.json")
+    campaign = json.loads(open(path).read())
+    campaign[ENDED_KEY] = time.time()
+    open(path, "w").write(json.dumps(campaign))
+
+
+def test_progress_counts_epochs_and_the_completed_front(tmp_path):
+    records = write_campaign(tmp_path, STATUSES)
+    p = read_progress(tmp_path)
+    assert p.trials_planned == 7  # the spec names no num_trials: the records' count
+    assert p.counts["completed"] == 3 and p.counts["running"] == 1 and p.trials_done == 5
+    assert p.epochs_done == sum(len(r["epochs"]) for r in records)
+    assert [t.name for t in p.running] == [records[2]["trial_name"]] and p.running[0].epochs == 3
+    done = [r for r in records if r["status"] == "completed"]
+    values = np.array([[r["epochs"][-1]["top1"], r["cost"]["gmacs"], r["cost"]["params_m"]] for r in done])
+    dirs = ["max", "min", "min"]
+    front = {r["trial_name"] for r, on in zip(done, nondominated_mask(values, dirs)) if on}
+    assert {f["trial"] for f in p.front} == front
+    mask = nondominated_mask(values, dirs)
+    assert math.isclose(p.hypervolume, hypervolume(values[mask], dirs, reference_point(values, dirs)))
+    assert p.best["top1"] == max(values[:, 0]) and p.best["gmacs"] == min(values[:, 1])
+    assert not p.ended
+    _end(tmp_path)
+    assert read_progress(tmp_path).ended
+
+
+def test_plain_terminal_prints_each_finished_trial_once_and_changes_only(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    out = io.StringIO()
+    view = TerminalView(out, live=False)
+    view.show(read_progress(tmp_path))
+    view.show(read_progress(tmp_path))
+    view.close()
+    lines = out.getvalue().splitlines()
+    finished = [line for line in lines if line.startswith("trial ")]
+    assert len(finished) == 5 and any("failed after 1 epoch(s)" in line for line in finished)
+    assert sum(line.startswith("synth: 5/7 trials done") for line in lines) == 1  # nothing new: no line
+    assert "\x1b[" not in out.getvalue()  # no terminal control codes in a log
+
+
+def test_live_block_redraws_in_place(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    out = io.StringIO()
+    view = TerminalView(out, live=True)
+    view.show(read_progress(tmp_path))
+    view.close()
+    text = out.getvalue()
+    assert "trials" in text and "5/7" in text and "running trial" in text and "hypervolume" in text
+
+
+def test_watch_follows_a_campaign_until_its_driver_ends(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    view = Recorder()
+    threading.Timer(0.5, _end, args=(str(tmp_path),)).start()
+    last = watch(str(tmp_path), view, interval=0.1)
+    assert last.ended and len(view.seen) >= 2 and view.closed
+
+
+def test_watch_cli_once_and_bad_input(tmp_path, capsys):
+    write_campaign(tmp_path, STATUSES)
+    assert main(["watch", str(tmp_path), "--once"]) == EXIT_OK
+    assert "synth: 5/7 trials done" in capsys.readouterr().out
+    assert main(["watch", str(tmp_path / "nothing")]) == EXIT_BAD_INPUT
+    assert "qs_campaign.json" in capsys.readouterr().err
+    assert main(["watch", str(tmp_path), "--interval", "0"]) == EXIT_BAD_INPUT
+    assert "--interval: expected" in capsys.readouterr().err
+
+
+def test_monitor_polls_and_survives_a_failing_view(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+
+    class Broken(Recorder):
+        def show(self, progress):
+            raise RuntimeError("boom")
+
+    good, bad = Recorder(), Broken()
+    with CampaignMonitor(str(tmp_path), [bad, good], interval=0.05):
+        time.sleep(0.3)
+    assert len(good.seen) >= 3 and good.closed and bad.closed
+
+
+def test_grafana_dashboard_queries_every_campaign_metric(tmp_path, capsys):
+    text = "\n".join(grafana.queries())
+    assert all(f"ray_{name}" in text for name in metrics.METRICS)
+    assert main(["grafana-dashboard", "--out", str(tmp_path)]) == EXIT_OK
+    board = json.loads((tmp_path / grafana.FILE_NAME).read_text())
+    assert board["uid"] == grafana.UID and len(board["panels"]) == len(grafana.PANELS)
+    assert [t["expr"] for p in board["panels"] for t in p["targets"]] == grafana.queries()
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "campaign"}
+
+
+def test_progress_reads_a_uri(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    p = read_progress(f"file://{tmp_path}")
+    assert p.counts["completed"] == 3
