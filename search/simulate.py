@@ -308,13 +308,17 @@ _SETTING_RE = re.compile(r"^(?P<type>[a-z]+)(?::(?P<opts>.*))?$")
 
 @dataclass(frozen=True)
 class Setting:
-    """One scheduler configuration: ``fifo``, ``asha`` or ``moasha`` with grace, rf and brackets."""
+    """One scheduler configuration: ``fifo``, ``asha`` or ``moasha`` with grace, rf and brackets.
+
+    shares (moasha, Python only: a campaign always uses the default): the share of trials each bracket
+    takes, e.g. (1, 1, 1) for equal shares; None is MOASHAScheduler's default (rf**(2 s) for bracket s)."""
 
     type: str
     grace: int = 1
     rf: int = 3
     brackets: int = 1
     metric: str | None = None  # asha: the metric it stops on (default: the first training objective)
+    shares: tuple[float, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -323,6 +327,8 @@ class Setting:
         text = f"{self.type} g{self.grace} rf{self.rf}"
         if self.brackets > 1:
             text += f" b{self.brackets}"
+        if self.shares is not None:
+            text += " shares " + ":".join(f"{x:g}" for x in self.shares)
         return text + (f" {self.metric}" if self.metric else "")
 
     @classmethod
@@ -390,6 +396,8 @@ def build_scheduler(setting: Setting, curves: Curves):
     common = dict(time_attr=TIME_ATTR, grace_period=setting.grace, reduction_factor=setting.rf,
                   max_t=curves.max_t, brackets=setting.brackets)
     fit = max(1, _rungs(setting.grace, setting.rf, curves.max_t))
+    if setting.shares is not None and (setting.type != "moasha" or len(setting.shares) != setting.brackets):
+        raise BadInput(f"schedulers: expected shares for moasha only, one per bracket, given {setting.label}")
     if setting.brackets > fit:
         raise BadInput(f"schedulers: expected at most {fit} bracket(s) (the rungs below {curves.max_t} epochs "
                        f"at grace {setting.grace}, rf {setting.rf}), given {setting.label}")
@@ -401,7 +409,7 @@ def build_scheduler(setting: Setting, curves: Curves):
                            f"objectives for asha, given {', '.join(curves.metrics)}")
         mode = modes.get(metric) or ("min" if metric.endswith("loss") else "max")
         return ASHAScheduler(metric=metric, mode=mode, **common)
-    return MOASHAScheduler(metrics=curves.metrics, modes=curves.directions, **common)
+    return MOASHAScheduler(metrics=curves.metrics, modes=curves.directions, bracket_shares=setting.shares, **common)
 
 
 # ---------------------------------------------------------------------------------------- simulation

@@ -218,17 +218,18 @@ class SchedulerSpec:
         (at most one per rung that fits in ``epochs``, and at least 1).
 
         Default for moasha: 3, chosen with benchmarks/bench_search.py (replays of 81 and 243
-        configurations x 27 epochs, grace 1, rf 3, where 3 is every rung: 1, 3, 9). At half the full
-        grid's epochs, MO-ASHA with 3 brackets keeps 0.98 / 0.995 of the grid's hypervolume when
-        curves keep their order and 0.93 / 0.95 when larger models learn slower and overtake, where 1
-        bracket keeps 0.97 / 0.99 and 0.70 / 0.81, and 2 brackets 0.98 / 0.99 and 0.79 / 0.90. On
-        curves that keep their order one bracket is nearly as good and cheaper (it tries every
-        configuration with half the epochs or fewer), but on crossing curves fewer brackets lose most of the front, and
-        a campaign cannot tell beforehand which kind it has. Smaller budgets favour fewer brackets: at
-        a quarter of the grid's epochs 3 brackets trail 1 on ordered curves (0.91 vs 0.96 for 81
+        configurations x 27 epochs, grace 1, rf 3, where 3 is every rung: 1, 3, 9; MO-ASHA deals
+        bracket s rf**(2 s) shares of the trials, see search/schedulers.py). At half the full grid's
+        epochs, MO-ASHA with 3 brackets keeps 0.98 / 0.99 of the grid's hypervolume when curves keep
+        their order and 0.97 / 0.97 when larger models learn slower and overtake, where 1 bracket keeps
+        0.97 / 0.99 and 0.70 / 0.81, and 2 brackets 0.99 / 1.00 and 0.85 / 0.93. On curves that keep
+        their order one bracket is nearly as good and cheaper (it tries every configuration with a
+        quarter of the epochs or fewer), but on crossing curves fewer brackets lose much of the front,
+        and a campaign cannot tell beforehand which kind it has. Smaller budgets favour fewer brackets:
+        at a quarter of the grid's epochs 3 brackets trail 1 on ordered curves (0.91 vs 0.96 for 81
         configurations) while still ahead of random search (0.88). The benchmark's targets at half the
-        epochs (0.97 ordered, 0.95 crossing, never 0.02 below random search) hold with 3 brackets except
-        on the 81-configuration crossing benchmark (0.93, random search 0.95).
+        epochs (0.97 ordered, 0.95 crossing, never 0.02 below random search) hold with 3 brackets on
+        all four benchmarks.
         Default for asha: 1, Ray's own (its brackets are drawn at random, weighted toward bracket 0;
         not benchmarked here)."""
         if self.brackets is not None:

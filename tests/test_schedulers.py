@@ -12,6 +12,8 @@ from qkvsearch.search.schedulers import (
     MOASHAScheduler,
     candidate_position,
     crowding_distance,
+    default_shares,
+    next_bracket,
     promotable,
     rung_positions,
 )
@@ -275,8 +277,11 @@ def _replay(sched, names, upto=27, add=True):
     return decisions
 
 
-def test_bracket_s_skips_the_first_s_rungs_and_trials_join_round_robin():
-    sched = _moasha(max_t=27, brackets=3)
+EQUAL = (1, 1, 1)  # equal shares: plain round-robin, so the tests below know each trial's bracket
+
+
+def test_bracket_s_skips_the_first_s_rungs_and_equal_shares_deal_round_robin():
+    sched = _moasha(max_t=27, brackets=3, bracket_shares=EQUAL)
     assert sched.rungs == [1, 3, 9] and sched.bracket_rungs == [[1, 3, 9], [3, 9], [9]]
     names = [f"t{i}" for i in range(7)]
     for n in names:
@@ -288,8 +293,45 @@ def test_bracket_s_skips_the_first_s_rungs_and_trials_join_round_robin():
     assert sched.bracket_of("u") == 1
 
 
+def test_default_shares_grow_by_rf_squared_per_bracket():
+    sched = _moasha(max_t=27, brackets=3)  # rf 3: shares 1 : 9 : 81
+    assert default_shares(3, 3) == [1, 9, 81] and default_shares(2, 2.5) == [1, 6.25]
+    names = [f"t{i}" for i in range(91)]
+    for n in names:
+        sched.on_trial_add(None, _trial(n))
+    dealt = [sched.bracket_of(n) for n in names]
+    assert dealt[:7] == [2, 2, 2, 2, 1, 2, 2]
+    assert [dealt.count(b) for b in range(3)] == [1, 9, 81]  # 91 trials: the shares exactly
+
+
+@pytest.mark.parametrize("shares, most", [((1, 1, 1), 1), ((1, 3, 9), 1), ((1, 2.5, 6.25), 1), ((2, 1), 1),
+                                          ((0.1, 0.3), 1), ((1, 9, 81, 729), 1.5), ((1, 3, 9, 27, 81, 243), 1.5)])
+def test_next_bracket_keeps_every_bracket_close_to_its_share(shares, most):
+    counts = [0] * len(shares)
+    total = sum(shares)
+    for k in range(1, 1000):
+        counts[next_bracket(counts, shares)] += 1
+        assert all(abs(c - k * w / total) < most for c, w in zip(counts, shares)), (k, counts)
+
+
+def test_next_bracket_ties_go_to_the_lowest_index():
+    assert next_bracket([0, 0, 0], [1, 1, 1]) == 0
+    assert next_bracket([1, 0, 0], [1, 1, 1]) == 1
+    assert next_bracket([1, 0, 0], [2, 1, 1]) == 1  # brackets 1 and 2 equally behind: the lower wins
+    assert next_bracket([0, 0, 4], [1, 9, 81]) == 1  # 45 / 91 of a trial behind against 41 / 91 for bracket 2
+    assert next_bracket([1, 0], [2.5, 2.5]) == 1 and next_bracket([1, 1], [2.5, 2.5]) == 0
+    with pytest.raises(ValueError, match="counts"):
+        next_bracket([0, 0], [1, 1, 1])
+
+
+@pytest.mark.parametrize("shares", [(1, 1), (1, 0, 1), (1, -1, 1), (1, float("nan"), 1), "111", 3, (1, True, 1)])
+def test_bracket_shares_must_be_one_positive_number_per_bracket(shares):
+    with pytest.raises(ValueError, match="bracket_shares"):
+        _moasha(max_t=27, brackets=3, bracket_shares=shares)
+
+
 def test_a_trial_is_judged_only_at_its_own_brackets_rungs():
-    sched = _moasha(max_t=27, brackets=3)
+    sched = _moasha(max_t=27, brackets=3, bracket_shares=EQUAL)
     a, b, c, d = (_trial(x) for x in "abcd")  # brackets 0, 1, 2, 0
     for t in (a, b, c, d):
         sched.on_trial_add(None, t)
@@ -316,7 +358,7 @@ def test_a_trial_is_judged_only_at_its_own_brackets_rungs():
 
 def test_bracket_zero_alone_gives_the_one_bracket_decisions():
     names = list(RECORDED)
-    hb = _moasha(max_t=27, brackets=3)
+    hb = _moasha(max_t=27, brackets=3, bracket_shares=EQUAL)
     mixed = _replay(hb, names)
     zero = [n for n in names if hb.bracket_of(n) == 0]
     assert zero == ["fast", "weak"]
@@ -333,7 +375,7 @@ def test_late_bloomer_survives_only_in_a_later_bracket():
     names = ["fast", "mid", "small", "weak", "fat", "late"]
     one = _moasha(max_t=27)
     assert _replay(one, names)[("late", 1)] == STOP
-    three = _moasha(max_t=27, brackets=3)
+    three = _moasha(max_t=27, brackets=3, bracket_shares=EQUAL)
     decisions = _replay(three, names)
     assert three.bracket_of("late") == 2
     assert decisions[("late", 9)] == CONTINUE and decisions[("late", 27)] == STOP  # 27 = max_t: done
@@ -347,9 +389,11 @@ def test_brackets_survive_save_restore_pickle_and_state_path(tmp_path):
     restored = pickle.loads(built)
     restored.on_trial_add(None, _trial("fast"))  # first callback: reloads state_path
     assert restored.get_state() == sched.get_state()
-    for s in (sched, restored):  # both go on with the same round-robin
+    dealt = list(sched.get_state()["bracket_of"].values())
+    counts = [dealt.count(b) for b in range(3)]
+    for s in (sched, restored):  # both go on dealing from the same counts
         s.on_trial_add(None, _trial("new"))
-    assert sched.bracket_of("new") == restored.bracket_of("new") == 1
+    assert sched.bracket_of("new") == restored.bracket_of("new") == next_bracket(counts, default_shares(3, 3))
     other = _moasha(max_t=27, brackets=3)
     sched.save(str(tmp_path / "copy.json"))
     other.restore(str(tmp_path / "copy.json"))
@@ -373,7 +417,7 @@ def test_a_one_bracket_state_of_the_previous_format_loads_into_bracket_zero():
     two.set_state(old)
     assert two.bracket_of("a") == two.bracket_of("b") == 0
     two.on_trial_add(None, _trial("c"))
-    assert two.bracket_of("c") == 1  # the bracket holding fewer trials
+    assert two.bracket_of("c") == 1  # the bracket furthest behind its share
 
 
 def test_a_scheduler_pickled_before_brackets_existed_unpickles_as_one_bracket(tmp_path):
@@ -386,6 +430,18 @@ def test_a_scheduler_pickled_before_brackets_existed_unpickles_as_one_bracket(tm
     assert back.bracket_rungs == [[1, 3]] and back.recorded(1) == sched.recorded(1)
     assert back.bracket_of("a") == 0 and back.stopped == {"b": 1}
     assert _report(back, _trial("e"), 1, 40.0, 5.0) == STOP
+
+
+def test_a_scheduler_pickled_before_shares_existed_deals_with_the_default_shares():
+    sched = _moasha(max_t=27, brackets=3)
+    for n in ("a", "b", "c"):
+        sched.on_trial_add(None, _trial(n))
+    old = {k: v for k, v in sched.__dict__.items() if k != "_shares"}
+    back = MOASHAScheduler.__new__(MOASHAScheduler)
+    back.__setstate__(old)
+    for s in (sched, back):
+        s.on_trial_add(None, _trial("d"))
+    assert back.bracket_of("d") == sched.bracket_of("d") and back.get_state() == sched.get_state()
 
 
 @pytest.mark.parametrize("brackets", [0, 4, True, 1.5, "2"])

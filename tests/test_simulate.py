@@ -84,7 +84,10 @@ def test_schedulers_are_the_campaigns_own_classes_and_stop_early():
     assert run.stopped == len(sched.stopped) > 0
     assert run.epochs < curves.grid_epochs
     brackets = [sched.bracket_of(f"sim_{k:05d}") for k in range(run.trials)]
-    assert brackets == [k % 2 for k in range(run.trials)]  # round-robin in the order trials started
+    assert brackets[:8] == [1, 1, 1, 1, 0, 1, 1, 1]  # shares 1 : 9, dealt in the order trials started
+    assert brackets.count(0) == pytest.approx(run.trials / 10, abs=1)
+    equal = simulate(curves, Setting("moasha", 1, 3, 2, shares=(1, 1)), concurrency=4, seed=0).scheduler
+    assert [equal.bracket_of(f"sim_{k:05d}") for k in range(6)] == [0, 1, 0, 1, 0, 1]
     fifo = simulate(curves, Setting("fifo"), concurrency=4, seed=0)
     assert fifo.complete == len(curves) and fifo.final_hv == pytest.approx(curves.grid_hv)
 
@@ -135,6 +138,7 @@ def test_bad_tables_are_bad_input(frame, objectives, field):
 
 def test_settings_parse_and_refuse():
     assert Setting.parse("moasha:grace=3,rf=2,brackets=2") == Setting("moasha", 3, 2, 2)
+    assert Setting("moasha", 1, 3, 2, shares=(1, 1)).label == "moasha g1 rf3 b2 shares 1:1"
     assert Setting.parse("asha", grace=2, rf=4) == Setting("asha", 2, 4, 1)
     for bad in ("hyperband", "moasha:brackets", "moasha:rf=1", "moasha:grace=x", "moasha:speed=2"):
         with pytest.raises(BadInput, match="schedulers"):
@@ -142,6 +146,9 @@ def test_settings_parse_and_refuse():
     curves = curves_from_frame(table(), "t", TWO)
     with pytest.raises(BadInput, match="at most 2 bracket"):
         simulate(curves, Setting("moasha", 1, 3, 3))
+    for bad in (Setting("moasha", 1, 3, 2, shares=(1, 1, 1)), Setting("asha", 1, 3, 2, shares=(1, 1))):
+        with pytest.raises(BadInput, match="shares"):
+            simulate(curves, bad)
 
 
 def test_cli_simulate_writes_figure_and_trace(tmp_path, capsys):
