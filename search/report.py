@@ -14,12 +14,16 @@ file is written whole (search.storage).
 """
 from __future__ import annotations
 
+import base64
 import html
 import io
 import json
 import logging
 import os
+import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -30,8 +34,8 @@ import pyarrow.compute as pc
 
 from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point
 from qkvsearch.search.records import read_campaign
-from qkvsearch.search.results import CONFIG_PREFIX, collect, resolve_out_dir, write_results
-from qkvsearch.search.storage import write_bytes
+from qkvsearch.search.results import CONFIG_PREFIX, collect, parquet_files, resolve_out_dir, write_results
+from qkvsearch.search.storage import loads_json, write_bytes
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.spaces.schema import DEFAULT_OBJECTIVES as SPEC_DEFAULT_OBJECTIVES
 
@@ -108,14 +112,54 @@ def _paper_points(size: str, csv_path) -> pd.DataFrame:
     return ref.rename(columns={"gmacs_reported": "gmacs"})
 
 
-def _hover_lines(row: pd.Series, metrics, cols, full: bool) -> str:
-    lines = [f"<b>{html.escape(str(row['trial_name']))}</b> ({row['status']})"]
-    lines += [f"{m} = {row[c]:.4g}" if pd.notna(row[c]) else f"{m} = n/a" for m, c in zip(metrics, cols)]
-    config = json.loads(row["config_json"]) if full else {}
-    lines += [f"{html.escape(str(k))} = {html.escape(json.dumps(v))}" for k, v in sorted(config.items()) if v is not None]
-    if row.get("error"):
-        lines.append("error: " + html.escape(str(row["error"])[:200]))
-    return "<br>".join(lines)
+_HTML_SPECIAL = re.compile("[&<>\"']")  # what html.escape replaces
+
+
+def _escaped(texts: list[str]) -> list[str]:
+    """html.escape of each text. Most columns hold nothing to escape (names, numbers): one scan of
+    them joined says so; otherwise each distinct text is escaped once."""
+    if not _HTML_SPECIAL.search("".join(texts)):
+        return texts
+    escaped = {t: html.escape(t) for t in set(texts)}
+    return [escaped[t] for t in texts]
+
+
+def _g4(s: pd.Series, missing: str) -> list[str]:
+    """Values with 4 significant digits ({:.4g}), ``missing`` where NA."""
+    na = s.isna().to_numpy()
+    return [missing if m else f"{v:.4g}" for v, m in zip(s.tolist(), na)]
+
+
+def _config(config_json: str) -> dict:
+    """A trial's config_json parsed (orjson where it can: a few times faster than json for thousands)."""
+    return loads_json(config_json.encode("utf-8"))
+
+
+def _hover_details(config_json: str, error) -> str:
+    """The config's set keys (sorted) and the error, as hover lines after the objectives."""
+    config = _config(config_json)
+    lines = [f"{html.escape(str(k))} = {html.escape(json.dumps(v))}" for k, v in sorted(config.items()) if v is not None]
+    if isinstance(error, str) and error:  # a missing error is NaN here
+        lines.append("error: " + html.escape(error[:200]))
+    return "".join("<br>" + line for line in lines)
+
+
+def _hover(df: pd.DataFrame, metrics, cols, full: np.ndarray) -> list[str]:
+    """Per trial: name, status and objectives; where ``full`` (n,) bool, also its config and error."""
+    names = _escaped(df["trial_name"].astype(str).tolist())
+    out = [f"<b>{n}</b> ({s})" for n, s in zip(names, df["status"].astype(str).tolist())]
+    for m, c in zip(metrics, cols):
+        out = [f"{h}<br>{m} = {v}" for h, v in zip(out, _g4(df[c], "n/a"))]
+    configs, errors = df["config_json"].to_numpy(dtype=object), df["error"].to_numpy(dtype=object)
+    for i in np.flatnonzero(full):
+        out[i] += _hover_details(configs[i], errors[i])
+    return out
+
+
+def _rows(df: pd.DataFrame, mask: pd.Series, columns: list[str]) -> pd.DataFrame:
+    """The rows where ``mask``, with only ``columns`` (each once): a copy of what is used, not of the
+    whole frame's seventy-odd columns."""
+    return df.loc[mask, list(dict.fromkeys(columns))]
 
 
 def _prepare(trials: pa.Table, objectives, front_statuses) -> tuple[pd.DataFrame, list, list, list]:
@@ -129,23 +173,14 @@ def _prepare(trials: pa.Table, objectives, front_statuses) -> tuple[pd.DataFrame
     df["on_front"] = on_front
     df["embedding"] = df["config_embedding"].fillna("?")
     full = np.ones(len(df), dtype=bool) if len(df) <= HOVER_CONFIG_LIMIT else on_front
-    df["hover"] = [_hover_lines(r, metrics, cols, f) for (_, r), f in zip(df.iterrows(), full)] if len(df) <= HOVER_CONFIG_LIMIT \
-        else _fast_hover(df, metrics, cols, full)
+    df["hover"] = _hover(df, metrics, cols, full)
     return df, metrics, cols, dirs
 
 
-def _fast_hover(df: pd.DataFrame, metrics, cols, full) -> list[str]:
-    """Hover text for big campaigns: name, status, objectives; full config for front points only."""
-    head = ("<b>" + df["trial_name"].astype(str).map(html.escape) + "</b> (" + df["status"].astype(str) + ")")
-    for m, c in zip(metrics, cols):
-        head = head + f"<br>{m} = " + df[c].map(lambda v: "n/a" if pd.isna(v) else f"{v:.4g}")
-    out = head.tolist()
-    for i in np.flatnonzero(full):
-        out[i] = _hover_lines(df.iloc[i], metrics, cols, True)
-    return out
-
-
 # ---------------------------------------------------------------------------------------- figures
+# Figures are plotly figure dicts ({"data": [trace, ...], "layout": {...}}) in the form plotly.py's
+# graph objects serialise to: numbers as typed arrays, the template written out. Building them as
+# dicts skips plotly.py's per-value validation, which at 10,000 trials costs about a second.
 def _color(emb: str, order: list[str]) -> str:
     return EMBED_COLORS.get(emb) or EXTRA_COLORS[order.index(emb) % len(EXTRA_COLORS)]
 
@@ -154,89 +189,126 @@ def _title(metric: str) -> str:
     return AXIS_TITLES.get(metric, metric)
 
 
-def _scatter_traces(go, df: pd.DataFrame, xcol: str, ycol: str, zcol: str | None = None) -> list:
-    """One trace per (embedding, status): colour = embedding, symbol = status."""
+def _numbers(values) -> dict | list:
+    """(n,) numbers (Series, array) -> plotly.js typed array: float64, base64, missing -> NaN (a gap)."""
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype="float64", na_value=np.nan)
+    v = np.ascontiguousarray(values, dtype="<f8")
+    if v.size == 0:
+        return []  # as plotly.py sends an empty array
+    return {"dtype": "f8", "bdata": base64.b64encode(v).decode("ascii")}
+
+
+@lru_cache(maxsize=1)
+def _template() -> dict:
+    """The plotly_white template as the layout carries it (plotly.js knows no template names)."""
+    import plotly.io as pio
+
+    return pio.templates["plotly_white"].to_plotly_json()
+
+
+def _layout(title: str, height: int, **axes) -> dict:
+    """Layout with the report's template; ``axes``: xaxis=..., yaxis=... axis titles, or a scene."""
+    out = {"template": _template(), "title": {"text": title}, "height": height}
+    for name, value in axes.items():
+        out[name] = {"title": {"text": value}} if isinstance(value, str) else value
+    return out
+
+
+def _scatter_traces(df: pd.DataFrame, groups: dict, xcol: str, ycol: str, zcol: str | None = None) -> list[dict]:
+    """One trace per (embedding, status) of ``groups`` ({(emb, status): row positions}, sorted):
+    colour = embedding, symbol = status; rows missing a coordinate are left out."""
     traces = []
     embeds = sorted(df["embedding"].unique())
-    for (emb, status), g in df.groupby(["embedding", "status"], sort=True):
-        g = g[g[xcol].notna() & g[ycol].notna() & (g[zcol].notna() if zcol else True)]
-        if g.empty:
+    axes = {"x": xcol, "y": ycol, **({"z": zcol} if zcol else {})}
+    coords = {a: df[c].to_numpy(dtype="float64", na_value=np.nan) for a, c in axes.items()}
+    present = np.logical_and.reduce([~np.isnan(v) for v in coords.values()])  # (n,)
+    hover, ids = df["hover"].to_numpy(dtype=object), df["trial_id"].to_numpy(dtype=object)
+    for (emb, status), rows in groups.items():
+        rows = rows[present[rows]]
+        if rows.size == 0:
             continue
         symbol = STATUS_SYMBOLS.get(status, "circle")
         if zcol is not None and symbol not in SYMBOLS_3D:
             symbol = "diamond"  # 3-D markers have fewer symbols
-        marker = dict(color=_color(emb, embeds), symbol=symbol, size=7 if zcol is None else 4, opacity=0.85)
-        common = dict(name=f"{emb} · {status}", legendgroup=emb, mode="markers", marker=marker,
-                      hovertext=g["hover"].tolist(), hoverinfo="text", customdata=g["trial_id"].tolist())
-        if zcol is None:
-            traces.append(go.Scatter(x=g[xcol].to_numpy(), y=g[ycol].to_numpy(), **common))
-        else:
-            traces.append(go.Scatter3d(x=g[xcol].to_numpy(), y=g[ycol].to_numpy(), z=g[zcol].to_numpy(), **common))
+        marker = {"color": _color(emb, embeds), "symbol": symbol, "size": 7 if zcol is None else 4, "opacity": 0.85}
+        trace = {"type": "scatter" if zcol is None else "scatter3d", "name": f"{emb} · {status}", "legendgroup": emb,
+                 "mode": "markers", "marker": marker, "hovertext": hover[rows].tolist(), "hoverinfo": "text",
+                 "customdata": ids[rows].tolist()}
+        traces.append(trace | {a: _numbers(v[rows]) for a, v in coords.items()})
     return traces
+
+
+def _trial_groups(df: pd.DataFrame) -> dict:
+    """{(embedding, status): (m,) row positions}, keys sorted: the traces of every scatter figure."""
+    groups = df.groupby(["embedding", "status"], sort=True).indices
+    return {k: groups[k] for k in sorted(groups)}
 
 
 def _front_2d(df: pd.DataFrame, xcol, xdir, ycol, ydir) -> pd.DataFrame:
     """Eligible trials on the front of this pair of objectives, sorted along x (the staircase)."""
-    pts = df[df["eligible"]]
+    pts = _rows(df, df["eligible"], [xcol, ycol])
     mask = nondominated_mask(pts[[xcol, ycol]].astype("float64").to_numpy(), [xdir, ydir])
     return pts[mask].sort_values([xcol, ycol], ascending=[True, ydir == "min"])
 
 
-def _pair_figure(go, df, metrics, cols, dirs, j: int, paper: pd.DataFrame | None):
+def _pair_figure(df, groups, metrics, cols, dirs, j: int, paper: pd.DataFrame | None) -> dict:
     """objectives[0] (y) against objectives[j] (x): all trials, the full front, the 2-D staircase."""
     xcol, ycol = cols[j], cols[0]
-    fig = go.Figure(_scatter_traces(go, df, xcol, ycol))
-    front = df[df["on_front"]]
-    fig.add_trace(go.Scatter(x=front[xcol], y=front[ycol], mode="markers", name="Pareto front (all objectives)",
-                             marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(color="black", width=2)),
-                             hovertext=front["hover"].tolist(), hoverinfo="text", customdata=front["trial_id"].tolist()))
+    data = _scatter_traces(df, groups, xcol, ycol)
+    front = _rows(df, df["on_front"], [xcol, ycol, "hover", "trial_id"])
+    data.append({"type": "scatter", "x": _numbers(front[xcol]), "y": _numbers(front[ycol]), "mode": "markers",
+                 "name": "Pareto front (all objectives)",
+                 "marker": {"size": 14, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
+                 "hovertext": front["hover"].tolist(), "hoverinfo": "text", "customdata": front["trial_id"].tolist()})
     stair = _front_2d(df, xcol, dirs[j], ycol, dirs[0])
     shape = "hv" if dirs[0] == "max" and dirs[j] == "min" else "linear"
-    fig.add_trace(go.Scatter(x=stair[xcol], y=stair[ycol], mode="lines", line=dict(color="black", width=1.5, shape=shape),
-                             name=f"front in this plane ({metrics[0]} vs {metrics[j]})", hoverinfo="skip"))
+    data.append({"type": "scatter", "x": _numbers(stair[xcol]), "y": _numbers(stair[ycol]), "mode": "lines",
+                 "line": {"color": "black", "width": 1.5, "shape": shape},
+                 "name": f"front in this plane ({metrics[0]} vs {metrics[j]})", "hoverinfo": "skip"})
     if paper is not None and metrics[j] in paper and metrics[0] in paper:
         p = paper.dropna(subset=[metrics[j], metrics[0]])
-        fig.add_trace(go.Scatter(x=p[metrics[j]], y=p[metrics[0]], mode="markers", name="paper (ImageNet-1k)",
-                                 marker=dict(symbol="star", size=12, color="#ff7f0e", line=dict(color="black", width=1)),
-                                 hovertext=p["label"], hoverinfo="text+x+y"))
-    fig.update_layout(title=f"{metrics[0]} vs {metrics[j]}", xaxis_title=_title(metrics[j]),
-                      yaxis_title=_title(metrics[0]), height=560, template="plotly_white",
-                      legend=dict(font=dict(size=10)))
-    return fig
+        data.append({"type": "scatter", "x": _numbers(p[metrics[j]]), "y": _numbers(p[metrics[0]]), "mode": "markers",
+                     "name": "paper (ImageNet-1k)",
+                     "marker": {"symbol": "star", "size": 12, "color": "#ff7f0e", "line": {"color": "black", "width": 1}},
+                     "hovertext": p["label"].tolist(), "hoverinfo": "text+x+y"})
+    layout = _layout(f"{metrics[0]} vs {metrics[j]}", 560, xaxis=_title(metrics[j]), yaxis=_title(metrics[0]))
+    layout["legend"] = {"font": {"size": 10}}
+    return {"data": data, "layout": layout}
 
 
-def _figure_3d(go, df, metrics, cols):
-    fig = go.Figure(_scatter_traces(go, df, cols[1], cols[2], cols[0]))
-    front = df[df["on_front"]]
-    fig.add_trace(go.Scatter3d(x=front[cols[1]], y=front[cols[2]], z=front[cols[0]], mode="markers",
-                               name="Pareto front", marker=dict(size=7, color="rgba(0,0,0,0)", line=dict(color="black", width=3)),
-                               hovertext=front["hover"].tolist(), hoverinfo="text"))
-    fig.update_layout(title=f"{metrics[0]} vs {metrics[1]} and {metrics[2]}", height=650, template="plotly_white",
-                      scene=dict(xaxis_title=_title(metrics[1]), yaxis_title=_title(metrics[2]),
-                                 zaxis_title=_title(metrics[0])))
-    return fig
+def _figure_3d(df, groups, metrics, cols) -> dict:
+    data = _scatter_traces(df, groups, cols[1], cols[2], cols[0])
+    front = _rows(df, df["on_front"], [*cols[:3], "hover"])
+    data.append({"type": "scatter3d", "x": _numbers(front[cols[1]]), "y": _numbers(front[cols[2]]),
+                 "z": _numbers(front[cols[0]]), "mode": "markers", "name": "Pareto front",
+                 "marker": {"size": 7, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 3}},
+                 "hovertext": front["hover"].tolist(), "hoverinfo": "text"})
+    scene = {f"{a}axis": {"title": {"text": _title(m)}} for a, m in zip("xyz", (metrics[1], metrics[2], metrics[0]))}
+    return {"data": data, "layout": _layout(f"{metrics[0]} vs {metrics[1]} and {metrics[2]}", 650, scene=scene)}
 
 
-def _curves_figure(go, df, epochs: pa.Table, metric: str = "top1"):
+def _curves_figure(df, epochs: pa.Table, metric: str = "top1") -> dict:
     """Per-epoch curves of the front's trials only (never every epoch of every trial)."""
-    front = df[df["on_front"]]
-    fig = go.Figure()
+    front = _rows(df, df["on_front"], ["trial_id", "embedding"])
+    data = []
     if metric in epochs.column_names and len(front):
         sub = epochs.filter(pc.is_in(epochs["trial_id"], value_set=pa.array(front["trial_id"].tolist(), pa.string())))
         sub = sub.select(["trial_id", "trial_name", "epoch", metric]).to_pandas().sort_values(["trial_id", "epoch"])
         embeds = sorted(df["embedding"].unique())
         emb_of = dict(zip(front["trial_id"], front["embedding"]))
         for tid, g in sub.groupby("trial_id", sort=True):
-            fig.add_trace(go.Scatter(x=g["epoch"], y=g[metric], mode="lines+markers", name=str(g["trial_name"].iloc[0]),
-                                     line=dict(color=_color(emb_of[tid], embeds)), marker=dict(size=4)))
-    fig.update_layout(title=f"Learning curves of the front ({metric} per epoch)", xaxis_title="epoch",
-                      yaxis_title=_title(metric), height=480, template="plotly_white")
-    return fig
+            data.append({"type": "scatter", "x": _numbers(g["epoch"]), "y": _numbers(g[metric]), "mode": "lines+markers",
+                         "name": str(g["trial_name"].iloc[0]), "line": {"color": _color(emb_of[tid], embeds)},
+                         "marker": {"size": 4}})
+    layout = _layout(f"Learning curves of the front ({metric} per epoch)", 480, xaxis="epoch", yaxis=_title(metric))
+    return {"data": data, "layout": layout}
 
 
 def _hypervolume(df, cols, dirs) -> tuple[pd.DataFrame, np.ndarray | None]:
     """HV of the eligible trials in completion order (ended_at), against the default reference."""
-    done = df[df["eligible"] & df["ended_at"].notna()].sort_values(["ended_at", "trial_id"])
+    done = _rows(df, df["eligible"] & df["ended_at"].notna(), [*cols, "ended_at", "trial_id"])
+    done = done.sort_values(["ended_at", "trial_id"])
     values = done[cols].astype("float64").to_numpy()
     ok = ~np.isnan(values).any(axis=1)
     if not ok.any():
@@ -246,15 +318,15 @@ def _hypervolume(df, cols, dirs) -> tuple[pd.DataFrame, np.ndarray | None]:
     return done.assign(hypervolume=trace), ref
 
 
-def _hv_figure(go, hv: pd.DataFrame, ref, metrics):
-    fig = go.Figure(go.Scatter(x=np.arange(1, len(hv) + 1), y=hv["hypervolume"], mode="lines", line_shape="hv",
-                               name="hypervolume", customdata=hv["ended_at"].astype(str),
-                               hovertemplate="trial %{x} (ended %{customdata})<br>HV %{y:.4g}<extra></extra>"))
+def _hv_figure(hv: pd.DataFrame, ref, metrics) -> dict:
+    trace = {"type": "scatter", "x": _numbers(np.arange(1, len(hv) + 1)), "y": _numbers(hv["hypervolume"]),
+             "mode": "lines", "line": {"shape": "hv"}, "name": "hypervolume",
+             "customdata": hv["ended_at"].astype(str).tolist(),
+             "hovertemplate": "trial %{x} (ended %{customdata})<br>HV %{y:.4g}<extra></extra>"}
     ref_txt = ", ".join(f"{m}={r:.4g}" for m, r in zip(metrics, ref)) if ref is not None else "n/a"
-    fig.update_layout(title=f"Hypervolume over completed trials (reference: {ref_txt})",
-                      xaxis_title="trials finished (completion order)", yaxis_title="hypervolume",
-                      height=420, template="plotly_white")
-    return fig
+    layout = _layout(f"Hypervolume over completed trials (reference: {ref_txt})", 420,
+                     xaxis="trials finished (completion order)", yaxis="hypervolume")
+    return {"data": [trace], "layout": layout}
 
 
 # ---------------------------------------------------------------------------------------- tables / text
@@ -293,29 +365,26 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _formatted(df: pd.DataFrame, col: str) -> pd.Series:
+def _formatted(df: pd.DataFrame, col: str) -> list[str]:
     """Column as display strings (HTML-escaped); floats with 4 significant digits, missing -> ""."""
     s = df[col]
     if pd.api.types.is_float_dtype(s):
-        out = s.map(lambda v: f"{v:.4g}", na_action="ignore")
-    else:
-        out = s.astype(object).map(str, na_action="ignore")
-    return pd.Series([html.escape(x) for x in out.astype(object).fillna("")], index=df.index, dtype=object)
+        return _g4(s, "")  # digits, sign, point, exponent: nothing to escape
+    na = s.isna().to_numpy()
+    return _escaped(["" if m else str(v) for v, m in zip(s.astype(object).tolist(), na)])
 
 
 def _html_table(df: pd.DataFrame, columns: list[str], table_id: str, front_flag: bool) -> str:
     """Sortable table, one <tr data-trial-id=.. data-front=0|1> per trial; cells carry data-v for sorting."""
     head = "".join(f"<th title='click to sort'>{html.escape(c.removeprefix('config_'))}</th>" for c in columns)
-    rows = pd.Series("", index=df.index, dtype=object)
-    for c in columns:
-        v = _formatted(df, c)
-        rows = rows + '<td data-v="' + v + '">' + v + "</td>"
-    flag = (' data-front="' + df["on_front"].astype(int).astype(str).astype(object) + '"') if front_flag else ""
+    cells = [[f'<td data-v="{v}">{v}</td>' for v in _formatted(df, c)] for c in columns]  # per column (n,)
+    rows = ["".join(r) for r in zip(*cells)] if cells else [""] * len(df)
     if "trial_id" in df:
-        ids = pd.Series([html.escape(t) for t in df["trial_id"]], index=df.index, dtype=object)
-        trs = '<tr data-trial-id="' + ids + '"' + flag + ">" + rows + "</tr>"
+        ids = _escaped(df["trial_id"].tolist())
+        flags = [f' data-front="{int(f)}"' for f in df["on_front"].tolist()] if front_flag else [""] * len(df)
+        trs = [f'<tr data-trial-id="{i}"{f}>{r}</tr>' for i, f, r in zip(ids, flags, rows)]
     else:  # a table of configurations (repeats), not of trials
-        trs = "<tr>" + rows + "</tr>"
+        trs = [f"<tr>{r}</tr>" for r in rows]
     return f"<table id=\"{table_id}\" class=\"sortable\"><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
 
 
@@ -330,8 +399,8 @@ def _markdown_table(df: pd.DataFrame, columns: list[str]) -> str:
 def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
     """Configurations trained with several seeds (search.repeats): per configuration, the eligible
     trials, their seeds, and each objective's mean and sample standard deviation over them."""
-    pool = df[df["eligible"]]
-    keys = [identity(json.loads(c), ignore=("seed",)) for c in pool["config_json"]]
+    pool = _rows(df, df["eligible"], ["config_json", "trial_name", "config_seed", *cols])
+    keys = [identity(_config(c), ignore=("seed",)) for c in pool["config_json"]]
     rows = []
     for _key, group in pool.groupby(keys, sort=False):
         if len(group) < 2:
@@ -367,18 +436,22 @@ REPEATS_TITLE = "Repeated configurations (mean and standard deviation over seeds
 
 
 def _page(title: str, campaign: dict, summary_html: str, figures_html: list[str], front_table: str, all_table: str,
-          repeats_table: str = "") -> str:
+          repeats_table: str = "") -> bytes:
+    """The whole page as UTF-8. Parts are encoded one by one and joined as bytes: the figures' text is
+    not ASCII, and one str of the whole page would hold plotly.js at two bytes a character."""
     spec = html.escape(json.dumps(campaign.get("spec", {}), indent=2, sort_keys=True))
     style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
              "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
              "tr[data-front='1']{font-weight:bold;}")
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{summary_html}"
-            + "".join(f"<div class='fig'>{f}</div>" for f in figures_html)
-            + f"<h2>Pareto front</h2>{front_table}"
-            + (f"<h2>{REPEATS_TITLE}</h2>{repeats_table}" if repeats_table else "")
-            + f"<details><summary>All trials</summary>{all_table}</details>"
-            + f"<details><summary>Campaign settings</summary><pre>{spec}</pre></details>{SORT_JS}</body></html>")
+    parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{summary_html}"]
+    for fig in figures_html:
+        parts += ["<div class='fig'>", fig, "</div>"]
+    parts += [f"<h2>Pareto front</h2>{front_table}",
+              f"<h2>{REPEATS_TITLE}</h2>{repeats_table}" if repeats_table else "",
+              f"<details><summary>All trials</summary>{all_table}</details>",
+              f"<details><summary>Campaign settings</summary><pre>{spec}</pre></details>{SORT_JS}</body></html>"]
+    return b"".join(part.encode("utf-8") for part in parts)
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -390,7 +463,7 @@ def _export_static(figures: dict, out: str) -> dict[str, str]:
         with tempfile.TemporaryDirectory(prefix="qs-static-") as tmp:
             names = [f"{n}.{ext}" for n in figures for ext in ("png", "svg")]
             figs = [fig for fig in figures.values() for _ in ("png", "svg")]
-            pio.write_images(figs, [os.path.join(tmp, n) for n in names], width=1100, height=650)
+            pio.write_images(figs, [os.path.join(tmp, n) for n in names], width=1100, height=650, validate=False)
             written = {}
             for n in names:
                 write_bytes(f"{out}/{n}", Path(tmp, n).read_bytes())
@@ -403,53 +476,86 @@ def _export_static(figures: dict, out: str) -> dict[str, str]:
         return {}
 
 
-def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_statuses=("completed",),
-                 reference_csv=None, objectives=None) -> dict[str, str]:
-    """Build the report of a campaign folder (local path or URI) into ``out_dir`` (default
-    ``<exp>/report/``). ``static=False`` skips png/svg export; ``reference_csv`` overrides the paper's
-    reference points file; ``objectives`` overrides the spec's. Returns {name: written path}."""
-    import plotly.graph_objects as go
+def _figures(df, groups, epochs, metrics, cols, dirs, paper, hv, ref) -> dict[str, dict]:
+    """The page's figures in order: name -> figure dict (the names of the static files)."""
+    figures = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(df, groups, metrics, cols, dirs, j, paper)
+               for j in range(1, len(cols))}
+    if len(cols) >= 3:
+        figures["pareto_3d"] = _figure_3d(df, groups, metrics, cols)
+    figures["learning_curves"] = _curves_figure(df, epochs)
+    figures["hypervolume"] = _hv_figure(hv, ref, metrics)
+    return figures
 
-    campaign = read_campaign(experiment_dir)
-    objectives = objectives or campaign["spec"].get("objectives") or DEFAULT_OBJECTIVES
-    out = resolve_out_dir(experiment_dir, out_dir, "report")  # refuses a file before anything is written
-    trials, epochs = collect(experiment_dir)
+
+def _figures_html(figures: dict[str, dict]) -> list[str]:
+    """Each figure as a <div>; plotly.js inlined once, in the first, so that the page loads offline.
+    The dicts are already in plotly.js form: no validation pass."""
+    import plotly.io as pio
+
+    return [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_width="100%", validate=False)
+            for i, fig in enumerate(figures.values())]
+
+
+def _summary_html(df: pd.DataFrame, front: pd.DataFrame, metrics, dirs, front_statuses, size) -> str:
+    counts = df["status"].value_counts().sort_index()
+    return (f"<p>{len(df)} trials ({', '.join(f'{html.escape(s)} {n}' for s, n in counts.items())}); "
+            f"objectives: {', '.join(f'{m} ({d})' for m, d in zip(metrics, dirs))}; "
+            f"{len(front)} on the front (from {', '.join(front_statuses)} trials)"
+            + (f"; paper points: XCiT size {size}" if size else "") + "</p>")
+
+
+def _by_trial_id(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in trial_id order (collect's order already: then no sort and no copy)."""
+    return df if df["trial_id"].is_monotonic_increasing else df.sort_values("trial_id")
+
+
+def _front_csv(front: pd.DataFrame, fcols: list[str]) -> bytes:
+    buf = io.StringIO()
+    front[["trial_id"] + fcols + ["checkpoint_path", "config_json"]].to_csv(buf, index=False)
+    return buf.getvalue().encode("utf-8")
+
+
+def _write_page(out: str, campaign: dict, trials: pa.Table, epochs: pa.Table, objectives, front_statuses,
+                reference_csv) -> tuple[dict[str, str], dict[str, dict]]:
+    """pareto.html, pareto.csv and report.md into ``out``: ({name: path}, the figures by name)."""
     df, metrics, cols, dirs = _prepare(trials, objectives, front_statuses)
     df["eligible"] = df["status"].isin(list(front_statuses))
     size = paper_setting(df)
     paper = _paper_points(size, reference_csv or PAPER_CSV) if size else None
 
-    figures = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(go, df, metrics, cols, dirs, j, paper)
-               for j in range(1, len(cols))}
-    if len(cols) >= 3:
-        figures["pareto_3d"] = _figure_3d(go, df, metrics, cols)
-    figures["learning_curves"] = _curves_figure(go, df, epochs)
     hv, ref = _hypervolume(df, cols, dirs)
-    figures["hypervolume"] = _hv_figure(go, hv, ref, metrics)
-
+    figures = _figures(df, _trial_groups(df), epochs, metrics, cols, dirs, paper, hv, ref)
     front = df[df["on_front"]].sort_values(cols[0], ascending=dirs[0] == "min")
     fcols = _front_columns(df, cols)
-    counts = df["status"].value_counts().sort_index()
-    summary = (f"<p>{len(df)} trials ({', '.join(f'{html.escape(s)} {n}' for s, n in counts.items())}); "
-               f"objectives: {', '.join(f'{m} ({d})' for m, d in zip(metrics, dirs))}; "
-               f"{len(front)} on the front (from {', '.join(front_statuses)} trials)"
-               + (f"; paper points: XCiT size {size}" if size else "") + "</p>")
-    figs_html = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%")
-                 for i, fig in enumerate(figures.values())]
     repeats = repeat_summary(df, metrics, cols)
-    page = _page(f"Pareto report: {campaign.get('name', '?')}", campaign, summary, figs_html,
+    page = _page(f"Pareto report: {campaign.get('name', '?')}", campaign,
+                 _summary_html(df, front, metrics, dirs, front_statuses, size), _figures_html(figures),
                  _html_table(front, fcols, "front", True),
-                 _html_table(df.sort_values("trial_id"), fcols + ["error"], "trials", True),
+                 _html_table(_by_trial_id(df), fcols + ["error"], "trials", True),
                  _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "")
 
-    buf = io.StringIO()
-    front[["trial_id"] + fcols + ["checkpoint_path", "config_json"]].to_csv(buf, index=False)
     paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
-    write_bytes(paths["html"], page.encode("utf-8"))
-    write_bytes(paths["csv"], buf.getvalue().encode("utf-8"))
+    write_bytes(paths["html"], page)
+    write_bytes(paths["csv"], _front_csv(front, fcols))
     write_bytes(paths["md"], _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref,
                                         repeats).encode("utf-8"))
-    paths.update(write_results(experiment_dir, out_dir=out, tables=(trials, epochs)))
+    return paths, figures
+
+
+def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_statuses=("completed",),
+                 reference_csv=None, objectives=None) -> dict[str, str]:
+    """Build the report of a campaign folder (local path or URI) into ``out_dir`` (default
+    ``<exp>/report/``). ``static=False`` skips png/svg export; ``reference_csv`` overrides the paper's
+    reference points file; ``objectives`` overrides the spec's. Returns {name: written path}."""
+    campaign = read_campaign(experiment_dir)
+    objectives = objectives or campaign["spec"].get("objectives") or DEFAULT_OBJECTIVES
+    out = resolve_out_dir(experiment_dir, out_dir, "report")  # refuses a file before anything is written
+    trials, epochs = collect(experiment_dir)
+    # pyarrow encodes the Parquet files without the GIL: in a second thread, beside the page's Python work.
+    with ThreadPoolExecutor(1) as encoder:
+        parquet = encoder.submit(parquet_files, trials, epochs)
+        paths, figures = _write_page(out, campaign, trials, epochs, objectives, front_statuses, reference_csv)
+        paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))
     if static:
         paths.update(_export_static(figures, out))
     return paths

@@ -28,6 +28,7 @@ __all__ = [
     "collect",
     "load_campaign_record",
     "resolve_out_dir",
+    "parquet_files",
     "write_results",
     "TRIALS_FILE",
     "EPOCHS_FILE",
@@ -309,13 +310,22 @@ def resolve_out_dir(experiment_dir, out_dir, default: str) -> str:
     return text
 
 
-def write_results(experiment_dir, out_dir=None, tables: tuple[pa.Table, pa.Table] | None = None) -> dict[str, str]:
+def parquet_files(trials: pa.Table, epochs: pa.Table) -> dict[str, pa.Buffer]:
+    """{TRIALS_FILE: ..., EPOCHS_FILE: ...}: the two tables as zstd Parquet files in memory. pyarrow
+    encodes without holding the GIL, so a thread can run this beside Python work."""
+    return {TRIALS_FILE: _parquet_file(trials), EPOCHS_FILE: _parquet_file(epochs)}
+
+
+def write_results(experiment_dir, out_dir=None, tables: tuple[pa.Table, pa.Table] | None = None,
+                  files: dict[str, pa.Buffer] | None = None) -> dict[str, str]:
     """Collect and write trials.parquet and epochs.parquet (zstd) atomically into ``out_dir``
-    (default ``<exp>/results/``). ``tables`` reuses an earlier ``collect`` result.
-    Returns {"trials": path, "epochs": path} as paths (or URIs) in the form given."""
+    (default ``<exp>/results/``). ``tables`` reuses an earlier ``collect`` result, ``files`` an
+    earlier ``parquet_files`` one. Returns {"trials": path, "epochs": path} as paths (or URIs) in
+    the form given."""
     out = resolve_out_dir(experiment_dir, out_dir, "results")
-    trials, epochs = tables if tables is not None else collect(experiment_dir)
+    if files is None:
+        files = parquet_files(*(tables if tables is not None else collect(experiment_dir)))
     written = {"trials": f"{out}/{TRIALS_FILE}", "epochs": f"{out}/{EPOCHS_FILE}"}
-    write_bytes(written["trials"], _parquet_file(trials))
-    write_bytes(written["epochs"], _parquet_file(epochs))
+    write_bytes(written["trials"], files[TRIALS_FILE])
+    write_bytes(written["epochs"], files[EPOCHS_FILE])
     return written

@@ -1,5 +1,7 @@
 """search.report end to end on record files: contents, the exact front, and the page in Chromium."""
+import base64
 import csv
+import json
 import logging
 import os
 import re
@@ -11,7 +13,9 @@ import pytest
 from browser import chromium_path, render
 from test_results import ALL_STATUSES, SPEC, _tree_digest, write_campaign
 
+from qkvsearch.search import report
 from qkvsearch.search.report import build_report
+from qkvsearch.search.results import collect
 from qkvsearch.spaces.errors import BadInput
 
 PAPER_CONFIG = {"model": "xcit_nano_12_p16_224", "dataset": "imagefolder", "num_classes": 1000, "img_size": 224}
@@ -34,6 +38,29 @@ def _flagged(page: str, table_id: str) -> tuple[set, set]:
     table = re.search(rf'<table id="{table_id}".*?</table>', page, re.S).group(0)
     rows = re.findall(r'<tr data-trial-id="([^"]+)" data-front="([01])"', table)
     return {t for t, _ in rows}, {t for t, f in rows if f == "1"}
+
+
+def _plots(page: str) -> list[tuple[list, dict]]:
+    """(data, layout) of each Plotly.newPlot("<div id>", data, layout, config) call in the page."""
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while (at := page.find("Plotly.newPlot(", at)) >= 0:
+        args = []
+        at += len("Plotly.newPlot(")
+        for _ in range(3):  # the div id, the traces, the layout
+            while page[at] in " \n,":
+                at += 1
+            value, at = decoder.raw_decode(page, at)
+            args.append(value)
+        out.append((args[1], args[2]))
+    return out
+
+
+def _numbers(values) -> list[float]:
+    """A trace's x/y/z: a plotly.js typed array (float64, base64) or a plain list."""
+    if isinstance(values, dict):
+        assert values["dtype"] == "f8"
+        return np.frombuffer(base64.b64decode(values["bdata"]), "<f8").tolist()
+    return list(values)
 
 
 def _png_colours(path) -> int:
@@ -71,7 +98,44 @@ def test_report_contains_every_trial_and_marks_exactly_the_front(tmp_path):
     assert all(f"| {names[t]} |" in md for t in expected)
     assert "GMACs (multiply-accumulates; the papers' 'FLOPs')" in page
     assert "<script src=" not in page  # plotly.js is inlined: loads offline
+    assert page.count("plotly.js v") == 1  # once, for every figure
+    assert pq.read_table(paths["trials"]).equals(collect(exp)[0])
     assert "paper (ImageNet-1k)" not in page  # CIFAR-sized campaign: no paper overlay
+
+
+def test_figures_carry_every_trial_value_and_the_template(tmp_path):
+    exp = tmp_path / "synth"
+    write_campaign(exp, ALL_STATUSES * 2, seed=1)
+    paths = build_report(exp, static=False)
+    trials = {r["trial_id"]: r for r in pq.read_table(paths["trials"]).to_pylist()}
+    plots = _plots(Path(paths["html"]).read_text())
+    assert len(plots) == 5  # 2 pairs, 3-D, learning curves, hypervolume
+    shown = set()
+    for (data, layout), (x, y) in zip(plots[:2], [("gmacs", "final_top1"), ("params_m", "final_top1")]):
+        assert layout["template"]["layout"]["plot_bgcolor"] == "white"  # plotly_white, written out
+        for trace in (t for t in data if "legendgroup" in t):  # the (embedding, status) traces
+            for tid, xv, yv in zip(trace["customdata"], _numbers(trace["x"]), _numbers(trace["y"]), strict=True):
+                assert (xv, yv) == (trials[tid][x], trials[tid][y])
+                shown.add(tid)
+    assert shown == {t for t, r in trials.items() if r["final_top1"] is not None}  # no epoch yet: no point
+
+
+def test_hover_shows_errors_and_beyond_the_limit_the_config_of_front_points_only(tmp_path, monkeypatch):
+    exp = tmp_path / "synth"
+    records = write_campaign(exp, ALL_STATUSES * 2, seed=1)
+    errors = {r["trial_id"]: r["error"] for r in records}
+    for limit, config_on in ((report.HOVER_CONFIG_LIMIT, "all"), (3, "front")):
+        monkeypatch.setattr(report, "HOVER_CONFIG_LIMIT", limit)
+        paths = build_report(exp, static=False)
+        page = Path(paths["html"]).read_text()
+        front = _flagged(page, "front")[1]
+        data, _ = _plots(page)[0]
+        for trace in (t for t in data if "legendgroup" in t):
+            for tid, text in zip(trace["customdata"], trace["hovertext"], strict=True):
+                full = config_on == "all" or tid in front
+                assert ("seed = " in text) == full
+                assert ("error: " in text) == (full and errors[tid] is not None)
+                assert errors[tid] is None or not full or f"error: {errors[tid]}" in text
 
 
 @pytest.mark.skipif(chromium_path() is None, reason="needs a Chromium browser (apt-get install chromium)")

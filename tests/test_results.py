@@ -6,11 +6,12 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from qkvsearch.search import records as records_module
 from qkvsearch.search.records import EPOCHS_SUFFIX, CampaignFileError, epochs_csv
-from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, collect, write_results
+from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, collect, parquet_files, write_results
 from qkvsearch.spaces.errors import BadInput
 
 STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")
@@ -235,6 +236,17 @@ def test_write_results_round_trips_and_leaves_campaign_files_alone(tmp_path):
     assert n_completed == ALL_STATUSES.count("completed") and best == df[df.status == "completed"].final_top1.max()
     n_epochs = con.execute(f"SELECT count(*) FROM read_parquet('{paths['epochs']}')").fetchone()[0]
     assert n_epochs == len(ep)
+
+
+def test_write_results_writes_files_encoded_beforehand_as_they_are(tmp_path):
+    exp = tmp_path / "exp"
+    write_campaign(exp, ALL_STATUSES)
+    trials, epochs = collect(exp)
+    files = parquet_files(trials, epochs)
+    paths = write_results(exp, out_dir=tmp_path / "out", files=files)
+    assert open(paths["trials"], "rb").read() == files[TRIALS_FILE].to_pybytes()
+    assert open(paths["epochs"], "rb").read() == files[EPOCHS_FILE].to_pybytes()
+    assert pq.read_table(paths["trials"]).equals(trials) and pq.read_table(paths["epochs"]).equals(epochs)
 
 
 def test_uri_and_out_dir(tmp_path):
