@@ -14,12 +14,17 @@ from dataclasses import dataclass
 
 # Set before Ray starts: a local cluster's processes inherit them.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports otherwise arrive ~2 s late
-os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")       # Train runs on the dashboard
 
 import ray
 from ray import tune
 
-from qkvsearch.search.driver import TIME_ATTR, TrialSettings, run_trial
+from qkvsearch.search.driver import (
+    TIME_ATTR,
+    TrialSettings,
+    run_trial,
+    trains_in_trial_process,
+    trial_resources,
+)
 from qkvsearch.search.preflight import ResourceError, check_local_resources, check_spec
 from qkvsearch.search.records import CAMPAIGN_FILE, TrialRecorder, code_version, read_campaign
 from qkvsearch.search.searchers import build_search
@@ -29,6 +34,9 @@ from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
 
+# Passed on to every process of the job when set here. RAY_TRAIN_ENABLE_STATE_TRACKING=1 (Train runs at
+# /api/train/v2/runs/v1) is left to the user: it starts a state actor that imports torch, and makes every
+# controller report each state change to it.
 _RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
 TRIAL_SLOT = "trial_slot"
 
@@ -53,7 +61,7 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None):
     port = _free_port()
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
     try:
-        env = {k: os.environ[k] for k in _RAY_ENV} | {
+        env = _ray_env() | {
             "RAY_ADDRESS": f"127.0.0.1:{port}",
             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
         }
@@ -62,6 +70,10 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None):
                         runtime_env={"env_vars": env})
     finally:
         del os.environ["RAY_GCS_SERVER_PORT"]
+
+
+def _ray_env() -> dict:
+    return {k: os.environ[k] for k in _RAY_ENV if k in os.environ}
 
 
 def _free_port() -> int:
@@ -75,7 +87,7 @@ def connect(max_concurrent: int) -> Cluster:
     started = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
-            env = {"env_vars": {k: os.environ[k] for k in _RAY_ENV}}
+            env = {"env_vars": _ray_env()}
             ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False)
         else:
             # The dashboard stays on: Train's placement-group cleanup uses the State API.
@@ -117,11 +129,13 @@ def plan_concurrency(resources, cluster: Cluster) -> int:
     return max(1, limit)
 
 
-def _trial_resources(cluster: Cluster) -> dict:
-    """The trial's own process holds no CPU the workers need (else 2 one-CPU workers deadlock on 2 CPUs)."""
+def _trial_slot(cluster: Cluster, trains: bool) -> dict:
+    """What a trial's process holds besides its CPUs and GPUs (search.driver.trial_resources): a trial
+    slot, which caps how many trials run at once; on a cluster without slots, a driver-only trial takes a
+    sliver of the head node (Tune needs some resource) and a training trial nothing more."""
     if cluster.trial_slots:
-        return {"cpu": 0, TRIAL_SLOT: 1}
-    return {"cpu": 0, "node:__internal_head__": 0.001}  # an existing cluster without trial slots
+        return {TRIAL_SLOT: 1}
+    return {} if trains else {"node:__internal_head__": 0.001}
 
 
 def _scheduler(spec, exp: str):
@@ -223,6 +237,7 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False) -> str:
             tune_config=tune.TuneConfig(
                 search_alg=searcher, scheduler=_scheduler(spec, exp),
                 num_samples=num_samples, max_concurrent_trials=concurrency,
+                reuse_actors=_reuse_actors(spec.resources),
                 trial_name_creator=describe.name, trial_dirname_creator=describe.name),
             run_config=_run_config(spec, exp, describe),
         )
@@ -236,7 +251,17 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False) -> str:
 
 def _trainable(spec, exp: str, cluster: Cluster):
     settings = _settings(spec, exp)
-    return tune.with_resources(tune.with_parameters(run_trial, settings=settings), _trial_resources(cluster))
+    slot = _trial_slot(cluster, trains_in_trial_process(settings.workers))
+    return tune.with_resources(tune.with_parameters(run_trial, settings=settings), trial_resources(settings, slot))
+
+
+def _reuse_actors(resources) -> bool:
+    """Reuse a finished trial's process for the next trial (no new process, torch and timm imported
+    already) when the trial trains in it. Tune stops or reuses a function trainable by setting an event
+    that its training thread sees only inside tune.report; a trial that drives a TorchTrainer waits in
+    fit() instead, so a trial stopped early would keep its Train run, workers and CPUs, and the next trial's
+    reset would fail after TUNE_FUNCTION_THREAD_TIMEOUT_S."""
+    return trains_in_trial_process(resources.workers_per_trial)
 
 
 def _wanted_slots(resources) -> int:

@@ -4,10 +4,12 @@ A trial is the dict Tune holds as the trial's config: ``{"config": resolved tria
 or ``{"config": the raw config, "cost": {}, "invalid": message}`` when no model can be made of it. A
 trial whose configuration was trained already in the campaign (same `identity`) also carries
 ``"duplicate_of": <trial id>`` and, when that trial has ended, ``"known": its outcome``: it trains nothing.
-The trial process is only a driver: it holds no CPU (the workers do), checks the cost constraints before
-anything trains, runs the DDP training through `trainers.loop.run_trainer`, and turns the ways a trial can
-end without a usable score (infeasible, diverged) into a final report that the recorder and the
-searchers understand.
+The trial process checks the cost constraints before anything trains, runs the training through
+`trainers.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
+diverged) into a final report that the recorder and the searchers understand. A trial of several workers
+is only a driver: it holds no CPU (its TorchTrainer's workers do) and Train's controller forwards rank 0's
+reports to Tune. A trial of one worker trains in its own process (Train's local mode: no controller, no
+worker actors to start) and holds that worker's CPUs and GPUs itself (`trial_resources`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 
 from qkvsearch.search.records import (
     DUPLICATE_OF_KEY,
@@ -111,15 +113,49 @@ def _terminal_report(settings: TrialSettings, status: str, error: str, cost: dic
     return result
 
 
+def trains_in_trial_process(workers: int) -> bool:
+    """One worker: the trial's own process trains (Train's local mode), so it must hold the worker's resources."""
+    return workers == 1
+
+
+def trial_resources(settings: TrialSettings, slot: dict) -> dict:
+    """Tune resources of a trial's process; slot: what it holds besides CPUs and GPUs ({"trial_slot": 1}
+    caps concurrency). A trial that only drives a TorchTrainer holds no CPU the workers need (else 2
+    one-CPU workers deadlock on 2 CPUs); one that trains holds its worker's CPUs and GPUs."""
+    if not trains_in_trial_process(settings.workers):
+        return {"cpu": 0, **slot}
+    gpu = {"gpu": settings.gpus_per_worker} if settings.gpus_per_worker else {}
+    return {"cpu": settings.cpus_per_worker, **gpu, **slot}
+
+
+def _with_cost(metrics: dict, epochs_planned: int, cost: dict) -> dict:
+    """What Tune gets per epoch: rank 0's metrics, the trial's cost and its planned epochs."""
+    return {**metrics, **cost, PLANNED_KEY: float(epochs_planned)}
+
+
 class _ForwardToTune(TuneReportCallback):
-    """Train -> Tune bridge: adds the trial's cost and planned epochs to each of rank 0's results."""
+    """Train -> Tune bridge (runs in Train's controller): each of rank 0's results, with `_with_cost`."""
 
     def __init__(self, epochs_planned: int, cost: dict):
         super().__init__()
-        self.extra = {**cost, PLANNED_KEY: float(epochs_planned)}
+        self.epochs_planned, self.cost = epochs_planned, cost
 
     def after_report(self, run_context, metrics, checkpoint):
-        super().after_report(run_context, [{**metrics[0], **self.extra}, *metrics[1:]], checkpoint)
+        first = _with_cost(metrics[0], self.epochs_planned, self.cost)
+        super().after_report(run_context, [first, *metrics[1:]], checkpoint)
+
+
+def _report_to_tune(epochs_planned: int, cost: dict):
+    """The same bridge for local mode: on_report(metrics, checkpoint_path) in the trial's training thread.
+    tune.report there also ends the thread when Tune stops the trial (a stopped trial frees its process)."""
+
+    def on_report(metrics: dict, checkpoint_path: str | None) -> None:
+        result = _with_cost(metrics, epochs_planned, cost)
+        if checkpoint_path:
+            result[CHECKPOINT_PATH_KEY] = checkpoint_path
+        tune.report(result)
+
+    return on_report
 
 
 def run_trial(trial: dict, settings: TrialSettings) -> None:
@@ -137,16 +173,18 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     if broken:  # never start a TorchTrainer for a configuration that cannot be kept
         tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
         return
+    local = trains_in_trial_process(settings.workers)
     try:
         run_trainer(
             cfg,
-            num_workers=settings.workers,
+            num_workers=0 if local else settings.workers,
             cpus_per_worker=settings.cpus_per_worker,
             gpus_per_worker=settings.gpus_per_worker,
             placement_strategy=settings.placement_strategy,
             name=tune.get_context().get_trial_id(),  # stable name: a restored trial resumes its Train run
             storage_path=settings.train_storage,
-            callbacks=[_ForwardToTune(cfg["epochs"], cost)],
+            callbacks=[] if local else [_ForwardToTune(cfg["epochs"], cost)],
+            on_report=_report_to_tune(cfg["epochs"], cost) if local else None,
             faults=settings.faults,
         )
     except Exception as exc:  # a diverged trial ends as a result, any other failure as a Tune error

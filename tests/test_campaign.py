@@ -41,7 +41,8 @@ def _spec(tmp: Path) -> dict:
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
         "constraints": {"params_m": {"max": 3.5}},
         "search": {"algorithm": "grid"},
-        "scheduler": {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2},
+        # one bracket: every trial is judged at epoch 1, so the lowest learning rates are the ones stopped
+        "scheduler": {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1},
         "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
         "storage": str(tmp),
     }
@@ -229,3 +230,34 @@ def test_repeats_train_each_configuration_with_successive_seeds(ray_local, tmp_p
     assert sorted(r["config"]["seed"] for r in records) == [0, 1] and {r["status"] for r in records} == {"completed"}
     md = Path(build_report(str(exp), out_dir=str(tmp_path / "report"), static=False)["md"]).read_text()
     assert "## Repeated configurations" in md and "| 0, 1 |" in md
+
+
+def test_one_worker_trials_train_in_their_own_process_and_every_ending_still_works(ray_local, tmp_path):
+    """workers_per_trial 1: Train's local mode in the trial's process, which Tune reuses for the next trial.
+    A trial stopped by MO-ASHA must free that process (the next trials run), a crash fails one trial, a
+    non-finite loss ends one as diverged, and checkpoints land where a TorchTrainer run puts them."""
+    from qkvsearch.search.campaign import launch
+
+    spec = _spec(tmp_path)
+    spec["name"] = "one-worker"
+    spec["resources"] = {"workers_per_trial": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1}
+    spec["space"]["variants"] = spec["space"]["variants"][:6]  # the crash, the NaN, the lr sweep
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QKVSEARCH_FAULTS", FAULTS)
+        exp = Path(launch(load_campaign(spec)))
+    records = load_records(str(exp))
+    by_status = {}
+    for rec in records:
+        by_status.setdefault(rec["status"], []).append(rec)
+    assert len(records) == 6 and len(by_status["failed"]) == 1 and len(by_status["diverged"]) == 1
+    stopped, done = by_status["stopped_early"], by_status["completed"]
+    assert stopped and done
+    assert any(r["started_at"] > min(s["ended_at"] for s in stopped) for r in done + stopped), \
+        "a trial must start after one was stopped early"
+    for rec in done:
+        assert [e["epoch"] for e in rec["epochs"]] == [1.0, 2.0, 3.0]
+        assert rec["first_step_at"] > rec["started_at"]
+        kept = sorted(p.name for p in (exp / "train_runs" / rec["trial_id"]).iterdir())
+        assert kept == ["checkpoint_epoch_0002", "checkpoint_epoch_0003"]  # num_to_keep=2
+        assert rec["checkpoint_path"].endswith("checkpoint_epoch_0003")
+

@@ -252,6 +252,37 @@ def test_ray_divergence_then_resume_matches_straight_run(ray_local, tmp_path, on
     assert again.metrics == resumed.metrics and again.return_value == resumed.return_value
 
 
+@pytest.mark.slow
+def test_local_mode_keeps_checkpoints_and_resumes_like_a_train_run(ray_local, tmp_path, one_thread, monkeypatch):
+    """num_workers=0 (Train's local mode, in this process): a NaN raises DivergenceError itself; the run
+    resumes from the last checkpoint it kept in <storage>/<name>/checkpoint_epoch_NNNN and ends equal to a
+    straight run; each epoch reaches on_report with its checkpoint's folder."""
+    cfg = fill({**TINY, "epochs": 3, "max_steps_per_epoch": 3, "drop_path_rate": 0.1})
+    reports = []
+
+    def on_report(metrics, path):
+        reports.append((metrics["epoch"], path and os.path.basename(path)))
+
+    monkeypatch.setenv("QKVSEARCH_FAULTS", '[{"nan_at_update": 7}]')  # the first update of epoch 3
+    with pytest.raises(DivergenceError) as err:
+        run_trainer(cfg, num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report)
+    monkeypatch.delenv("QKVSEARCH_FAULTS")
+    assert find_divergence(err.value) is err.value and (err.value.epoch, err.value.step) == (3, 1)
+    assert reports == [(1.0, "checkpoint_epoch_0001"), (2.0, "checkpoint_epoch_0002")]
+
+    reports.clear()
+    resumed = run_trainer(cfg, num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report)
+    assert reports == [(3.0, "checkpoint_epoch_0003")]  # epochs 1 and 2 came from the checkpoint
+    assert [m["epoch"] for m in resumed.return_value] == [1, 2, 3]
+    assert sorted(os.listdir(tmp_path / "local")) == ["checkpoint_epoch_0002", "checkpoint_epoch_0003"]
+    assert all(m["qs_world_size"] == 1 for m in resumed.return_value)
+
+    straight = Run(cfg)
+    straight.train()
+    _assert_same_weights(_weights(tmp_path / "local" / "checkpoint_epoch_0003"), straight.raw.state_dict())
+    assert [m["top1"] for m in resumed.return_value] == [m["top1"] for m in straight.history]
+
+
 def _timing(metrics):
     """The metrics that legitimately differ between two runs of the same config."""
     return {k: metrics[k] for k in ("images_per_s", "epoch_s", "train_s", "eval_s", "qs_first_step_at", "qs_setup_s")}

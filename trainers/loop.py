@@ -3,6 +3,8 @@
 Ray path: run_trainer(config, ...) takes a filled trial config (spaces.keys.fill), checks the batch plan
 and the dataset on the driver, then fits a TorchTrainer whose workers run train_worker: one DDP rank
 each; every rank calls ray.train.report once per epoch, rank 0 attaching a checkpoint with state.pt.
+With num_workers=0 (Train's local mode) train_worker runs in the calling process instead: no controller,
+no worker actors; this module then keeps the checkpoints itself, in the folders a Train run would use.
 
 Plain path (no Ray imported):
     python -m qkvsearch.trainers.loop --config examples/trial.yaml [--set key=value ...] [--checkpoint-dir DIR]
@@ -12,6 +14,7 @@ nccl on CUDA) and prints one JSON line of metrics per epoch from rank 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,31 +35,29 @@ __all__ = ["DivergenceError", "find_divergence", "main", "run_trainer", "train_w
 def train_worker(loop_config: dict) -> list[dict] | None:
     """Per-worker entry point of the TorchTrainer: one DDP rank of one trial.
 
-    loop_config: {"config": filled trial config, "faults": trainers.faults rules (tests only)}.
+    loop_config: {"config": filled trial config, "faults": trainers.faults rules (tests only),
+    "threads": torch intra-op threads (the worker's CPUs), "local": a _LocalRun in local mode, else None}.
     Returns (rank 0) the metrics of every completed epoch, including those before a resume: the
     Result's return_value. (Result.metrics_dataframe only lists the epochs whose checkpoints are kept.)
     """
-    import ray.train
     import ray.train.torch
+    import torch
 
     from qkvsearch.trainers import engine
 
-    _set_threads_from_ray()
+    torch.set_num_threads(loop_config["threads"])
+    device = ray.train.torch.get_device()
+    cfg, faults, local = loop_config["config"], loop_config["faults"], loop_config["local"]
+    if local is not None:  # world size 1; ray.train's context, report and checkpoint calls raise in a Tune trial
+        return engine.fit(cfg, engine.Dist(0, 1, device), restore=local.restore, report=local.report, faults=faults)
+    import ray.train
+
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
-    dist = engine.Dist(rank, ctx.get_world_size(), ray.train.torch.get_device())
-    history = engine.fit(loop_config["config"], dist, wrap_model=ray.train.torch.prepare_model,  # DDP if > 1
-                         restore=_ray_restore, report=_RayReporter(rank), faults=loop_config["faults"])
+    dist = engine.Dist(rank, ctx.get_world_size(), device)
+    history = engine.fit(cfg, dist, wrap_model=ray.train.torch.prepare_model,  # DDP if > 1
+                         restore=_ray_restore, report=_RayReporter(rank), faults=faults)
     return history if rank == 0 else None
-
-
-def _set_threads_from_ray():
-    """torch intra-op threads = CPUs Ray assigned to this worker (cpus_per_worker)."""
-    import ray
-    import torch
-
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    torch.set_num_threads(max(1, int(cpus)))
 
 
 def _ray_restore():
@@ -89,42 +90,146 @@ class _RayReporter:
         with tempfile.TemporaryDirectory(prefix="qs_ckpt_") as d:
             save_state(state_fn(), d)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
-                             checkpoint_dir_name=f"checkpoint_epoch_{int(metrics['epoch']):04d}")
+                             checkpoint_dir_name=_checkpoint_dir_name(metrics["epoch"]))
+
+
+def _checkpoint_dir_name(epoch: float) -> str:
+    return f"checkpoint_epoch_{int(epoch):04d}"
+
+
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_epoch_(\d+)$")
+
+
+class _LocalRun:
+    """Checkpoints and reports of a run in Train's local mode. There ray.train.report keeps the last metrics
+    in memory only (no checkpoint persisted, no callback run, get_checkpoint() None at start), and inside a
+    Tune trial ray.train.report, get_context and get_checkpoint raise (use ray.tune's): so none is called.
+
+    Checkpoints go to <run_dir>/checkpoint_epoch_NNNN/state.pt, the folders a TorchTrainer run writes, the
+    newest num_to_keep kept; restore() reads the newest. on_report(metrics, checkpoint_path | None) gets
+    every epoch (Tune's report, inside a trial).
+    """
+
+    def __init__(self, run_dir: str, num_to_keep: int | None, on_report=None):
+        self.run_dir, self.num_to_keep, self.on_report = run_dir.rstrip("/"), num_to_keep, on_report
+
+    def _checkpoints(self) -> list[tuple[int, str]]:
+        """(epoch, path inside the filesystem) of every checkpoint folder holding a state file, oldest first."""
+        import pyarrow.fs as pafs
+
+        from qkvsearch.search.storage import open_location
+        from qkvsearch.trainers.engine import STATE_FILE
+
+        fs, root = open_location(self.run_dir)
+        found = []
+        for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+            m = _CHECKPOINT_DIR.match(info.base_name)
+            if m and info.type == pafs.FileType.Directory and \
+                    fs.get_file_info(f"{info.path}/{STATE_FILE}").type == pafs.FileType.File:
+                found.append((int(m.group(1)), info.path))
+        return sorted(found)
+
+    def restore(self) -> dict | None:
+        from qkvsearch.trainers.engine import load_state
+
+        found = self._checkpoints()
+        if not found:
+            return None
+        if "://" in self.run_dir:  # load_state reads a local folder: copy the state file down first
+            return _load_remote_state(self.run_dir, found[-1][1].rsplit("/", 1)[-1])
+        return load_state(found[-1][1])
+
+    def report(self, metrics: dict, state_fn) -> None:
+        from qkvsearch.trainers.engine import save_state
+
+        path = None
+        if state_fn is not None:
+            path = f"{self.run_dir}/{_checkpoint_dir_name(metrics['epoch'])}"
+            save_state(state_fn(), path)
+            self._prune()
+        if self.on_report is not None:
+            self.on_report(metrics, path)
+
+    def _prune(self) -> None:
+        if not self.num_to_keep:
+            return
+        from qkvsearch.search.storage import open_location
+
+        fs, _ = open_location(self.run_dir)
+        for _, old in self._checkpoints()[:-self.num_to_keep]:
+            fs.delete_dir(old)
+
+
+def _load_remote_state(run_dir: str, checkpoint: str) -> dict:
+    from qkvsearch.search.storage import read_bytes
+    from qkvsearch.trainers.engine import STATE_FILE, load_state
+
+    with tempfile.TemporaryDirectory(prefix="qs_ckpt_") as d:
+        with open(os.path.join(d, STATE_FILE), "wb") as f:
+            f.write(read_bytes(f"{run_dir}/{checkpoint}/{STATE_FILE}"))
+        return load_state(d)
 
 
 def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-                name: str, storage_path: str, callbacks=(), placement_strategy: str = "PACK",
+                name: str, storage_path: str, callbacks=(), on_report=None, placement_strategy: str = "PACK",
                 num_to_keep: int | None = 2, faults: list | None = None):
     """Check the batch plan and the dataset (no worker starts on bad input), then fit a TorchTrainer.
 
     config: a filled trial config. Returns the ray.train.Result. A run whose <storage_path>/<name> holds a
     checkpoint resumes from it. Worker errors raise ray.train.TrainingFailedError from fit();
     find_divergence(err) tells divergence. faults: trainers.faults rules (default: $QKVSEARCH_FAULTS here).
+
+    num_workers=0 is Train's local mode: the training runs in this process (world size 1, on the CPUs and
+    GPUs this process holds: a Tune trial's resources), errors raise as they are, Train callbacks do not
+    run, and each epoch goes to on_report(metrics, checkpoint_path | None) instead. Result.return_value
+    holds every epoch's metrics as usual; Result.metrics and .checkpoint are None, the checkpoints are in
+    the same folders.
     """
     from qkvsearch.trainers.data import check_dataset
 
     cfg = require_filled(config)
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers: expected an int >= 1, given {num_workers!r}")
-    batch_plan(cfg, num_workers)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers: expected an int >= 0 (0: in this process), given {num_workers!r}")
+    batch_plan(cfg, max(1, num_workers))
     check_dataset(cfg)
 
     import ray.train
-    from ray.train.torch import TorchTrainer
 
+    storage = os.path.abspath(storage_path) if "://" not in storage_path else storage_path
+    local = _LocalRun(f"{storage.rstrip('/')}/{name}", num_to_keep, on_report) if num_workers == 0 else None
     resources = {"CPU": cpus_per_worker}
     if gpus_per_worker:
         resources["GPU"] = gpus_per_worker
-    trainer = TorchTrainer(
-        train_worker, train_loop_config={"config": cfg, "faults": read_faults() if faults is None else list(faults)},
+    trainer = _trainer_class()(
+        train_worker,
+        train_loop_config={"config": cfg, "faults": read_faults() if faults is None else list(faults),
+                           "threads": max(1, int(cpus_per_worker)), "local": local},
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, use_gpu=gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=placement_strategy),
         run_config=ray.train.RunConfig(
-            name=name, storage_path=os.path.abspath(storage_path) if "://" not in storage_path else storage_path,
-            callbacks=list(callbacks), failure_config=ray.train.FailureConfig(max_failures=0),
+            name=name, storage_path=storage, callbacks=list(callbacks),
+            failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=num_to_keep)))
     return trainer.fit()
+
+
+@functools.cache
+def _trainer_class():
+    """TorchTrainer, less the Ray Data callback when a run has no Ray Datasets (ours never has: each
+    worker reads its own shard). That callback starts a DatasetManager actor for every run regardless: one
+    more process importing Ray Data on the path to the first step."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
+
+    return Trainer
 
 
 def find_divergence(error: BaseException) -> DivergenceError | None:
