@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qkvsearch.search.storage import write_bytes
+from qkvsearch.search.storage import read_bytes, write_bytes
 from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
@@ -349,9 +349,10 @@ def save_state(state: dict, directory: str) -> str:
 
 
 def load_state(directory: str) -> dict:
-    """Read <directory>/state.pt onto the CPU with weights_only=True (tensors and plain types)."""
-    path = os.path.join(directory, STATE_FILE)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    """Read <directory>/state.pt (a local folder or a URI, as save_state writes) onto the CPU with
+    weights_only=True (tensors and plain types)."""
+    path = f"{directory.rstrip('/')}/{STATE_FILE}" if "://" in directory else os.path.join(directory, STATE_FILE)
+    state = torch.load(io.BytesIO(read_bytes(path)), map_location="cpu", weights_only=True)
     if state.get("format") != STATE_FORMAT:
         raise ValueError(f"{path}: expected checkpoint format {STATE_FORMAT}, given {state.get('format')!r}")
     return state

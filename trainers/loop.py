@@ -135,9 +135,7 @@ class _LocalRun:
         found = self._checkpoints()
         if not found:
             return None
-        if "://" in self.run_dir:  # load_state reads a local folder: copy the state file down first
-            return _load_remote_state(self.run_dir, found[-1][1].rsplit("/", 1)[-1])
-        return load_state(found[-1][1])
+        return load_state(f"{self.run_dir}/{found[-1][1].rsplit('/', 1)[-1]}")
 
     def report(self, metrics: dict, state_fn) -> None:
         from qkvsearch.trainers.engine import save_state
@@ -158,16 +156,6 @@ class _LocalRun:
         fs, _ = open_location(self.run_dir)
         for _, old in self._checkpoints()[:-self.num_to_keep]:
             fs.delete_dir(old)
-
-
-def _load_remote_state(run_dir: str, checkpoint: str) -> dict:
-    from qkvsearch.search.storage import read_bytes
-    from qkvsearch.trainers.engine import STATE_FILE, load_state
-
-    with tempfile.TemporaryDirectory(prefix="qs_ckpt_") as d:
-        with open(os.path.join(d, STATE_FILE), "wb") as f:
-            f.write(read_bytes(f"{run_dir}/{checkpoint}/{STATE_FILE}"))
-        return load_state(d)
 
 
 def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
