@@ -5,15 +5,23 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass
 
 # Set before Ray starts: a local cluster's processes inherit them.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports otherwise arrive ~2 s late
+if not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:  # Ray reads both when imported
+    # A local Ray serves this machine alone: Ray then takes 127.0.0.1 as the node's address, so its GCS,
+    # raylet, agents and metrics exporter listen on loopback only (else on every interface). Set it to 1
+    # to reach a local Ray from other machines.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Token auth, the default of a new local Ray, said explicitly: Ray then does not warn about it.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import ray
 from ray import tune
@@ -23,12 +31,23 @@ from qkvsearch.search.driver import (
     TrialSettings,
     run_trial,
     trains_in_trial_process,
+    trial_name,
     trial_resources,
 )
+from qkvsearch.search.grafana import install_dashboard
+from qkvsearch.search.interrupts import CampaignInterrupted, StopSignals
+from qkvsearch.search.jobs import dashboard_lines, job_config, job_metadata, tag_submission
 from qkvsearch.search.preflight import ResourceError, check_local_resources, check_spec
-from qkvsearch.search.records import CAMPAIGN_FILE, TrialRecorder, code_version, read_campaign
+from qkvsearch.search.records import (
+    CAMPAIGN_FILE,
+    ENDED_KEY,
+    INTERRUPTED_KEY,
+    TrialRecorder,
+    code_version,
+    read_campaign,
+)
 from qkvsearch.search.searchers import build_search
-from qkvsearch.search.storage import write_json
+from qkvsearch.search.storage import exists, remove_tree, write_json
 from qkvsearch.spaces import SpecError, smoke_test
 from qkvsearch.trainers.faults import read_faults
 
@@ -50,7 +69,7 @@ class Cluster:
     started_here: bool
 
 
-def start_local_ray(trial_slots: int, num_cpus: int | None = None):
+def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dict | None = None):
     """Start a local Ray bound to 127.0.0.1 and return its context.
 
     Ray processes find their own cluster through RAY_ADDRESS; without it, Train's State API calls
@@ -67,7 +86,8 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None):
         }
         return ray.init(num_cpus=num_cpus, resources={TRIAL_SLOT: trial_slots}, _node_ip_address="127.0.0.1",
                         include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
-                        runtime_env={"env_vars": env})
+                        logging_level=logging.WARNING,  # the campaign's own lines say what Ray's info lines did
+                        runtime_env={"env_vars": env}, job_config=job_config(metadata or {}))
     finally:
         del os.environ["RAY_GCS_SERVER_PORT"]
 
@@ -82,16 +102,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def connect(max_concurrent: int) -> Cluster:
-    """Join RAY_ADDRESS's cluster, or start a local Ray bound to 127.0.0.1 with `trial_slot`s."""
+def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
+    """Join RAY_ADDRESS's cluster, or start a local Ray bound to 127.0.0.1 with `trial_slot`s.
+    metadata: the campaign's, for the dashboard's Jobs page (search.jobs)."""
     started = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             env = {"env_vars": _ray_env()}
-            ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False)
+            ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False,
+                           job_config=job_config(metadata or {}))
+            tag_submission(metadata or {})  # under `ray job submit`, the Jobs page lists the submission
         else:
             # The dashboard stays on: Train's placement-group cleanup uses the State API.
-            ctx = start_local_ray(max_concurrent)
+            ctx = start_local_ray(max_concurrent, metadata=metadata)
             started = True
         url = ctx.dashboard_url
     else:
@@ -168,16 +191,6 @@ class _Describe:
         return trial_name(trial.config["config"], trial.trial_id)
 
 
-def trial_name(cfg: dict, trial_id: str) -> str:
-    """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart, then the trial index."""
-    parts = [str(cfg.get("embedding"))]
-    if cfg.get("width"):
-        parts.append(f"h{cfg['width']}")
-    if cfg.get("embedding") == "fsne":
-        parts += [f"c{cfg['code_size']}", str(cfg["code_sharing"]).replace("_", "")]
-    return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])
-
-
 def experiment_dir(spec) -> str:
     storage = spec.storage
     if "://" not in storage:
@@ -192,61 +205,118 @@ def _settings(spec, exp: str) -> TrialSettings:
         constraints=tuple(spec.constraints), workers=res.workers_per_trial,
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
         placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs", experiment=exp,
-        faults=tuple(read_faults()))  # trial processes do not see this process's environment
+        faults=tuple(read_faults()),  # trial processes do not see this process's environment
+        campaign=spec.name)
 
 
 def _check_launchable(spec, exp: str, overwrite: bool) -> None:
     """Every check that needs no Ray: storage, models of the space, dataset, an existing campaign, and
     the resources of a local machine. Writes nothing."""
     check_spec(spec, launching=True)
-    if "://" not in exp and os.path.exists(os.path.join(exp, CAMPAIGN_FILE)) and not overwrite:
+    if not overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
         raise SpecError([f"name: a campaign already exists at {exp}; resume it with `qkvsearch resume "
                          f"{exp}`, pick another name (--set name=...), or pass --overwrite"])
     if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         check_local_resources(spec.resources)
 
 
-def launch(spec, *, smoke: bool = False, overwrite: bool = False) -> str:
+def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool = False, view=None) -> str:
     """Run a campaign to the end; returns its experiment dir.
 
     Every check that can run before Ray starts runs first (spec, models, dataset, storage, resources of
     a local machine); nothing is written, and no existing campaign removed, until they pass. Bad input
-    raises a BadInput (SpecError, DatasetError, ResourceError).
+    raises a BadInput (SpecError, DatasetError, ResourceError); a stop signal, CampaignInterrupted.
+    view: shows the campaign's progress while it runs (search.terminal.TerminalView; None: nothing);
+    verbose: Tune's own trial tables as well.
     """
     if smoke:
         spec = smoke_test(spec)
     exp = experiment_dir(spec)
     _check_launchable(spec, exp, overwrite)
     searcher, num_samples = build_search(spec)
-    if overwrite and "://" not in exp and os.path.exists(os.path.join(exp, CAMPAIGN_FILE)):
-        shutil.rmtree(exp)  # only now: the new spec passed every check
+    if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
+        remove_tree(exp)  # only now: the new spec passed every check
 
-    cluster = connect(_wanted_slots(spec.resources))
+    version = code_version()
+    cluster = connect(_wanted_slots(spec.resources), job_metadata(spec, exp, num_samples, version))
     try:
         concurrency = plan_concurrency(spec.resources, cluster)
-        log.info(f"campaign {spec.name}: {num_samples} trial(s), up to {concurrency} at a time, "
-                 f"{spec.resources.workers_per_trial} DDP workers each")
-        if cluster.dashboard_url:
-            log.info(f"Ray dashboard: http://{cluster.dashboard_url.removeprefix('http://')}")
-        log.info(f"results: {exp}")
+        _announce(spec, exp, cluster, f"{num_samples} trial(s), up to {concurrency} at a time")
         write_json(f"{exp}/{CAMPAIGN_FILE}", {"name": spec.name, "spec": spec.to_dict(),
-                                                "code_version": code_version(), "created_at": time.time()})
+                                                "code_version": version, "created_at": time.time()})
         describe = _Describe()
-        tuner = tune.Tuner(
-            _trainable(spec, exp, cluster),
-            tune_config=tune.TuneConfig(
-                search_alg=searcher, scheduler=_scheduler(spec, exp),
-                num_samples=num_samples, max_concurrent_trials=concurrency,
-                reuse_actors=_reuse_actors(spec.resources),
-                trial_name_creator=describe.name, trial_dirname_creator=describe.name),
-            run_config=_run_config(spec, exp, describe),
-        )
-        tuner.fit()
+        recorder = TrialRecorder(exp, spec.name, describe)
+        with StopSignals() as stop:
+            tuner = tune.Tuner(
+                _trainable(spec, exp, cluster),
+                tune_config=tune.TuneConfig(
+                    search_alg=searcher, scheduler=_scheduler(spec, exp),
+                    num_samples=num_samples, max_concurrent_trials=concurrency,
+                    reuse_actors=_reuse_actors(spec.resources),
+                    trial_name_creator=describe.name, trial_dirname_creator=describe.name),
+                run_config=_run_config(spec, exp, [recorder, stop], verbose),
+            )
+            _fit(tuner, exp, recorder, stop, view, verbose)
     finally:
         if cluster.started_here:
             ray.shutdown()
-    log.info(f"done: {exp}")
     return exp
+
+
+def _announce(spec, exp: str, cluster: Cluster, trials: str) -> None:
+    """The header: campaign, trials, workers, where results go, the dashboard and its Grafana panels."""
+    res = spec.resources
+    log.info(f"campaign {spec.name}: {trials}, {res.workers_per_trial} DDP worker(s) each "
+             f"({res.cpus_per_worker:g} CPU, {res.gpus_per_worker:g} GPU per worker)")
+    log.info(f"results: {exp}")
+    for line in dashboard_lines(cluster.dashboard_url):
+        log.info(line)
+    if cluster.dashboard_url and install_dashboard() is not None:
+        log.info("Grafana: dashboard 'qkvsearch campaign' installed (Metrics page, when Grafana runs); "
+                 "`qkvsearch grafana-dashboard --out DIR` writes it for a Grafana of your own")
+
+
+def _fit(tuner, exp: str, recorder, stop: StopSignals, view, verbose: bool) -> None:
+    """tuner.fit() watched by the monitor's views; then the campaign file says how the driver ended."""
+    from qkvsearch.search.metrics import CampaignMetrics
+    from qkvsearch.search.monitor import CampaignMonitor
+
+    views = [CampaignMetrics(recorder.campaign)] + ([view] if view is not None else [])
+    with CampaignMonitor(exp, views), _tune_output(verbose):
+        tuner.fit()
+        if stop.received:  # before the monitor's last snapshot: no trial shows as running after a stop
+            interrupted = recorder.mark_interrupted()
+    if stop.received:
+        _mark_campaign(exp, INTERRUPTED_KEY)
+        raise CampaignInterrupted(exp, stop.received, interrupted)
+    _mark_campaign(exp, ENDED_KEY)
+
+
+@contextlib.contextmanager
+def _tune_output(verbose: bool):
+    """Tune's console output: its tables with --verbose, else nothing. Tune's newer output prints an
+    experiment header at any verbosity; its older reporter prints nothing at verbosity 0."""
+    key, before = "RAY_AIR_NEW_OUTPUT", os.environ.get("RAY_AIR_NEW_OUTPUT")
+    if not verbose:
+        os.environ[key] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def _mark_campaign(exp: str, key: str | None) -> None:
+    """Record in the campaign file when its driver ended (ENDED_KEY) or was stopped (INTERRUPTED_KEY);
+    None: running again (resume)."""
+    campaign = read_campaign(exp)
+    for k in (ENDED_KEY, INTERRUPTED_KEY):
+        campaign.pop(k, None)
+    if key is not None:
+        campaign[key] = time.time()
+    write_json(f"{exp}/{CAMPAIGN_FILE}", campaign)
 
 
 def _trainable(spec, exp: str, cluster: Cluster):
@@ -269,30 +339,46 @@ def _wanted_slots(resources) -> int:
     return int(wanted) if isinstance(wanted, int) else max(1, os.cpu_count() or 1)
 
 
-def _run_config(spec, exp: str, describe: _Describe):
+def _run_config(spec, exp: str, callbacks: list, verbose: bool):
     storage, name = exp.rsplit("/", 1)
     return tune.RunConfig(
-        name=name, storage_path=storage, verbose=1,
-        callbacks=[TrialRecorder(exp, spec.name, describe)],
+        name=name, storage_path=storage, verbose=_tune_verbosity(verbose), callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=0),  # a failed trial is recorded, never retried
     )
 
 
-def resume(exp: str) -> str:
-    """Continue an interrupted campaign: finished trials stay, unfinished ones resume from checkpoints."""
+def _tune_verbosity(verbose: bool) -> int:
+    return 1 if verbose else 0  # 1: Tune's trial tables; 0: only the campaign's own lines (search.terminal)
+
+
+def resume(exp: str, *, verbose: bool = False, view=None) -> str:
+    """Continue an interrupted campaign: finished trials stay, unfinished ones resume from checkpoints.
+    view, verbose and the signals: as for `launch`."""
     from qkvsearch.spaces import load_campaign
 
     exp = exp.rstrip("/")
     if "://" not in exp:
         exp = os.path.abspath(exp)
-    spec = load_campaign(read_campaign(exp)["spec"])
-    cluster = connect(_wanted_slots(spec.resources))
+    campaign = read_campaign(exp)
+    spec = load_campaign(campaign["spec"])
+    _, num_samples = build_search(spec)
+    cluster = connect(_wanted_slots(spec.resources),
+                      job_metadata(spec, exp, num_samples, campaign.get("code_version") or code_version()))
     try:
-        log.info(f"resuming {exp}")
-        tune.Tuner.restore(exp, trainable=_trainable(spec, exp, cluster), resume_unfinished=True,
-                           resume_errored=False).fit()
+        _announce(spec, exp, cluster, f"resuming, {num_samples} trial(s) planned")
+        _mark_campaign(exp, None)
+        if view is not None:
+            view.skip_finished(exp)  # trials that ended before this driver are not announced again
+        tuner = tune.Tuner.restore(exp, trainable=_trainable(spec, exp, cluster), resume_unfinished=True,
+                                   resume_errored=False)
+        recorder = TrialRecorder(exp, spec.name, _Describe())
+        with StopSignals() as stop:
+            # Tune restores the run config pickled at launch; this driver's callbacks replace its copies.
+            run_config = tuner._local_tuner.get_run_config()
+            run_config.callbacks = [recorder, stop]
+            run_config.verbose = _tune_verbosity(verbose)
+            _fit(tuner, exp, recorder, stop, view, verbose)
     finally:
         if cluster.started_here:
             ray.shutdown()
-    log.info(f"done: {exp}")
     return exp

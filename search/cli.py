@@ -50,12 +50,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="shrink the campaign to a quick end-to-end check (few trials, 1-2 short epochs)")
     launch.add_argument("--overwrite", action="store_true",
                         help="replace an existing campaign of the same name instead of refusing")
+    launch.add_argument("--verbose", action="store_true", help="print Ray Tune's trial tables as well")
     with_spec("validate", "check a spec and summarise it, without starting anything")
     cost = with_spec("cost", "params and MACs of every configuration in the space, without training")
     cost.add_argument("--csv", action="store_true", help="print CSV instead of a table")
 
     resume = sub.add_parser("resume", help="continue an interrupted campaign from its folder")
     resume.add_argument("dir", metavar="DIR", help="the campaign's results folder, e.g. results/quickstart")
+    resume.add_argument("--verbose", action="store_true", help="print Ray Tune's trial tables as well")
     status = sub.add_parser("status", help="one line per trial of a campaign (running or finished)")
     status.add_argument("dir", metavar="DIR")
     watch = sub.add_parser("watch", help="follow a campaign's trials, front and hypervolume until it ends",
@@ -113,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             text = text[:MESSAGE_LIMIT - 1] + "…"
         print(f"qkvsearch {args.command}: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print(f"qkvsearch {args.command}: interrupted; `qkvsearch resume DIR` continues a campaign",
-              file=sys.stderr)
+    except KeyboardInterrupt as err:
+        detail = str(err) or "interrupted; `qkvsearch resume DIR` continues a campaign"
+        print(f"qkvsearch {args.command}: {detail}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:
         traceback.print_exc()
@@ -168,21 +170,24 @@ def _load(args):
 def cmd_launch(args) -> int:
     spec = _load(args)
     from qkvsearch.search.campaign import launch
+    from qkvsearch.search.terminal import TerminalView
 
-    exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite)
-    print(_status_table(exp))
-    failed = _count(exp, "failed")
-    print(f"results folder: {exp}\nnext: qkvsearch report {exp}")
-    if failed:
-        print(f"{failed} trial(s) failed; their errors are in `qkvsearch status {exp}`", file=sys.stderr)
-    return EXIT_OK
+    exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite, verbose=args.verbose, view=TerminalView())
+    return _closing(exp)
 
 
 def cmd_resume(args) -> int:
     from qkvsearch.search.campaign import resume
+    from qkvsearch.search.terminal import TerminalView
 
-    exp = resume(args.dir)
-    print(_status_table(exp))
+    return _closing(resume(args.dir, verbose=args.verbose, view=TerminalView()))
+
+
+def _closing(exp: str) -> int:
+    from qkvsearch.search.progress import read_progress
+    from qkvsearch.search.terminal import closing_summary
+
+    print(closing_summary(read_progress(exp), exp))
     return EXIT_OK
 
 
@@ -288,16 +293,6 @@ def cmd_simulate(args) -> int:
     for kind, path in sim.write_outputs(curves, runs, out).items():
         print(f"{kind}: {path}")
     return EXIT_OK
-
-
-def _records(exp: str) -> list[dict]:
-    from qkvsearch.search.status import load_records
-
-    return load_records(exp)
-
-
-def _count(exp: str, status: str) -> int:
-    return sum(r["status"] == status for r in _records(exp))
 
 
 def _status_table(exp: str) -> str:

@@ -23,6 +23,7 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallba
 from qkvsearch.search.records import (
     DUPLICATE_OF_KEY,
     ERROR_KEY,
+    FINAL_STATUSES,
     ORIGINAL_STATUS_KEY,
     PLANNED_KEY,
     STATUS_KEY,
@@ -48,6 +49,24 @@ class TrialSettings:
     train_storage: str = ""                         # where Train runs keep checkpoints
     experiment: str = ""                            # the campaign's folder (records of other trials)
     faults: tuple = ()                              # trainers.faults rules, read where the campaign starts
+    campaign: str = ""                              # its name: Train runs are <campaign>-<trial name>
+
+
+def trial_name(cfg: dict, trial_id: str) -> str:
+    """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart, then the trial index."""
+    parts = [str(cfg.get("embedding"))]
+    if cfg.get("width"):
+        parts.append(f"h{cfg['width']}")
+    if cfg.get("embedding") == "fsne":
+        parts += [f"c{cfg['code_size']}", str(cfg["code_sharing"]).replace("_", "")]
+    return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])
+
+
+def train_run_name(settings: TrialSettings, cfg: dict, trial_id: str) -> str:
+    """`quickstart-fsne-h64-c8-shared-00003`: Ray's Train metrics and logs name the campaign and the trial.
+    Stable for a trial, so a restored trial resumes its Train run."""
+    name = trial_name(cfg, trial_id)
+    return f"{settings.campaign}-{name}" if settings.campaign else name
 
 
 def build_trial(base: dict, sampled: dict) -> dict:
@@ -65,7 +84,6 @@ def build_trial(base: dict, sampled: dict) -> dict:
     return {"config": config, "cost": cost}
 
 
-TERMINAL = ("completed", "stopped_early", "diverged", "failed", "infeasible")
 WAIT_POLL_S = 2.0
 
 
@@ -86,7 +104,7 @@ def _outcome_of_record(experiment: str, trial_id: str) -> dict | None:
     read = read_trials(experiment)  # the last epochs only: no object per epoch
     found = next(((r, last) for r, last in zip(read.records, read.last_epochs()) if r["trial_id"] == trial_id),
                  None)
-    if found is None or found[0].get("status") not in TERMINAL:
+    if found is None or found[0].get("status") not in FINAL_STATUSES:
         return None
     return {"status": found[0]["status"], "metrics": found[1]}
 
@@ -181,7 +199,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             cpus_per_worker=settings.cpus_per_worker,
             gpus_per_worker=settings.gpus_per_worker,
             placement_strategy=settings.placement_strategy,
-            name=tune.get_context().get_trial_id(),  # stable name: a restored trial resumes its Train run
+            name=train_run_name(settings, cfg, tune.get_context().get_trial_id()),
             storage_path=settings.train_storage,
             callbacks=[] if local else [_ForwardToTune(cfg["epochs"], cost)],
             on_report=_report_to_tune(cfg["epochs"], cost) if local else None,

@@ -1,6 +1,6 @@
 """The "qkvsearch campaign" Grafana dashboard: the campaign metrics of `search.metrics` over time, with
 Ray's node utilisation and Ray Train's controller state of the campaign's runs (named
-``<campaign>-<trial id>``), for one campaign chosen in the dashboard's ``campaign`` variable.
+``<campaign>-<trial name>``), for one campaign chosen in the dashboard's ``campaign`` variable.
 
 `dashboard()` builds it; `write_dashboard(folder)` writes it for a Grafana of one's own
 (`qkvsearch grafana-dashboard --out DIR`); `install_dashboard()` puts it where the Grafana that Ray's
@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from qkvsearch.search.progress import TERMINAL
+from qkvsearch.search.records import FINAL_STATUSES
 
 FILE_NAME = "qkvsearch_campaign_grafana_dashboard.json"
 UID = "qkvsearch-campaign"
@@ -22,7 +22,7 @@ C = 'campaign=~"$campaign"'
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Trials by status", "short", [(f"sum by (status) (ray_qkvsearch_trials{{{C}}})", "{{status}}")]),
     ("Trials done of planned", "short", [
-        (f'sum(ray_qkvsearch_trials{{{C}, status=~"{"|".join(TERMINAL)}"}})', "done"),
+        (f'sum(ray_qkvsearch_trials{{{C}, status=~"{"|".join(FINAL_STATUSES)}"}})', "done"),
         (f"max(ray_qkvsearch_trials_planned{{{C}}})", "planned")]),
     ("Epochs trained of planned", "short", [
         (f"max(ray_qkvsearch_epochs_completed{{{C}}})", "trained"),

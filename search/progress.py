@@ -16,11 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qkvsearch.search.pareto import hypervolume, nondominated_mask, reference_point
-from qkvsearch.search.records import read_campaign, read_trials
-
-STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible", "duplicate")
-TERMINAL = STATUSES[2:]  # final: the trial trains no more in this campaign
-ENDED_KEY = "ended_at"  # qs_campaign.json: unix time the campaign's driver finished (absent: running)
+from qkvsearch.search.records import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign, read_trials
 
 
 @dataclass
@@ -29,6 +25,17 @@ class RunningTrial:
     epochs: int
     planned: int
     top1: float | None
+
+
+@dataclass
+class FinishedTrial:
+    name: str
+    status: str                # one of records.FINAL_STATUSES
+    epochs: int
+    planned: int
+    top1: float | None         # at its last epoch
+    cost: dict                 # params_m, gmacs...
+    note: str = ""             # the last line of its error, or the trial it duplicates
 
 
 @dataclass
@@ -47,9 +54,9 @@ class Progress:
     hypervolume: float | None = None
     images_per_s: dict[str, float] = field(default_factory=dict)   # trial -> last epoch's images/s
     startup_s: dict[str, float] = field(default_factory=dict)      # trial -> start -> first step, s
-    finished: list[tuple[str, str, int, float | None]] = field(default_factory=list)  # (trial, status,
-    #   epochs, last top-1) of every trial in a final status, in record order
+    finished: list[FinishedTrial] = field(default_factory=list)  # trials in a final status, in record order
     ended: bool = False
+    interrupted: bool = False  # its driver was stopped before the end (resume continues it)
     read_at: float = 0.0
 
     @property
@@ -58,7 +65,7 @@ class Progress:
 
     @property
     def trials_done(self) -> int:  # in a final status
-        return sum(n for s, n in self.counts.items() if s in TERMINAL)
+        return sum(n for s, n in self.counts.items() if s in FINAL_STATUSES)
 
     def summary(self) -> str:
         """One line: trials by status, epochs, front and best values."""
@@ -91,8 +98,9 @@ def read_progress(exp) -> Progress:
         running=running, objectives=objectives, best={}, read_at=time.time())
     # ended: the driver recorded its end, or (a campaign recorded before drivers did) every trial is final
     progress.ended = campaign.get(ENDED_KEY) is not None or (len(records) >= planned and progress.trials_done >= planned)
-    progress.finished = [(_name(r), r["status"], n, _finite(last.get("top1")))
-                         for r, n, last in zip(records, counts, lasts) if r.get("status") in TERMINAL]
+    progress.interrupted = campaign.get(INTERRUPTED_KEY) is not None and not progress.ended
+    progress.finished = [_finished(r, n, last, epochs_each) for r, n, last in zip(records, counts, lasts)
+                         if r.get("status") in FINAL_STATUSES]
     for r, last in zip(records, lasts):
         if _finite(last.get("images_per_s")) is not None:
             progress.images_per_s[_name(r)] = last["images_per_s"]
@@ -100,6 +108,15 @@ def read_progress(exp) -> Progress:
             progress.startup_s[_name(r)] = r["first_step_at"] - r["started_at"]
     _add_front(progress, [(r, last) for r, last in zip(records, lasts) if r.get("status") == "completed"])
     return progress
+
+
+def _finished(record: dict, epochs: int, last: dict, epochs_each: int) -> FinishedTrial:
+    error = record.get("error")
+    note = error.strip().splitlines()[-1][:160] if isinstance(error, str) and error.strip() else ""
+    if record.get("duplicate_of"):
+        note = f"same configuration as trial {record['duplicate_of']}: not trained again"
+    return FinishedTrial(_name(record), record["status"], epochs, int(record.get("epochs_planned") or epochs_each),
+                         _finite(last.get("top1")), record.get("cost") or {}, note)
 
 
 def _add_front(progress: Progress, done: list[tuple[dict, dict]]) -> None:

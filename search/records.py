@@ -73,6 +73,14 @@ DUPLICATE_OF_KEY, ORIGINAL_STATUS_KEY = "qs_duplicate_of", "qs_original_status"
 
 logger = logging.getLogger(__name__)
 
+# A trial's status in its record. Final ones end the trial for this campaign; "interrupted" is a trial
+# its driver stopped (Ctrl-C, SIGTERM): `resume` continues it from its checkpoint.
+STATUSES = ("pending", "running", "interrupted", "completed", "stopped_early", "diverged", "failed", "infeasible",
+            "duplicate")
+FINAL_STATUSES = STATUSES[3:]
+# qs_campaign.json: unix times the campaign's driver finished, or was stopped before the end (absent: running)
+ENDED_KEY, INTERRUPTED_KEY = "ended_at", "interrupted_at"
+
 CAMPAIGN_FILE = "qs_campaign.json"
 TRIALS_DIR = "qs_trials"
 DAMAGED_SUFFIX = ".damaged"
@@ -668,15 +676,14 @@ class _Recorder:
     and appends each reported epoch to `qs_trials/<id>.epochs.csv` (see the module's layout).
 
     `describe(trial)` returns the trial's flat config, readable name, cost and planned epochs; the
-    campaign supplies it so the recorder needs no knowledge of specs or models. A finished trial's
-    summary line goes to `echo` (default: this module's logger, at info level).
+    campaign supplies it so the recorder needs no knowledge of specs or models. What a person sees of
+    a finished trial is the terminal's (search.terminal), read from these records.
     """
 
-    def __init__(self, experiment_uri: str, campaign: str, describe, echo=None):
+    def __init__(self, experiment_uri: str, campaign: str, describe):
         self.experiment_uri = experiment_uri.rstrip("/")
         self.campaign = campaign
         self.describe = describe
-        self.echo = echo or logger.info
         self.records: dict[str, dict] = {}
         self.epoch_logs: dict[str, _EpochLog] = {}
 
@@ -822,7 +829,15 @@ class _Recorder:
     def _finish(self, rec: dict) -> None:
         rec["ended_at"] = time.time()
         self._save(rec)
-        self.echo(_summary_line(rec))
+
+    def mark_interrupted(self) -> list[str]:
+        """After the driver was stopped: every trial still running becomes "interrupted" (resume continues
+        it). -> their names."""
+        stopped = [rec for rec in self.records.values() if rec["status"] == "running"]
+        for rec in stopped:
+            rec["status"] = "interrupted"
+            self._save(rec)
+        return [rec["trial_name"] for rec in stopped]
 
 
 def __getattr__(name: str):
@@ -847,18 +862,3 @@ def _error_text(trial) -> str:
     except OSError:
         pass
     return str(getattr(trial, "error_msg", None) or "trial failed (no error file)")
-
-
-def _summary_line(rec: dict) -> str:
-    last = rec["epochs"][-1] if rec["epochs"] else {}
-    cost = rec["cost"]
-    parts = [f"[{rec['status']:>13}] {rec['trial_name']}"]
-    if "top1" in last:
-        parts.append(f"top1 {last['top1']:.1f}%")
-    parts.append(f"{cost.get('params_m', float('nan')):.3f}M params, {cost.get('gmacs', float('nan')):.4f} GMACs")
-    parts.append(f"{len(rec['epochs'])}/{rec['epochs_planned']} epochs, {rec['train_s_total']:.1f} s training")
-    if rec.get("error") and rec["status"] in ("failed", "diverged", "infeasible"):
-        parts.append(rec["error"].strip().splitlines()[-1][:160])
-    if rec.get("duplicate_of"):
-        parts.append(f"same configuration as trial {rec['duplicate_of']}: not trained again")
-    return " | ".join(parts)

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point
-from qkvsearch.search.records import read_campaign
+from qkvsearch.search.records import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign
 from qkvsearch.search.results import CONFIG_PREFIX, collect, parquet_files, resolve_out_dir, write_results
 from qkvsearch.search.storage import loads_json, write_bytes
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
@@ -58,7 +58,7 @@ AXIS_TITLES = {
 EMBED_COLORS = {"linear": "#7f7f7f", "sne": "#1f77b4", "psne": "#2ca02c", "fsne": "#d62728"}
 EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
 STATUS_SYMBOLS = {"completed": "circle", "stopped_early": "triangle-down", "running": "diamond-open",
-                  "diverged": "x", "failed": "cross", "infeasible": "square-open", "pending": "circle-open"}
+                  "interrupted": "diamond", "diverged": "x", "failed": "cross", "infeasible": "square-open", "pending": "circle-open"}
 SYMBOLS_3D = {"circle", "circle-open", "cross", "diamond", "diamond-open", "square", "square-open", "x"}
 HOVER_CONFIG_LIMIT = 2000  # above this many trials only front points carry the full config on hover
 TABLE_CONFIG = tuple(k.name for k in RESOLVED_KEYS.values() if k.report)  # trial keys the tables show
@@ -415,11 +415,12 @@ def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
 
 
 def _report_md(campaign: dict, df: pd.DataFrame, front: pd.DataFrame, metrics, cols, dirs, front_statuses, ref,
-               repeats: pd.DataFrame) -> str:
+               repeats: pd.DataFrame, partial: str = "") -> str:
     counts = df["status"].value_counts().sort_index()
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(metrics, dirs))
     parts = [
-        f"# Pareto report: {campaign.get('name', '?')}", "",
+        f"# Pareto report: {campaign.get('name', '?')}" + (" (partial)" if partial else ""), "",
+        *([f"**{partial}**", ""] if partial else []),
         f"- code version: {campaign.get('code_version', '?')}",
         f"- objectives: {objectives}",
         f"- trials: {len(df)} ({', '.join(f'{s} {n}' for s, n in counts.items())})",
@@ -528,8 +529,11 @@ def _write_page(out: str, campaign: dict, trials: pa.Table, epochs: pa.Table, ob
     front = df[df["on_front"]].sort_values(cols[0], ascending=dirs[0] == "min")
     fcols = _front_columns(df, cols)
     repeats = repeat_summary(df, metrics, cols)
-    page = _page(f"Pareto report: {campaign.get('name', '?')}", campaign,
-                 _summary_html(df, front, metrics, dirs, front_statuses, size), _figures_html(figures),
+    partial = partial_note(campaign, df["status"])
+    title = f"Pareto report: {campaign.get('name', '?')}" + (" (partial)" if partial else "")
+    summary = (f"<p><b>{html.escape(partial)}</b></p>" if partial else "") + _summary_html(
+        df, front, metrics, dirs, front_statuses, size)
+    page = _page(title, campaign, summary, _figures_html(figures),
                  _html_table(front, fcols, "front", True),
                  _html_table(_by_trial_id(df), fcols + ["error"], "trials", True),
                  _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "")
@@ -538,8 +542,24 @@ def _write_page(out: str, campaign: dict, trials: pa.Table, epochs: pa.Table, ob
     write_bytes(paths["html"], page)
     write_bytes(paths["csv"], _front_csv(front, fcols))
     write_bytes(paths["md"], _report_md(campaign, df, front, metrics, cols, dirs, front_statuses, ref,
-                                        repeats).encode("utf-8"))
+                                        repeats, partial).encode("utf-8"))
+    if partial:
+        logger.warning(partial)
     return paths, figures
+
+
+def partial_note(campaign: dict, statuses: pd.Series) -> str:
+    """A note when the report shows a campaign that has not ended (running, or stopped before the end),
+    else "". Older campaigns have no end time: there, every trial in a final status means ended."""
+    if campaign.get(ENDED_KEY) is not None:
+        return ""
+    final = int(statuses.isin(FINAL_STATUSES).sum())
+    if final == len(statuses) and campaign.get(INTERRUPTED_KEY) is None:
+        return ""
+    planned = ((campaign.get("spec") or {}).get("search") or {}).get("num_trials")
+    of = f" of {planned}" if isinstance(planned, int) and not isinstance(planned, bool) else ""
+    return (f"partial report: the campaign has not ended; {final}{of} trial(s) had finished when it was "
+            f"written ({len(statuses) - final} still running, pending or interrupted)")
 
 
 def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_statuses=("completed",),

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "open_location", "write_bytes", "append_bytes", "can_append", "read_bytes", "list_files", "read_many",
-    "write_json", "read_json", "loads_json",
+    "write_json", "read_json", "loads_json", "exists", "remove_tree",
 ]
 
 REMOTE_READ_THREADS = 16  # concurrent reads on a remote filesystem (each one mostly waits)
@@ -42,6 +42,18 @@ def open_location(uri_or_path) -> tuple[pafs.FileSystem, str]:
         fs, path = pafs.FileSystem.from_uri(text)
         return fs, path.rstrip("/") or "/"
     return pafs.LocalFileSystem(), os.path.abspath(text)
+
+
+def exists(uri) -> bool:
+    """Is there a file or folder at ``uri``? (OSError when the storage cannot be reached.)"""
+    fs, path = open_location(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def remove_tree(uri) -> None:
+    """Remove the folder at ``uri`` (on an object store: every object under its prefix)."""
+    fs, path = open_location(uri)
+    fs.delete_dir(path)
 
 
 def write_bytes(uri, data) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from qkvsearch.search.progress import TERMINAL, Progress
+from qkvsearch.search.progress import FinishedTrial, Progress, read_progress
 
 
 class TerminalView:
@@ -32,6 +32,10 @@ class TerminalView:
                 self._print(line)
                 self._last_line = line
 
+    def skip_finished(self, exp) -> None:
+        """Announce no trial that had ended already (a resumed campaign's earlier trials)."""
+        _finished_lines(read_progress(exp), self._seen)
+
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
@@ -56,15 +60,42 @@ class TerminalView:
 def _finished_lines(progress: Progress, seen: dict[str, str]) -> list[str]:
     """One line per trial that reached a final status since the last snapshot."""
     lines = []
-    for name, status, epochs, top1 in progress.finished:
-        if seen.get(name) != status and status in TERMINAL:
-            seen[name] = status
-            if status == "duplicate":
-                lines.append(f"trial {name} duplicate: an earlier trial trained its configuration")
-                continue
-            top = "" if top1 is None else f", top-1 {top1:.2f}%"
-            lines.append(f"trial {name} {status} after {epochs} epoch(s){top}")
+    for t in progress.finished:
+        if seen.get(t.name) != t.status:
+            seen[t.name] = t.status
+            lines.append(finished_line(t))
     return lines
+
+
+def finished_line(t: FinishedTrial) -> str:
+    """`trial fsne-h64-c8-shared-00002 completed: 4/4 epochs, top-1 71.20%, 0.052M params, 0.0013 GMACs`"""
+    if t.status == "duplicate":
+        return f"trial {t.name} duplicate: {t.note}"
+    parts = [f"{t.epochs}/{t.planned} epochs"]
+    if t.top1 is not None:
+        parts.append(f"top-1 {t.top1:.2f}%")
+    for key, unit, fmt in (("params_m", "M params", ".3f"), ("gmacs", " GMACs", ".4f")):
+        if isinstance(t.cost.get(key), (int, float)):
+            parts.append(f"{t.cost[key]:{fmt}}{unit}")
+    line = f"trial {t.name} {t.status}: " + ", ".join(parts)
+    return f"{line} | {t.note}" if t.note else line
+
+
+def closing_summary(progress: Progress, exp: str) -> str:
+    """What `launch` and `resume` print at the end: counts, the completed front, the next command."""
+    lines = [progress.summary()]
+    if progress.front:
+        metrics = [m for m, _ in progress.objectives]
+        width = max(len("trial"), *(len(f["trial"]) for f in progress.front))
+        lines.append(f"front of the completed trials ({len(progress.front)}):")
+        lines.append("  " + "  ".join([f"{'trial':<{width}}", *(f"{m:>10}" for m in metrics)]))
+        for f in sorted(progress.front, key=lambda f: [f[m] for m in metrics]):
+            lines.append("  " + "  ".join([f"{f['trial']:<{width}}", *(f"{f[m]:>10.4g}" for m in metrics)]))
+    failed = progress.counts.get("failed", 0)
+    if failed:
+        lines.append(f"{failed} trial(s) failed; `qkvsearch status {exp}` shows their errors")
+    lines.append(f"results: {exp}\nnext: qkvsearch report {exp}")
+    return "\n".join(lines)
 
 
 def live_block(progress: Progress):

@@ -4,6 +4,7 @@ import os
 # Train's controller polls workers every 2 s by default: each report would arrive ~2 s late.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # as search.campaign: local Ray on loopback
 
 import pytest
 
@@ -31,3 +32,75 @@ def ray_local():
         start_local_ray(trial_slots=1, num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------- nothing left running
+RAY_PROCESS_MARKS = ("ray::", "raylet", "gcs_server", "default_worker.py", "ray/dashboard/", "runtime_env/agent")
+ORPHAN_GRACE_S = 30  # a shut-down Ray's workers notice their raylet is gone within seconds
+
+
+def _ray_orphans(exclude: set[int]) -> dict[int, str]:
+    """Ray processes whose parent is gone (re-parented to init or a subreaper), not in ``exclude``."""
+    import subprocess
+
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    alive = {int(r[0]) for r in rows}
+    found = {}
+    for pid, ppid, args in (r for r in rows if len(r) == 3):
+        pid, ppid = int(pid), int(ppid)
+        if pid not in exclude and any(m in args for m in RAY_PROCESS_MARKS) and (ppid == 1 or ppid not in alive):
+            found[pid] = args[:160]
+    return found
+
+
+def _wait_for_orphans(exclude: set[int]) -> dict[int, str]:
+    import time
+
+    end = time.monotonic() + ORPHAN_GRACE_S
+    while True:
+        orphans = _ray_orphans(exclude)
+        if not orphans or time.monotonic() > end:
+            return orphans
+        time.sleep(1)
+
+
+def _kill(pids) -> None:
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_PRESENT_AT_START: set[int] = set()
+
+
+def pytest_sessionstart(session):
+    _PRESENT_AT_START.update(_ray_orphans(set()))  # someone else's: not this suite's to judge
+
+
+@pytest.fixture(autouse=True)
+def no_orphaned_ray_process(request):
+    """Fail the test after which a Ray process is left without its parent (stopped: later tests go on)."""
+    before = _PRESENT_AT_START | set(_ray_orphans(set()))
+    yield
+    if not _ray_orphans(before):
+        return
+    orphans = _wait_for_orphans(before)
+    if orphans:
+        _kill(orphans)
+        pytest.fail("Ray processes left running without their parent:\n"
+                    + "\n".join(f"  {pid} {args}" for pid, args in orphans.items()), pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The session's own Ray (shut down after the last test) must not leave orphans either."""
+    orphans = _wait_for_orphans(_PRESENT_AT_START)
+    if orphans:
+        _kill(orphans)
+        print("\nRay processes left running without their parent after the test session:\n"
+              + "\n".join(f"  {pid} {args}" for pid, args in orphans.items()))
+        session.exitstatus = 1

@@ -102,10 +102,11 @@ def test_kill_and_resume_equals_straight_run(tmp_path, capsys, one_thread, monke
     assert load_state(str(tmp_path / "b"))["epoch"] == 2
     capsys.readouterr()
     code, resumed = _cli(["--config", yml, "--checkpoint-dir", tmp_path / "b"], capsys)
-    assert code == 0 and [m["epoch"] for m in resumed] == [3, 4]
+    # the checkpoint's epoch is reported again first (it may never have reached the search), then 3, 4
+    assert code == 0 and [m["epoch"] for m in resumed] == [2, 3, 4] and resumed[0]["top1"] == straight[1]["top1"]
 
     _assert_same_weights(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
-    for s, r in zip(straight[2:], resumed):
+    for s, r in zip(straight[2:], resumed[1:]):
         for k in ("train_loss", "val_loss", "top1", "lr", "step"):
             assert s[k] == r[k], k
     assert not [f for f in os.listdir(tmp_path / "b") if f != "state.pt"]  # no temp files left
@@ -236,7 +237,8 @@ def test_ray_divergence_then_resume_matches_straight_run(ray_local, tmp_path, on
     log = tmp_path / "reports.jsonl"
     resumed = run_trainer(cfg, num_workers=1, name="nan", storage_path=str(tmp_path),
                           callbacks=[_report_recorder(str(log))])
-    assert [r["ranks"][0]["epoch"] for r in _recorded(log)] == [2]  # epoch 1 came from the checkpoint
+    # epoch 1 came from the checkpoint: reported again (it may not have reached the search), then epoch 2
+    assert [r["ranks"][0]["epoch"] for r in _recorded(log)] == [1, 2]
     assert [m["epoch"] for m in resumed.return_value] == [1, 2]
 
     straight = Run(cfg)
@@ -272,7 +274,8 @@ def test_local_mode_keeps_checkpoints_and_resumes_like_a_train_run(ray_local, tm
 
     reports.clear()
     resumed = run_trainer(cfg, num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report)
-    assert reports == [(3.0, "checkpoint_epoch_0003")]  # epochs 1 and 2 came from the checkpoint
+    # epochs 1 and 2 came from the checkpoint: epoch 2 is reported again, with no new checkpoint
+    assert reports == [(2.0, None), (3.0, "checkpoint_epoch_0003")]
     assert [m["epoch"] for m in resumed.return_value] == [1, 2, 3]
     assert sorted(os.listdir(tmp_path / "local")) == ["checkpoint_epoch_0002", "checkpoint_epoch_0003"]
     assert all(m["qs_world_size"] == 1 for m in resumed.return_value)

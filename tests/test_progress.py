@@ -6,16 +6,19 @@ import math
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 from test_results import write_campaign
 
-from qkvsearch.search import grafana, metrics
-from qkvsearch.search.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from qkvsearch.search import grafana, jobs, metrics
+from qkvsearch.search.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, main
 from qkvsearch.search.monitor import CampaignMonitor, watch
 from qkvsearch.search.pareto import hypervolume, nondominated_mask, reference_point
-from qkvsearch.search.progress import ENDED_KEY, read_progress
-from qkvsearch.search.terminal import TerminalView
+from qkvsearch.search.progress import read_progress
+from qkvsearch.search.records import ENDED_KEY
+from qkvsearch.search.report import build_report
+from qkvsearch.search.terminal import TerminalView, closing_summary
 
 STATUSES = ["completed", "completed", "running", "stopped_early", "failed", "completed", "pending"]
 
@@ -67,7 +70,7 @@ def test_plain_terminal_prints_each_finished_trial_once_and_changes_only(tmp_pat
     view.close()
     lines = out.getvalue().splitlines()
     finished = [line for line in lines if line.startswith("trial ")]
-    assert len(finished) == 5 and any("failed after 1 epoch(s)" in line for line in finished)
+    assert len(finished) == 5 and any(" failed: 1/6 epochs" in line and line.endswith("CUDA out of memory") for line in finished)
     assert sum(line.startswith("synth: 5/7 trials done") for line in lines) == 1  # nothing new: no line
     assert "\x1b[" not in out.getvalue()  # no terminal control codes in a log
 
@@ -127,3 +130,92 @@ def test_progress_reads_a_uri(tmp_path):
     write_campaign(tmp_path, STATUSES)
     p = read_progress(f"file://{tmp_path}")
     assert p.counts["completed"] == 3
+
+
+def test_closing_summary_lists_the_front_and_the_next_command(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    p = read_progress(tmp_path)
+    text = closing_summary(p, str(tmp_path))
+    assert text.startswith("synth: 5/7 trials done")
+    assert all(f["trial"] in text for f in p.front) and "front of the completed trials" in text
+    assert "1 trial(s) failed" in text and text.endswith(f"next: qkvsearch report {tmp_path}")
+
+
+def test_a_resumed_view_does_not_announce_trials_that_ended_before(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    out = io.StringIO()
+    view = TerminalView(out, live=False)
+    view.skip_finished(str(tmp_path))
+    view.show(read_progress(tmp_path))
+    assert not [line for line in out.getvalue().splitlines() if line.startswith("trial ")]
+
+
+def test_a_report_written_before_the_end_is_marked_partial(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    paths = build_report(str(tmp_path), static=False)
+    md, page = Path(paths["md"]).read_text(), Path(paths["html"]).read_text()
+    assert md.startswith("# Pareto report: synth (partial)") and "5 trial(s) had finished" in md
+    assert "<title>Pareto report: synth (partial)</title>" in page
+    _end(tmp_path)
+    md = Path(build_report(str(tmp_path), static=False)["md"]).read_text()
+    assert "partial" not in md
+
+
+def test_an_older_campaign_whose_trials_all_ended_is_not_partial(tmp_path):
+    write_campaign(tmp_path, ["completed", "failed", "completed"])  # no end time: written before drivers did
+    assert "partial" not in Path(build_report(str(tmp_path), static=False)["md"]).read_text()
+
+
+def test_job_metadata_and_the_dashboard_line_never_hold_the_token(monkeypatch):
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(name="c1", to_dict=lambda: {"name": "c1", "train": {"epochs": 3}})
+    meta = jobs.job_metadata(spec, "s3://bucket/c1", 12, "0.1.0+abc")
+    assert meta == {"qkvsearch_campaign": "c1", "qkvsearch_spec": '{"name":"c1","train":{"epochs":3}}',
+                    "qkvsearch_results": "s3://bucket/c1", "qkvsearch_code_version": "0.1.0+abc",
+                    "qkvsearch_trials": "12"}
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret-token-value")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    (line,) = jobs.dashboard_lines("127.0.0.1:8265")
+    assert line.startswith("Ray dashboard: http://127.0.0.1:8265") and "ray get-auth-token" in line
+    assert "secret-token-value" not in line
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"metadata": {"job_submission_id": "raysubmit_1"}}))
+    assert jobs.submission_id() == "raysubmit_1"
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    assert jobs.submission_id() is None and jobs.tag_submission(meta) is False
+
+
+def test_stop_signals_hand_sigterm_and_sigint_to_tune_once_then_stop_at_once():
+    import signal
+
+    from qkvsearch.search.interrupts import StopSignals
+
+    handed = []
+    before = signal.signal(signal.SIGINT, lambda sig, frame: handed.append(sig))  # stands for Tune's handler
+    try:
+        with StopSignals() as stop:
+            stop.setup()
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.received == "SIGTERM" and handed == [signal.SIGINT]
+            try:
+                signal.raise_signal(signal.SIGINT)
+                raise AssertionError("a second signal must stop at once")
+            except KeyboardInterrupt:
+                pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_an_interrupted_campaign_exits_130_saying_how_to_resume(monkeypatch, tmp_path, capsys):
+    from qkvsearch.search import campaign
+    from qkvsearch.search.interrupts import CampaignInterrupted
+
+    def stopped(spec, **kw):
+        raise CampaignInterrupted("/r/c1", "SIGTERM", ["linear-00000"])
+
+    monkeypatch.setattr(campaign, "launch", stopped)
+    spec = Path(__file__).resolve().parent.parent / "spaces" / "presets" / "quickstart.yaml"
+    assert main(["launch", str(spec)]) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM; 1 running trial(s) marked interrupted; `qkvsearch resume /r/c1`" in err

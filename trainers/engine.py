@@ -383,8 +383,9 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
     epoch's metrics.
 
     report(metrics, state_fn | None) runs after every epoch; state_fn builds the checkpoint state and is
-    given every checkpoint_every epochs and at the last one. A run whose checkpoint had already finished
-    re-reports its last metrics without building the model or loading data.
+    given every checkpoint_every epochs and at the last one. A resumed run first re-reports its
+    checkpoint's epoch; one whose checkpoint had already finished does only that, without building the
+    model or loading data.
     """
     cfg = require_filled(cfg)
     state = restore() if restore else None
@@ -396,6 +397,10 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
     run = Run(cfg, dist, wrap_model, faults)
     if state is not None:
         run.load_state_dict(state)
+        if report and state["history"]:
+            # The checkpoint's epoch may never have reached the search (its driver was stopped between the
+            # checkpoint and the report): report it again. Readers keep one row per epoch.
+            report(state["history"][-1], None)
     run.train(report)
     return run.history
 

@@ -1,0 +1,134 @@
+"""A `qkvsearch launch` or `resume` in its own process, with its own local Ray (its own RAY_TMPDIR, so its
+processes can be told apart from any other Ray on the machine), for tests of what a user sees from
+outside: the dashboard, metrics, signals, the terminal."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+QKVSEARCH = [sys.executable, "-m", "qkvsearch.search.cli"]
+TINY_MODEL = "xcit_nano_12_p8_224"
+
+
+def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: list[dict], steps: int = 4) -> dict:
+    return {
+        "name": name,
+        "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
+        "data": {"dataset": "digits"},
+        "train": {"epochs": epochs, "batch_size": 32, "lr": 2e-3, "warmup_epochs": 0,
+                  "max_steps_per_epoch": steps, "seed": 0, "checkpoint_every": 1},
+        "space": {"variants": variants},
+        "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+        "search": {"algorithm": "grid"},
+        "scheduler": {"type": "fifo"},
+        "resources": {"workers_per_trial": workers, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+        "storage": str(storage),
+    }
+
+
+class LiveCampaign:
+    """with LiveCampaign(args, tmp) as run: ...  the command runs with stdout/stderr in files; on exit it
+    is stopped if still running (SIGTERM, then SIGKILL) and its Ray processes must be gone."""
+
+    def __init__(self, args: list[str], tmp: Path, env: dict | None = None):
+        self.args, self.tmp = args, tmp
+        # A short folder: Ray's socket paths must stay under 108 characters.
+        self.ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+        self.env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env.pop("RAY_ADDRESS", None)
+        self.out, self.err = tmp / f"{args[0]}.out", tmp / f"{args[0]}.err"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self):
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([*QKVSEARCH, *self.args], stdout=out, stderr=err, env=self.env,
+                                         cwd=self.tmp)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        wait_for(lambda: not ray_processes(self.ray_tmp), 60, "the campaign's Ray processes to stop")
+        return False
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def line_starting(self, prefix: str, timeout: float) -> str:
+        def found():
+            self._check_alive()
+            return next((line for line in self.stdout().splitlines() if line.startswith(prefix)), None)
+        return wait_for(found, timeout, f"a line starting {prefix!r}")
+
+    def _check_alive(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"qkvsearch {self.args[0]} exited {self.proc.returncode}:\n{self.stdout()}\n"
+                                 f"{self.stderr()[-3000:]}")
+
+
+def ray_processes(ray_tmp: str) -> list[str]:
+    """Processes of the Ray whose temp folder is ray_tmp (its raylet, GCS, workers, dashboard...)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    mine = []
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if ray_tmp in args:
+            mine.append(line.strip())
+        elif "ray::" in args or "default_worker.py" in args:
+            try:  # worker processes name their session folder in their environment, not their args
+                if ray_tmp.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                    mine.append(line.strip())
+            except OSError:
+                pass
+    return mine
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def token_file() -> str:
+    """Where Ray keeps the dashboard's token (RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token)."""
+    return os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+
+
+def auth_token() -> str:
+    return os.environ.get("RAY_AUTH_TOKEN") or Path(token_file()).read_text().strip()
+
+
+def get_json(url: str, token: str | None = None, timeout: float = 10):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path

@@ -1,0 +1,171 @@
+"""Watching a real campaign from outside: `qkvsearch launch` in its own process with its own local Ray;
+the dashboard's Jobs REST API (with the token) lists it with its metadata; a real Prometheus server
+scrapes the nodes that the dashboard's service discovery names, and every query of every panel of the
+shipped Grafana dashboard returns data for the campaign; the terminal output is plain lines, the
+token appears nowhere."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from live_campaign import LiveCampaign, auth_token, get_json, tiny_spec, token_file, wait_for, write_spec
+
+from qkvsearch.search import grafana
+from qkvsearch.search.jobs import METADATA_PREFIX
+from qkvsearch.search.metrics import METRICS
+from qkvsearch.search.records import ENDED_KEY
+from qkvsearch.search.status import load_records
+
+pytestmark = pytest.mark.slow
+
+NAME = "watched"
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Prometheus:
+    """Debian's prometheus on 127.0.0.1, scraping `targets` every second, its data in `folder`."""
+
+    def __init__(self, folder: Path, dashboard: str, token_file: str):
+        self.port = _free_port()
+        # Targets as a Prometheus server finds them on a Ray cluster: the dashboard's HTTP service
+        # discovery, signed in with the token file (never a copy of the token).
+        sd = {"url": f"{dashboard}/api/prometheus/sd", "refresh_interval": "1s",
+              "authorization": {"type": "Bearer", "credentials_file": token_file}}
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "scrape_configs": [{"job_name": "ray", "http_sd_configs": [sd]}]}
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = open(folder / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(self._ready, 60, "prometheus to answer")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def query_range(self, expr: str, start: float, end: float) -> list:
+        q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": "1"})
+        return get_json(f"http://127.0.0.1:{self.port}/api/v1/query_range?{q}")["data"]["result"]
+
+    def scraped_targets(self) -> list[str]:
+        active = get_json(f"http://127.0.0.1:{self.port}/api/v1/targets")["data"]["activeTargets"]
+        return [t["scrapeUrl"] for t in active]
+
+    def metric_names(self) -> list[str]:
+        return get_json(f"http://127.0.0.1:{self.port}/api/v1/label/__name__/values")["data"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory):
+    """Run the campaign to its end while the dashboard is asked about it and Prometheus scrapes it."""
+    tmp = tmp_path_factory.mktemp("watched")
+    variants = [{"embedding": "linear"}, {"embedding": "fsne", "hidden_width": 0.5, "code_size": 4}]
+    spec = write_spec(tmp / "spec.yaml", tiny_spec(tmp / "results", NAME, workers=2, epochs=2, variants=variants))
+    seen: dict = {"prometheus": None}
+    start = time.time()
+    # Ray's agents push metrics every second (default 10 s), so a short campaign is seen in full.
+    with LiveCampaign(["launch", str(spec)], tmp, env={"RAY_metrics_report_interval_ms": "1000"}) as run:
+        url = run.line_starting("Ray dashboard: ", 180).split()[2]
+        token = auth_token()
+        seen["token"], seen["header"] = token, run.stdout()
+        seen["jobs_without_token"] = _status_without_token(f"{url}/api/jobs/")
+        seen["jobs"] = wait_for(lambda: _campaign_jobs(url, token), 60, "the campaign on the Jobs page")
+        seen["targets"] = get_json(f"{url}/api/prometheus/sd", token)
+        prom = Prometheus(tmp, url, token_file()) if PROMETHEUS else None
+        try:
+            seen["rc"] = run.wait(400)
+            end = time.time()
+            if prom is not None:
+                time.sleep(2)
+                seen["prometheus"] = {expr: prom.query_range(expr.replace("$campaign", NAME), start, end)
+                                      for expr in grafana.queries()}
+                seen["names"] = prom.metric_names()
+                seen["scraped"] = prom.scraped_targets()
+        finally:
+            if prom is not None:
+                prom.stop()
+        seen["stdout"], seen["stderr"] = run.stdout(), run.stderr()
+    seen["exp"] = tmp / "results" / NAME
+    return seen
+
+
+def _status_without_token(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _campaign_jobs(url: str, token: str) -> list[dict]:
+    jobs = get_json(f"{url}/api/jobs/", token)
+    return [j for j in jobs if (j.get("metadata") or {}).get(f"{METADATA_PREFIX}campaign") == NAME]
+
+
+def test_the_campaign_is_a_job_with_its_metadata_behind_the_token(watched):
+    assert watched["rc"] == 0, watched["stderr"][-3000:]
+    assert watched["jobs_without_token"] == 401
+    (job,) = watched["jobs"]
+    meta = job["metadata"]
+    assert meta[f"{METADATA_PREFIX}results"] == str(watched["exp"])
+    assert meta[f"{METADATA_PREFIX}trials"] == "2"
+    assert json.loads(meta[f"{METADATA_PREFIX}spec"])["name"] == NAME
+    assert meta[f"{METADATA_PREFIX}code_version"]
+    assert job["type"] == "DRIVER" and job["status"] == "RUNNING" and meta["job_name"] == NAME
+
+
+def test_the_terminal_shows_header_progress_finished_trials_and_summary_never_the_token(watched):
+    out = watched["stdout"]
+    assert f"campaign {NAME}: 2 trial(s), up to 1 at a time, 2 DDP worker(s) each" in out
+    assert "Ray dashboard: http://127.0.0.1:" in out and "ray get-auth-token" in out
+    finished = [line for line in out.splitlines() if line.startswith("trial ")]
+    assert len(finished) == 2 and all(" completed: 2/2 epochs, top-1 " in line for line in finished)
+    assert f"{NAME}: 2/2 trials done (2 completed)" in out and f"next: qkvsearch report {watched['exp']}" in out
+    assert "Trial status" not in out and "qs_" not in out  # Tune's tables stay off without --verbose
+    assert "\x1b[" not in out  # not a terminal: plain lines
+    for text in (out, watched["stderr"], *(p.read_text(errors="replace") for p in watched["exp"].rglob("*")
+                                           if p.is_file() and p.suffix in (".json", ".csv", ".log", ".txt"))):
+        assert watched["token"] not in text
+    assert json.loads((watched["exp"] / "qs_campaign.json").read_text())[ENDED_KEY] > 0
+
+
+def test_every_panel_query_of_the_shipped_dashboard_returns_data_for_the_campaign(watched):
+    if not PROMETHEUS:
+        pytest.skip("needs Debian's prometheus package (apt-get install prometheus; .ci/run installs it)")
+    assert watched["targets"] and all(t["targets"] for t in watched["targets"])
+    assert watched["scraped"] and all(u.startswith("http://127.0.0.1:") for u in watched["scraped"])  # loopback only
+    empty = [expr for expr, series in watched["prometheus"].items() if not series]
+    assert not empty, f"no data for: {empty}"
+    names = set(watched["names"])
+    assert {f"ray_{m}" for m in METRICS} <= names
+    runs = watched["prometheus"][next(q for q in grafana.queries() if "ray_train_controller_state" in q)]
+    trials = load_records(watched["exp"])
+    assert {s["metric"]["ray_train_run_name"] for s in runs} == {f"{NAME}-{r['trial_name']}" for r in trials}
