@@ -110,7 +110,7 @@ def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
         if os.environ.get("RAY_ADDRESS"):
             env = {"env_vars": _ray_env()}
             ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False,
-                           job_config=job_config(metadata or {}))
+                           job_config=job_config(metadata or {}), logging_level=logging.WARNING)
             tag_submission(metadata or {})  # under `ray job submit`, the Jobs page lists the submission
         else:
             # The dashboard stays on: Train's placement-group cleanup uses the State API.
@@ -206,7 +206,7 @@ def _settings(spec, exp: str) -> TrialSettings:
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
         placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs", experiment=exp,
         faults=tuple(read_faults()),  # trial processes do not see this process's environment
-        campaign=spec.name)
+        campaign=spec.name, max_failures=res.max_failures)
 
 
 def _check_launchable(spec, exp: str, overwrite: bool) -> None:
@@ -343,7 +343,9 @@ def _run_config(spec, exp: str, callbacks: list, verbose: bool):
     storage, name = exp.rsplit("/", 1)
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=_tune_verbosity(verbose), callbacks=callbacks,
-        failure_config=tune.FailureConfig(max_failures=0),  # a failed trial is recorded, never retried
+        # A trial whose process is lost is restarted from its checkpoint; one whose training fails reports
+        # it as a result (search.driver.run_trial) and is not retried.
+        failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from dataclasses import dataclass
 
 from ray import tune
@@ -22,6 +23,7 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallba
 
 from qkvsearch.search.records import (
     DUPLICATE_OF_KEY,
+    ERROR_CHARS,
     ERROR_KEY,
     FINAL_STATUSES,
     ORIGINAL_STATUS_KEY,
@@ -50,6 +52,7 @@ class TrialSettings:
     experiment: str = ""                            # the campaign's folder (records of other trials)
     faults: tuple = ()                              # trainers.faults rules, read where the campaign starts
     campaign: str = ""                              # its name: Train runs are <campaign>-<trial name>
+    max_failures: int = 0                           # worker-group restarts of a Train run (from its checkpoint)
 
 
 def trial_name(cfg: dict, trial_id: str) -> str:
@@ -204,9 +207,18 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             callbacks=[] if local else [_ForwardToTune(cfg["epochs"], cost)],
             on_report=_report_to_tune(cfg["epochs"], cost) if local else None,
             faults=settings.faults,
+            max_failures=settings.max_failures,
         )
-    except Exception as exc:  # a diverged trial ends as a result, any other failure as a Tune error
+    except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
+        # The training's own error ends the trial as a result: diverged, or failed after Train's restarts.
+        # Only a trial whose process is lost (a node gone) reaches Tune as an error, which Tune retries.
         diverged = find_divergence(exc)
-        if diverged is None:
-            raise
-        tune.report(_terminal_report(settings, "diverged", str(diverged), cost))
+        if diverged is not None:
+            tune.report(_terminal_report(settings, "diverged", str(diverged), cost))
+        else:
+            tune.report(_terminal_report(settings, "failed", error_text(exc), cost))
+
+
+def error_text(exc: BaseException) -> str:
+    """The traceback of a trial's error, its last ERROR_CHARS characters (the cause is at the end)."""
+    return "".join(traceback.format_exception(exc)).strip()[-ERROR_CHARS:]

@@ -70,6 +70,7 @@ from qkvsearch.spaces.keys import COST_METRICS
 STATUS_KEY, ERROR_KEY, PLANNED_KEY = "qs_status", "qs_error", "qs_epochs_planned"
 # A duplicate trial (its resolved config was trained already) reports its original's outcome under these.
 DUPLICATE_OF_KEY, ORIGINAL_STATUS_KEY = "qs_duplicate_of", "qs_original_status"
+ERROR_CHARS = 4000  # the end of a failed trial's traceback kept in its record (the cause is at the end)
 
 logger = logging.getLogger(__name__)
 
@@ -794,7 +795,7 @@ class _Recorder:
     def on_trial_result(self, iteration, trials, trial, result, **info):
         rec = self._record(trial)
         status = result.get(STATUS_KEY)
-        if status in ("infeasible", "diverged"):
+        if status in ("infeasible", "diverged", "failed"):
             rec["status"] = status
             rec["error"] = result.get(ERROR_KEY)
         elif status == "duplicate":  # trained nothing: its outcome is its original's, recorded there
@@ -815,7 +816,7 @@ class _Recorder:
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rec = self._record(trial)
-        if rec["status"] not in ("infeasible", "diverged", "duplicate"):
+        if rec["status"] not in ("infeasible", "diverged", "failed", "duplicate"):
             done = max((e.get("epoch", 0) for e in rec["epochs"]), default=0)
             rec["status"] = "completed" if done >= rec["epochs_planned"] else "stopped_early"
         self._finish(rec)
@@ -858,7 +859,7 @@ def _error_text(trial) -> str:
     try:
         if path and os.path.exists(path):
             text = Path(path).read_text().strip()
-            return text[-4000:]
+            return text[-ERROR_CHARS:]
     except OSError:
         pass
     return str(getattr(trial, "error_msg", None) or "trial failed (no error file)")

@@ -23,6 +23,7 @@ from qkvsearch.spaces.keys import (
     COST_METRICS,
     KEYS,
     METRICS,
+    NONNEG_INT,
     NONNEG_NUM,
     POS_INT,
     POS_NUM,
@@ -667,18 +668,19 @@ def _parse_resources(raw, c: Collector) -> ResourcesSpec:
     if raw is None:
         return ResourcesSpec()
     keys = ("workers_per_trial", "cpus_per_worker", "gpus_per_worker", "max_concurrent_trials",
-            "placement_strategy")
+            "placement_strategy", "max_failures")
     c.unknown_keys("resources", raw, keys)
     workers = _opt(raw, "workers_per_trial", POS_INT, 1, c, "resources")
     cpus = _opt(raw, "cpus_per_worker", POS_NUM, 1.0, c, "resources")
     gpus = _opt(raw, "gpus_per_worker", NONNEG_NUM, 0.0, c, "resources")
     placement = _opt(raw, "placement_strategy", one_of(*PLACEMENTS), "PACK", c, "resources")
+    failures = _opt(raw, "max_failures", NONNEG_INT, ResourcesSpec.max_failures, c, "resources")
     concurrent = raw.get("max_concurrent_trials", "auto")
     if concurrent != "auto" and not (isinstance(concurrent, int) and not isinstance(concurrent, bool)
                                      and concurrent >= 1):
         c.expected("resources.max_concurrent_trials", 'a positive int or "auto"', concurrent)
         concurrent = "auto"
-    return ResourcesSpec(workers, cpus, gpus, concurrent, placement)
+    return ResourcesSpec(workers, cpus, gpus, concurrent, placement, failures)
 
 
 def _parse_storage(raw, c: Collector) -> str:

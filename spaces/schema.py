@@ -245,6 +245,7 @@ class ResourcesSpec:
     gpus_per_worker: float = 0.0
     max_concurrent_trials: int | str = "auto"
     placement_strategy: str = "PACK"
+    max_failures: int = 3               # recoveries of a trial from a lost process (worker, trial driver)
 
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",

@@ -43,7 +43,9 @@ def _spec(tmp: Path) -> dict:
         "search": {"algorithm": "grid"},
         # one bracket: every trial is judged at epoch 1, so the lowest learning rates are the ones stopped
         "scheduler": {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1},
-        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+        # no restarts: the injected crash after epoch 1 must end its trial as failed (a restart from the
+        # epoch-1 checkpoint would not crash again; tests/test_failures.py covers restarts)
+        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1, "max_failures": 0},
         "storage": str(tmp),
     }
 
@@ -51,6 +53,11 @@ def _spec(tmp: Path) -> dict:
 # Injected faults reach the trials through the environment of the process that launches the campaign.
 FAULTS = json.dumps([{"when": {"embedding": "psne"}, "fail_after_epoch": 1},
                      {"when": {"embedding": "sne"}, "nan_at_update": 2}])
+
+
+def _run_name(record: dict) -> str:
+    """A trial's Train run: <campaign>-<trial name>, so Ray's Train metrics and logs name the trial."""
+    return f"{record['campaign']}-{record['trial_name']}"
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +118,8 @@ def test_infeasible_configuration_never_starts_a_trainer(campaign):
     train_runs = exp / "train_runs"
     assert train_runs.is_dir()
     started = {p.name for p in train_runs.iterdir()}
-    assert infeasible["trial_id"] not in started
-    assert any(r["trial_id"] in started for r in records if r["status"] == "completed")
+    assert _run_name(infeasible) not in started
+    assert any(_run_name(r) in started for r in records if r["status"] == "completed")
 
 
 def test_diverged_and_failed_trials_do_not_stop_the_campaign(campaign):
@@ -207,7 +214,7 @@ def test_no_configuration_trains_twice(ray_local, tmp_path):
     duplicates = [r for r in records if r["status"] == "duplicate"]
     assert len(records) == 8 and len(trained) == 3 and len(duplicates) == 5
     assert {r["config"]["embedding"] for r in trained} == {"linear", "sne", "psne"}
-    assert sorted(p.name for p in (exp / "train_runs").iterdir() if p.is_dir()) == sorted(r["trial_id"] for r in trained)
+    assert sorted(p.name for p in (exp / "train_runs").iterdir() if p.is_dir()) == sorted(_run_name(r) for r in trained)
     by_id = {r["trial_id"]: r for r in trained}
     for dup in duplicates:
         original = by_id[dup["duplicate_of"]]
@@ -257,7 +264,7 @@ def test_one_worker_trials_train_in_their_own_process_and_every_ending_still_wor
     for rec in done:
         assert [e["epoch"] for e in rec["epochs"]] == [1.0, 2.0, 3.0]
         assert rec["first_step_at"] > rec["started_at"]
-        kept = sorted(p.name for p in (exp / "train_runs" / rec["trial_id"]).iterdir())
+        kept = sorted(p.name for p in (exp / "train_runs" / _run_name(rec)).iterdir())
         assert kept == ["checkpoint_epoch_0002", "checkpoint_epoch_0003"]  # num_to_keep=2
         assert rec["checkpoint_path"].endswith("checkpoint_epoch_0003")
 

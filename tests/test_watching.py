@@ -108,6 +108,7 @@ def watched(tmp_path_factory):
                 seen["prometheus"] = {expr: prom.query_range(expr.replace("$campaign", NAME), start, end)
                                       for expr in grafana.queries()}
                 seen["names"] = prom.metric_names()
+                (tmp / "metric_names.txt").write_text("\n".join(seen["names"]) + "\n")  # for a person to read
                 seen["scraped"] = prom.scraped_targets()
         finally:
             if prom is not None:
@@ -123,6 +124,13 @@ def _status_without_token(url: str) -> int:
             return resp.status
     except urllib.error.HTTPError as err:
         return err.code
+
+
+def _answers(url: str) -> bool:
+    try:
+        return _status_without_token(url) == 401
+    except OSError:  # not listening yet
+        return False
 
 
 def _campaign_jobs(url: str, token: str) -> list[dict]:
@@ -169,3 +177,43 @@ def test_every_panel_query_of_the_shipped_dashboard_returns_data_for_the_campaig
     runs = watched["prometheus"][next(q for q in grafana.queries() if "ray_train_controller_state" in q)]
     trials = load_records(watched["exp"])
     assert {s["metric"]["ray_train_run_name"] for s in runs} == {f"{NAME}-{r['trial_name']}" for r in trials}
+
+
+def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
+    """`ray job submit -- qkvsearch launch ...` on a cluster started with `ray start --head`: the Jobs page
+    lists the submission, and the driver adds the campaign's metadata to it."""
+    import os
+    import signal
+    import sys
+    import tempfile
+
+    from live_campaign import ray_processes
+
+    spec = write_spec(tmp_path / "spec.yaml", tiny_spec(tmp_path / "results", "submitted", workers=1, epochs=1,
+                                                      variants=[{"embedding": "linear"}], steps=2))
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    dash = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    # --block: the head's processes stop with this one (no `ray stop`, which stops every Ray on the machine)
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={_free_port()}",
+                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{dash}"
+        wait_for(lambda: _answers(f"{url}/api/jobs/"), 120, "the head's dashboard")
+        submit = subprocess.run(
+            [ray_bin, "job", "submit", "--address", url, "--submission-id", "qs-submitted", "--",
+             sys.executable, "-m", "qkvsearch.search.cli", "launch", str(spec)],
+            env=env, capture_output=True, text=True, timeout=300)
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+        assert "next: qkvsearch report" in submit.stdout  # the campaign's own lines reach the job's log
+        (job,) = [j for j in get_json(f"{url}/api/jobs/", auth_token()) if j.get("submission_id") == "qs-submitted"]
+        assert job["type"] == "SUBMISSION" and job["status"] == "SUCCEEDED"
+        assert job["metadata"][f"{METADATA_PREFIX}campaign"] == "submitted"
+        assert job["metadata"][f"{METADATA_PREFIX}results"] == str(tmp_path / "results" / "submitted")
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(60)
+        wait_for(lambda: not ray_processes(ray_tmp), 60, "the head's processes to stop")

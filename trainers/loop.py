@@ -160,12 +160,13 @@ class _LocalRun:
 
 def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
                 name: str, storage_path: str, callbacks=(), on_report=None, placement_strategy: str = "PACK",
-                num_to_keep: int | None = 2, faults: list | None = None):
+                num_to_keep: int | None = 2, faults: list | None = None, max_failures: int = 0):
     """Check the batch plan and the dataset (no worker starts on bad input), then fit a TorchTrainer.
 
     config: a filled trial config. Returns the ray.train.Result. A run whose <storage_path>/<name> holds a
     checkpoint resumes from it. Worker errors raise ray.train.TrainingFailedError from fit();
     find_divergence(err) tells divergence. faults: trainers.faults rules (default: $QKVSEARCH_FAULTS here).
+    max_failures: how often Train restarts a failed worker group from the run's latest checkpoint.
 
     num_workers=0 is Train's local mode: the training runs in this process (world size 1, on the CPUs and
     GPUs this process holds: a Tune trial's resources), errors raise as they are, Train callbacks do not
@@ -197,7 +198,7 @@ def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, g
             placement_strategy=placement_strategy),
         run_config=ray.train.RunConfig(
             name=name, storage_path=storage, callbacks=list(callbacks),
-            failure_config=ray.train.FailureConfig(max_failures=0),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=num_to_keep)))
     return trainer.fit()
 
