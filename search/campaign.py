@@ -37,7 +37,7 @@ from qkvsearch.search.driver import (
 from qkvsearch.search.grafana import install_dashboard
 from qkvsearch.search.interrupts import CampaignInterrupted, StopSignals
 from qkvsearch.search.jobs import dashboard_lines, job_config, job_metadata, tag_submission
-from qkvsearch.search.preflight import ResourceError, check_local_resources, check_spec
+from qkvsearch.search.preflight import ResourceError, check_local_resources, check_shared_storage, check_spec
 from qkvsearch.search.records import (
     CAMPAIGN_FILE,
     ENDED_KEY,
@@ -130,6 +130,11 @@ def _dashboard_url() -> str | None:
         return None
 
 
+def _node_hosts() -> set[str]:
+    """Addresses of the cluster's live nodes: one address, one machine and one disk."""
+    return {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+
+
 def plan_concurrency(resources, cluster: Cluster) -> int:
     """How many trials can run at once (resources: spaces.schema.ResourcesSpec); fails fast when one
     trial cannot fit at all."""
@@ -162,21 +167,22 @@ def _trial_slot(cluster: Cluster, trains: bool) -> dict:
 
 
 def _scheduler(spec, exp: str):
-    """The spec's trial scheduler (None for fifo): ASHA on one metric, or MO-ASHA on the objectives."""
+    """The spec's trial scheduler: FIFO, ASHA on one metric, or MO-ASHA on the objectives. Each makes Tune
+    save its experiment state whenever trials were added or ended (search.schedulers.CheckpointsTrialChanges),
+    so a killed driver's campaign resumes with every trial and the searcher as they were."""
+    from qkvsearch.search.schedulers import CampaignASHAScheduler, CampaignFIFOScheduler, MOASHAScheduler
+
     sched, objectives = spec.scheduler, spec.objectives
     if sched.type == "fifo":
-        return None
+        return CampaignFIFOScheduler()
     common = dict(time_attr=TIME_ATTR, grace_period=sched.grace_epochs,
                   reduction_factor=sched.reduction_factor, max_t=spec.train.epochs,
                   brackets=sched.bracket_count(spec.train.epochs))
     if sched.type == "asha":  # the loader resolved metric and mode (first objective by default)
-        return tune.schedulers.ASHAScheduler(metric=sched.metric, mode=sched.mode, **common)
-    from qkvsearch.search.schedulers import MOASHAScheduler
-
-    # Tune does not save schedulers with the experiment: MO-ASHA keeps its rungs in a file of its own.
-    state = None if "://" in exp else f"{exp}/qs_scheduler.json"
+        return CampaignASHAScheduler(metric=sched.metric, mode=sched.mode, **common)
+    # Tune does not save schedulers with the experiment: a restored MO-ASHA rebuilds its rungs from the records.
     return MOASHAScheduler(metrics=[o.metric for o in objectives], modes=[o.mode for o in objectives],
-                           state_path=state, **common)
+                           experiment=exp, **common)
 
 
 class _Describe:
@@ -234,13 +240,13 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
     exp = experiment_dir(spec)
     _check_launchable(spec, exp, overwrite)
     searcher, num_samples = build_search(spec)
-    if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
-        remove_tree(exp)  # only now: the new spec passed every check
-
     version = code_version()
     cluster = connect(_wanted_slots(spec.resources), job_metadata(spec, exp, num_samples, version))
     try:
+        check_shared_storage(exp, _node_hosts())
         concurrency = plan_concurrency(spec.resources, cluster)
+        if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
+            remove_tree(exp)  # only now: the new spec passed every check
         _announce(spec, exp, cluster, f"{num_samples} trial(s), up to {concurrency} at a time")
         write_json(f"{exp}/{CAMPAIGN_FILE}", {"name": spec.name, "spec": spec.to_dict(),
                                                 "code_version": version, "created_at": time.time()})
@@ -367,6 +373,7 @@ def resume(exp: str, *, verbose: bool = False, view=None) -> str:
     cluster = connect(_wanted_slots(spec.resources),
                       job_metadata(spec, exp, num_samples, campaign.get("code_version") or code_version()))
     try:
+        check_shared_storage(exp, _node_hosts())
         _announce(spec, exp, cluster, f"resuming, {num_samples} trial(s) planned")
         _mark_campaign(exp, None)
         if view is not None:

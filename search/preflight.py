@@ -119,3 +119,46 @@ def cuda_device_count() -> int:
 def _get(resources, key: str, default):
     value = resources.get(key) if isinstance(resources, Mapping) else getattr(resources, key, None)
     return default if value is None else value
+
+
+# Filesystem types (/proc/mounts) that every node of a cluster can mount at the same path.
+SHARED_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "lustre", "cifs", "smb3", "gpfs", "beegfs", "ceph", "glusterfs", "fuse.glusterfs", "fuse.cephfs",
+    "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "fuse.sshfs", "wekafs", "panfs", "virtiofs", "9p",
+})
+
+
+def check_shared_storage(storage: str, node_hosts: set[str]) -> None:
+    """Raise ResourceError when a campaign whose nodes are on more than one machine (node_hosts: their
+    addresses) keeps its storage on this machine's own disk: trials elsewhere could not write there."""
+    if _URI.match(storage) or len(node_hosts) <= 1:
+        return
+    fstype = filesystem_type(storage)
+    if fstype in SHARED_FILESYSTEMS:
+        return
+    raise ResourceError(
+        f"storage: the cluster's nodes are on {len(node_hosts)} machines, but {show(storage)} is on this "
+        f"machine's own disk ({fstype or 'unknown filesystem'}); expected a shared filesystem mounted at the "
+        f"same path on every node ({', '.join(sorted(SHARED_FILESYSTEMS)[:6])}...) or a bucket "
+        f"(--set storage=s3://BUCKET/PREFIX or gs://...)")
+
+
+def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the filesystem holding ``path`` (its nearest existing folder), from the mount table."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    best, kind = "", None
+    try:
+        with open(mounts) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return None
+    return kind

@@ -644,6 +644,19 @@ def _metrics_of(result: dict) -> dict:
     return out
 
 
+def _with_epoch(epochs: list[dict], metrics: dict) -> list[dict]:
+    """A trial's epochs (in epoch order) with ``metrics`` as the row of its epoch: added, or replacing the
+    row of that epoch (a resumed trial reports again the epochs of its checkpoint: one row per epoch, the
+    latest). ``epochs`` itself when it holds that row already, so that an unchanged epochs file is not
+    written again."""
+    same = [e for e in epochs if e.get(EPOCH) == metrics[EPOCH]]
+    if same == [metrics]:
+        return epochs
+    out = [e for e in epochs if e.get(EPOCH) != metrics[EPOCH]] + [metrics]
+    out.sort(key=lambda e: e[EPOCH])
+    return out
+
+
 class _EpochLog:
     """What the recorder last wrote to a trial's epochs file: its header (None: unknown, write the
     file whole next time) and the epoch objects it holds, in order."""
@@ -803,10 +816,8 @@ class _Recorder:
             rec["duplicate_of"] = result.get(DUPLICATE_OF_KEY)
         else:
             metrics = _metrics_of(result)
-            if "epoch" in metrics:
-                # A resumed trial re-reports epochs it already had: keep one row per epoch.
-                rec["epochs"] = [e for e in rec["epochs"] if e.get("epoch") != metrics["epoch"]] + [metrics]
-                rec["epochs"].sort(key=lambda e: e["epoch"])
+            if EPOCH in metrics:
+                rec["epochs"] = _with_epoch(rec["epochs"], metrics)
                 rec["train_s_total"] = sum(e.get("train_s", 0.0) for e in rec["epochs"])
         if result.get("qs_first_step_at") and not rec.get("first_step_at"):
             rec["first_step_at"] = float(result["qs_first_step_at"])  # start-up = this - started_at

@@ -58,9 +58,22 @@ early ranking holds.
 State is plain Python (lists, dicts, floats) so the object pickles; ``get_state``/``set_state`` and
 ``save``/``restore`` use JSON (a state saved before brackets existed loads as bracket 0's). Ray Tune
 2.60 does not save a scheduler with the experiment state: on ``Tuner.restore`` it unpickles the
-scheduler as it was when the ``Tuner`` was built. Pass ``state_path`` (a local file) to persist the
-state after every rung decision and bracket assignment; the restored scheduler reloads it on its
-first callback.
+scheduler as it was when the ``Tuner`` was built. Given the campaign's folder (``experiment``, a local
+path or a URI), the scheduler rebuilds its state from the trials' records instead (search.records, which
+hold every epoch a trial reported, whatever the storage): on its first callback it reads them, and as
+Tune adds each restored trial back, its recorded epochs are placed at its bracket's rungs as they were
+judged (the first result with finite objectives at or past a rung is the one recorded there) and a
+trial recorded as stopped early is stopped again at the rung of its last epoch. A trial's bracket is a
+function of its number in the campaign (Tune's trial tag ``<n>_...``, kept by a restored trial): the
+n-th trial takes the bracket the deal above gives the n-th trial, so a restored trial rejoins its bracket
+in whatever order Tune adds trials back. A result the scheduler judged but the driver died before
+recording is judged again when the restored trial reports it again (trainers.loop re-reports every epoch
+of the checkpoint it resumes from); a trial judged promotable and one stopped in the milliseconds before
+its record says so look alike, and rebuild as promoted.
+
+Every scheduler of a campaign (``CheckpointsTrialChanges``) also makes Tune save its experiment state
+(trials, searcher) whenever trials were added or ended: Tune otherwise saves it at most every 10 s, and a
+driver killed in between restores an older list of trials and an older searcher.
 """
 from __future__ import annotations
 
@@ -72,13 +85,15 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
 from qkvsearch.search.pareto import NAN_RANK, nondominated_ranks, to_minimise
+from qkvsearch.search.records import read_trials
 from qkvsearch.search.storage import write_json
 
-__all__ = ["MOASHAScheduler", "candidate_position", "crowding_distance", "default_shares",
-           "next_bracket", "promotable", "rung_positions"]
+__all__ = ["CampaignASHAScheduler", "CampaignFIFOScheduler", "CheckpointsTrialChanges", "MOASHAScheduler",
+           "candidate_position", "crowding_distance", "default_shares", "next_bracket", "promotable",
+           "recorded_progress", "rung_positions"]
 
 _STATE_FORMAT = "qkvsearch.moasha/2"
 _STATE_FORMAT_V1 = "qkvsearch.moasha/1"  # one bracket; still loaded
@@ -200,7 +215,94 @@ def as_float(x) -> float:
     return v if math.isfinite(v) else math.nan
 
 
-class MOASHAScheduler(FIFOScheduler):
+class CheckpointsTrialChanges:
+    """Scheduler mixin: Tune saves its experiment state (the trials, with the searcher's state: what
+    ``Tuner.restore`` starts from) before it starts a trial, whenever trials were added or ended since.
+
+    Tune saves that state at most every 10 s (longer on large experiments). A driver killed in between
+    restores an older state: a trial added since is unknown to it (its searcher, restored as it was,
+    suggests it again under a new id, which trains from scratch, and the trial count goes back), and a
+    trial that ended since runs again. The scheduler is the one extension point Tune hands its controller,
+    at every step (``choose_trial_to_run``, called before any trial starts). Each save writes the state and
+    copies Tune's staging folder to the campaign's storage, once per trial added or ended."""
+
+    _trials_changed = False  # a trial added or ended since the last save
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._trials_changed = True
+        super().on_trial_add(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._trials_changed = True
+        super().on_trial_error(tune_controller, trial)
+
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        self._trials_changed = True
+        super().on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._trials_changed = True
+        super().on_trial_remove(tune_controller, trial)
+
+    def choose_trial_to_run(self, tune_controller):
+        if self._trials_changed:
+            _save_experiment(tune_controller)
+            self._trials_changed = False
+        return super().choose_trial_to_run(tune_controller)
+
+
+def _save_experiment(tune_controller) -> None:
+    """Tune's experiment state saved and copied to storage now. Tune hands schedulers a wrapper that warns
+    about attributes outside a short list; the controller behind it has ``checkpoint(force, wait)``. No
+    controller (a scheduler driven by hand): nothing."""
+    controller = getattr(tune_controller, "_tune_controller", tune_controller)
+    save = getattr(controller, "checkpoint", None)
+    if save is not None:
+        save(force=True, wait=True)
+
+
+class CampaignFIFOScheduler(CheckpointsTrialChanges, FIFOScheduler):
+    """Tune's FIFOScheduler (no early stopping) with ``CheckpointsTrialChanges``."""
+
+
+class CampaignASHAScheduler(CheckpointsTrialChanges, AsyncHyperBandScheduler):
+    """Ray's ASHA with ``CheckpointsTrialChanges``. Its rungs are Ray's, in memory only: a restored
+    campaign starts them empty."""
+
+
+def recorded_progress(experiment: str, metrics: Sequence[str], time_attr: str) -> dict[str, tuple]:
+    """trial_id -> (status, (E,) float64 progress values ``time_attr``, (E, k) float64 objective values) of
+    each trial recorded in the campaign at ``experiment`` (local path or URI; search.records), its epochs
+    in order. An objective in the record's cost is taken from there (cost metrics ride along each result
+    and are recorded once, in the cost); others come from the epochs; NaN where a value is missing."""
+    read = read_trials(experiment)
+    cols = read.epoch_columns()  # (E, names) for every trial, rows trial after trial
+    column = {n: j for j, n in enumerate(cols.names)}
+    ends = np.cumsum(cols.counts)
+    out = {}
+    for rec, end, count in zip(read.records, ends.tolist(), cols.counts.tolist()):
+        rows = slice(end - count, end)
+        times = cols.values[rows, column[time_attr]] if time_attr in column else np.full(count, np.nan)
+        values = np.full((count, len(metrics)), np.nan)  # (E, k)
+        cost = rec.get("cost") if isinstance(rec.get("cost"), dict) else {}
+        for j, m in enumerate(metrics):
+            if m in cost:
+                values[:, j] = as_float(cost[m])
+            elif m in column:
+                values[:, j] = cols.values[rows, column[m]]
+        out[rec["trial_id"]] = (rec.get("status"), times, values)
+    return out
+
+
+def _trial_number(trial) -> int | None:
+    """A trial's 0-based position among the campaign's trials: Tune tags trials ``<n>_<config>`` with n
+    counting from 1 in the order the searcher suggested them, and a restored trial keeps its tag. None for
+    a trial without such a tag."""
+    head = str(getattr(trial, "experiment_tag", "") or "").split("_", 1)[0]
+    return int(head) - 1 if head.isdigit() and int(head) > 0 else None
+
+
+class MOASHAScheduler(CheckpointsTrialChanges, FIFOScheduler):
     """MO-ASHA: asynchronous successive halving over several objectives (see the module doc).
 
     metrics/modes: the objectives and "min"/"max" for each. time_attr: the result key counting
@@ -208,6 +310,8 @@ class MOASHAScheduler(FIFOScheduler):
     restore). Rungs at grace_period * reduction_factor**k < max_t; set max_t to the planned epochs.
     brackets: how many Hyperband brackets (1 to the number of rungs); bracket s skips the first s rungs.
     bracket_shares: the share of trials each bracket takes (B numbers > 0); default rf**(2 s) (module doc).
+    experiment: the campaign's folder (local path or URI) whose trial records a restored scheduler rebuilds
+    its state from (module doc); None: it starts empty.
 
     After (or during) a run: ``stopped`` maps trial_id -> rung (epoch milestone) where this
     scheduler stopped it early; ``rungs`` lists bracket 0's milestones, ``bracket_rungs`` every
@@ -221,9 +325,9 @@ class MOASHAScheduler(FIFOScheduler):
         grace_period: float = 1,
         reduction_factor: float = 3,
         max_t: float = 100,
-        state_path: str | os.PathLike | None = None,
         brackets: int = 1,
         bracket_shares: Sequence[float] | None = None,
+        experiment: str | os.PathLike | None = None,
     ):
         super().__init__()
         self._metrics, self._modes = _check_objectives(metrics, modes)
@@ -248,14 +352,25 @@ class MOASHAScheduler(FIFOScheduler):
         self._brackets = [base[s:] for s in range(brackets)]  # bracket s: rungs from grace * rf**s
         # [bracket][rung] -> trial_id -> objective values recorded there
         self._recorded: list[list[dict[str, list[float]]]] = [[{} for _ in ms] for ms in self._brackets]
-        self._bracket_of: dict[str, int] = {}  # trial_id -> bracket, in the order trials arrived
+        self._bracket_of: dict[str, int] = {}  # trial_id -> bracket
         self._counts = [0] * brackets  # trials per bracket (from _bracket_of)
+        self._deal: list[int] = []  # bracket of the n-th trial of the campaign, as far as dealt (_dealt)
+        self._deal_counts = [0] * brackets  # trials per bracket in _deal
         self.stopped: dict[str, float] = {}  # trial_id -> milestone where it was stopped early
-        self._state_path = None if state_path is None else str(state_path)
-        self._loaded = False  # state_path read yet?
+        self._experiment = None if experiment is None else os.fspath(experiment)
+        self._unplaced: dict[str, tuple] = {}  # recorded_progress of trials not yet given a bracket
+        self._loaded = False  # records read yet?
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_unplaced": {}, "_loaded": False}  # a copy reads the records itself
 
     def __setstate__(self, state: dict) -> None:
-        # An unpickled copy (Tune's tuner.pkl on restore) re-reads state_path: the file is newer.
+        # An unpickled copy (Tune's tuner.pkl on restore) reads the campaign's records on its first callback.
+        legacy = state.pop("_state_path", None)  # pickled when the state went to <experiment>/qs_scheduler.json
+        state.setdefault("_experiment", None if legacy is None else os.path.dirname(legacy))
+        state.setdefault("_deal", [])
+        state.setdefault("_deal_counts", [0] * len(state.get("_brackets") or [None]))
+        state["_unplaced"] = {}
         if "_brackets" not in state:  # pickled before brackets existed: one bracket
             recorded = state.pop("_recorded")
             known = {t: 0 for r in recorded for t in r} | {t: 0 for t in state.get("stopped", {})}
@@ -307,7 +422,8 @@ class MOASHAScheduler(FIFOScheduler):
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self._ensure_loaded()
-        self._assign(trial.trial_id)
+        self._assign(trial)
+        super().on_trial_add(tune_controller, trial)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         self._ensure_loaded()
@@ -316,19 +432,19 @@ class MOASHAScheduler(FIFOScheduler):
             return TrialScheduler.CONTINUE
         if t >= self._max_t:
             return TrialScheduler.STOP
-        return self._judge(trial.trial_id, t, self._objectives(result))
+        return self._judge(trial, t, self._objectives(result))
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
         # A trial ending on its own between rungs still adds its last result to its rung.
+        super().on_trial_complete(tune_controller, trial, result)
         self._ensure_loaded()
-        b = self._assign(trial.trial_id)
+        b = self._assign(trial)
         t = as_float((result or {}).get(self._time_attr))
         i = self._rung_index(b, t)
         row = self._objectives(result or {})
         if i is None or trial.trial_id in self._recorded[b][i] or math.isnan(sum(row)):
             return
         self._recorded[b][i][trial.trial_id] = row
-        self._persist()
 
     def debug_string(self) -> str:
         parts = []
@@ -341,25 +457,57 @@ class MOASHAScheduler(FIFOScheduler):
     def _objectives(self, result: dict) -> list[float]:
         return [as_float(result.get(m)) for m in self._metrics]
 
-    def _assign(self, trial_id: str) -> int:
-        """The trial's bracket; a new trial joins the one furthest behind its share (next_bracket)."""
-        b = self._bracket_of.get(trial_id)
+    def _assign(self, trial) -> int:
+        """The trial's bracket. A new trial with a number in the campaign (_trial_number) takes the bracket
+        the deal gives that number; one without, the bracket furthest behind its share now (the same in a
+        campaign that numbers every trial). A new trial's recorded epochs, if any, go to its rungs."""
+        b = self._bracket_of.get(trial.trial_id)
         if b is not None:
             return b
-        b = next_bracket(self._counts, self._shares)
-        self._bracket_of[trial_id] = b
+        n = _trial_number(trial)
+        b = next_bracket(self._counts, self._shares) if n is None else self._dealt(n)
+        self._bracket_of[trial.trial_id] = b
         self._counts[b] += 1
-        if len(self._brackets) > 1:
-            self._persist()
+        self._place_recorded(trial.trial_id, b)
         return b
+
+    def _dealt(self, n: int) -> int:
+        """The bracket of the campaign's n-th trial (0-based) when trials 0..n are dealt in order."""
+        if len(self._brackets) == 1:
+            return 0
+        while len(self._deal) <= n:
+            b = next_bracket(self._deal_counts, self._shares)
+            self._deal.append(b)
+            self._deal_counts[b] += 1
+        return self._deal[n]
+
+    def _place_recorded(self, trial_id: str, b: int) -> None:
+        """A restored trial's recorded epochs at bracket b's rungs, as the live scheduler recorded them: at
+        each rung the first result with finite objectives at or past it; a trial recorded as stopped early
+        is stopped at the rung of its last epoch."""
+        found = self._unplaced.pop(trial_id, None)
+        if found is None:
+            return
+        status, times, values = found
+        last = None
+        for t, row in zip(times.tolist(), values.tolist()):  # (E,), (E, k)
+            i = self._rung_index(b, t)
+            if i is None:
+                continue
+            last = i
+            if trial_id not in self._recorded[b][i] and not math.isnan(sum(row)):
+                self._recorded[b][i][trial_id] = row
+        if status == "stopped_early" and last is not None:
+            self.stopped[trial_id] = self._brackets[b][last]
 
     def _rung_index(self, bracket: int, t: float) -> int | None:
         """Index of the bracket's highest milestone <= t, None if below its first (or t is NaN)."""
         below = [i for i, m in enumerate(self._brackets[bracket]) if m <= t]
         return below[-1] if below else None
 
-    def _judge(self, trial_id: str, t: float, row: list[float]) -> str:
-        b = self._assign(trial_id)
+    def _judge(self, trial, t: float, row: list[float]) -> str:
+        trial_id = trial.trial_id
+        b = self._assign(trial)
         i = self._rung_index(b, t)
         if i is None:
             return TrialScheduler.CONTINUE
@@ -374,7 +522,6 @@ class MOASHAScheduler(FIFOScheduler):
             rung[trial_id] = row
         if not keep:
             self.stopped[trial_id] = self._brackets[b][i]
-        self._persist()
         return TrialScheduler.CONTINUE if keep else TrialScheduler.STOP
 
     # ---- state -----------------------------------------------------------------------------
@@ -411,7 +558,7 @@ class MOASHAScheduler(FIFOScheduler):
         for b in self._bracket_of.values():
             self._counts[b] += 1
         self.stopped = {str(t): m for t, m in state["stopped"].items()}
-        self._loaded = True
+        self._unplaced, self._loaded = {}, True  # this state replaces the records'
 
     def save(self, checkpoint_path: str) -> None:
         _write_json_atomic(Path(checkpoint_path), self.get_state())
@@ -423,12 +570,8 @@ class MOASHAScheduler(FIFOScheduler):
         if self._loaded:
             return
         self._loaded = True
-        if self._state_path and Path(self._state_path).exists():
-            self.restore(self._state_path)
-
-    def _persist(self) -> None:
-        if self._state_path:
-            self.save(self._state_path)
+        if self._experiment is not None:
+            self._unplaced = recorded_progress(self._experiment, self._metrics, self._time_attr)
 
 
 def _upgrade_v1(state: dict, brackets: list[list[float]]) -> dict:

@@ -21,6 +21,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def s3(monkeypatch):
+    """A real S3-protocol server (moto, server mode) on 127.0.0.1; AWS_ENDPOINT_URL and credentials point
+    this process and its children at it. Yields a pyarrow S3FileSystem that may create buckets."""
+    moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e '.[dev]')")
+    import logging
+
+    import pyarrow.fs as pafs
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        yield pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True)
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""

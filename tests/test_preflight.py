@@ -134,3 +134,22 @@ def test_validate_and_cost_count_distinct_configurations(capsys):
     assert "configurations: 13 in the space, 9 distinct" in capsys.readouterr().out
     assert main(["cost", "quickstart", *widths]) == 0
     assert "9 distinct model(s)" in capsys.readouterr().out
+
+
+def test_storage_on_one_machines_disk_is_refused_for_a_cluster_of_several_machines(tmp_path):
+    from qkvsearch.search.preflight import ResourceError, check_shared_storage, filesystem_type
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"overlay / overlay rw 0 0\nsrv:/export {tmp_path}/shared nfs4 rw 0 0\n")
+    (tmp_path / "shared" / "runs").mkdir(parents=True)
+    assert filesystem_type(str(tmp_path / "shared" / "runs" / "not-yet"), mounts=str(mounts)) == "nfs4"
+    assert filesystem_type(str(tmp_path / "local"), mounts=str(mounts)) == "overlay"
+
+    local = str(tmp_path / "results")
+    check_shared_storage(local, {"10.0.0.1"})                       # one machine: its disk is everyone's
+    check_shared_storage("s3://bucket/campaigns", {"10.0.0.1", "10.0.0.2"})
+    if filesystem_type(local) not in {"nfs", "nfs4", "lustre"}:
+        with pytest.raises(ResourceError) as err:
+            check_shared_storage(local, {"10.0.0.1", "10.0.0.2"})
+        text = str(err.value)
+        assert text.startswith("storage:") and "2 machines" in text and "s3://" in text and local in text

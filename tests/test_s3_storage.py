@@ -14,24 +14,8 @@ from live_campaign import QKVSEARCH, LiveCampaign, tiny_spec, wait_for, write_sp
 from qkvsearch.search.records import ENDED_KEY, read_campaign, read_trial_records
 
 pytestmark = pytest.mark.slow
-moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e '.[dev]')")
-
 BUCKET = "qkv-campaigns"
 NAME = "in-a-bucket"
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir(BUCKET)
-    yield pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"])
-    server.stop()
 
 
 def _epochs(exp: str) -> dict[str, list[int]]:
@@ -53,6 +37,7 @@ def _local_files(tmp_path) -> set[str]:
 def test_a_campaign_in_a_bucket_launches_stops_resumes_and_reports_from_its_uri(s3, tmp_path):
     import subprocess
 
+    s3.create_dir(BUCKET)
     variants = [{"embedding": "linear"}, {"embedding": "fsne", "hidden_width": 0.5, "code_size": 4}]
     spec = tiny_spec(f"s3://{BUCKET}/campaigns", NAME, workers=1, epochs=3, variants=variants, steps=12)
     spec["scheduler"] = {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1}

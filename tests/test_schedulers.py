@@ -211,19 +211,6 @@ def test_pickle_save_restore_keep_decisions(tmp_path):
         _moasha(metrics=["top1", "gmacs"]).restore(str(tmp_path / "s.json"))
 
 
-def test_state_path_survives_tuner_restore_pattern(tmp_path):
-    # Tune pickles the scheduler once, when the Tuner is built, and unpickles that copy on restore.
-    sched = _moasha(state_path=tmp_path / "moasha.json")
-    built = pickle.dumps(sched)
-    _feed_stops(sched)  # the run goes on, then the driver dies
-    restored = pickle.loads(built)
-    assert restored.stopped == {}  # the pickled copy predates the run ...
-    restored.on_trial_add(None, _trial("a"))  # ... and reloads state_path on its first callback
-    assert restored.stopped == {"b": 1}
-    assert _report(restored, _trial("b"), 1, 50.0, 4.0) == STOP
-    assert _report(restored, _trial("a"), 1, 60.0, 3.0) == CONTINUE
-
-
 class _StopWatcher:
     """What a campaign callback does: hold the scheduler and ask it at trial end."""
 
@@ -382,18 +369,16 @@ def test_late_bloomer_survives_only_in_a_later_bracket():
     assert "late" not in three.stopped
 
 
-def test_brackets_survive_save_restore_pickle_and_state_path(tmp_path):
-    sched = _moasha(max_t=27, brackets=3, state_path=tmp_path / "s.json")
-    built = pickle.dumps(sched)
+def test_brackets_survive_save_restore_and_pickle(tmp_path):
+    sched = _moasha(max_t=27, brackets=3)
     _replay(sched, ["fast", "mid", "late", "weak"], upto=9)
-    restored = pickle.loads(built)
-    restored.on_trial_add(None, _trial("fast"))  # first callback: reloads state_path
-    assert restored.get_state() == sched.get_state()
+    copy = pickle.loads(pickle.dumps(sched))
+    assert copy.get_state() == sched.get_state()
     dealt = list(sched.get_state()["bracket_of"].values())
     counts = [dealt.count(b) for b in range(3)]
-    for s in (sched, restored):  # both go on dealing from the same counts
+    for s in (sched, copy):  # both go on dealing from the same counts
         s.on_trial_add(None, _trial("new"))
-    assert sched.bracket_of("new") == restored.bracket_of("new") == next_bracket(counts, default_shares(3, 3))
+    assert sched.bracket_of("new") == copy.bracket_of("new") == next_bracket(counts, default_shares(3, 3))
     other = _moasha(max_t=27, brackets=3)
     sched.save(str(tmp_path / "copy.json"))
     other.restore(str(tmp_path / "copy.json"))
@@ -530,7 +515,7 @@ def test_real_tune_run_stops_dominated_trials_early(ray_local, tmp_path):
             tune.report({"epoch": epoch, "top1": final - slope * (EPOCHS - epoch), "params_m": params})
 
     sched = MOASHAScheduler(["top1", "params_m"], ACC_PARAMS, time_attr="epoch", grace_period=1,
-                            reduction_factor=3, max_t=EPOCHS, state_path=tmp_path / "moasha.json")
+                            reduction_factor=3, max_t=EPOCHS)
     tuner = tune.Tuner(
         tune.with_resources(curves, {"cpu": 1, "trial_slot": 1}),
         param_space={"name": tune.grid_search(list(CURVES))},  # run one at a time, in this order
@@ -549,7 +534,3 @@ def test_real_tune_run_stops_dominated_trials_early(ray_local, tmp_path):
     # F3 has the worst top1 of the survivors; ASHA on top1 would have cut it at epoch 3
     # (64 < the 2/3 percentile of 72, 69, 74, 64), MO-ASHA keeps it as the smallest model.
     assert min(survivors, key=lambda n: CURVES[n][0]) == "F3"
-    # the persisted state agrees with the live object
-    restored = MOASHAScheduler(["top1", "params_m"], ACC_PARAMS, max_t=EPOCHS)
-    restored.restore(str(tmp_path / "moasha.json"))
-    assert restored.stopped == sched.stopped

@@ -49,15 +49,35 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     device = ray.train.torch.get_device()
     cfg, faults, local = loop_config["config"], loop_config["faults"], loop_config["local"]
     if local is not None:  # world size 1; ray.train's context, report and checkpoint calls raise in a Tune trial
-        return engine.fit(cfg, engine.Dist(0, 1, device), restore=local.restore, report=local.report, faults=faults)
+        return engine.fit(cfg, engine.Dist(0, 1, device), restore=_replaying(local.restore, local.report),
+                          report=local.report, faults=faults)
     import ray.train
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     dist = engine.Dist(rank, ctx.get_world_size(), device)
+    report = _RayReporter(rank)
     history = engine.fit(cfg, dist, wrap_model=ray.train.torch.prepare_model,  # DDP if > 1
-                         restore=_ray_restore, report=_RayReporter(rank), faults=faults)
+                         restore=_replaying(_ray_restore, report), report=report, faults=faults)
     return history if rank == 0 else None
+
+
+def _replaying(restore, report):
+    """engine.fit's restore that also reports again, in order, every epoch of the restored run but its last
+    (fit reports that one again itself), without a checkpoint.
+
+    The search may have received none of them: a Train run goes on for a moment after its campaign's driver
+    is killed, checkpointing epochs whose reports reach no one, and reports wait in queues between Train and
+    Tune when a driver stops. Resuming from such a checkpoint must not leave a gap in the trial's epochs;
+    receivers keep one row per epoch. Every rank reports alike (Train's reports are collective)."""
+
+    def restore_and_replay():
+        state = restore()
+        for metrics in (state or {}).get("history", [])[:-1]:
+            report(metrics, None)
+        return state
+
+    return restore_and_replay
 
 
 def _ray_restore():
