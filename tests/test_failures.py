@@ -70,3 +70,21 @@ def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local,
     lost = (wall["hit"] - wall["other"]) / wall["other"]
     print(f"worker kill: trial trained {wall['hit']:.1f} s vs {wall['other']:.1f} s undisturbed; "
           f"{100 * lost:.0f}% of its training time lost")
+
+
+def test_a_damaged_or_missing_checkpoint_fails_naming_its_file(ray_local, tmp_path):
+    from qkvsearch.trainers.engine import CheckpointError
+    from qkvsearch.trainers.loop import run_trainer
+
+    cfg = load_campaign(tiny_spec(tmp_path, "ckpt", workers=1, epochs=1, variants=[{"embedding": "linear"}],
+                                  steps=2))
+    from qkvsearch.spaces import base_config
+    from qkvsearch.trainers.cost import resolve_trial
+
+    config, _ = resolve_trial({**base_config(cfg), "embedding": "linear"})
+    run_trainer(config, num_workers=0, name="r", storage_path=str(tmp_path / "runs"))
+    (state,) = (tmp_path / "runs" / "r").glob("checkpoint_epoch_*/state.pt")
+    state.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as err:
+        run_trainer({**config, "epochs": 2}, num_workers=0, name="r", storage_path=str(tmp_path / "runs"))
+    assert str(err.value).startswith(f"checkpoint {state}: damaged")

@@ -194,6 +194,24 @@ def test_recorder_continues_an_intact_record(tmp_path, caplog):
         "epoch,top1,epoch_s,train_s\n1,10,2.5,2\n2,22,2.5,2\n3,33,2.5,2\n")
 
 
+def test_a_resumed_trial_replaying_its_epochs_fills_the_gap_and_rewrites_nothing_it_had(tmp_path):
+    # The driver recorded epoch 1 and died; the trial's Train run went on to checkpoint epoch 3. Resumed,
+    # the trial reports its checkpoint's epochs again (trainers.loop), then trains epoch 4.
+    trial = SimpleNamespace(trial_id="t1")
+    _run(TrialRecorder(str(tmp_path), "c", _describe), trial, [1])
+    epochs_file = tmp_path / "qs_trials" / "t1.epochs.csv"
+    before = epochs_file.stat()
+    resumed = TrialRecorder(str(tmp_path), "c", _describe)
+    _run(resumed, trial, [1])  # the same values again: the file stays as it was
+    after = epochs_file.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    _run(resumed, trial, [2, 3, 1, 4])
+    resumed.on_trial_complete(0, [], trial)
+    rec = _record(tmp_path)
+    assert [e["epoch"] for e in rec["epochs"]] == [1, 2, 3, 4] and rec["status"] == "completed"
+    assert epochs_file.read_text().count("\n") == 5  # the header and one line per epoch
+
+
 def test_recorder_moves_a_damaged_record_aside(tmp_path, caplog):
     trials_dir = tmp_path / "qs_trials"
     trials_dir.mkdir()

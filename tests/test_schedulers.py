@@ -9,6 +9,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from qkvsearch.search.schedulers import (
+    CampaignFIFOScheduler,
     MOASHAScheduler,
     candidate_position,
     crowding_distance,
@@ -427,6 +428,166 @@ def test_a_scheduler_pickled_before_shares_existed_deals_with_the_default_shares
     for s in (sched, back):
         s.on_trial_add(None, _trial("d"))
     assert back.bracket_of("d") == sched.bracket_of("d") and back.get_state() == sched.get_state()
+
+
+# ---- (2b') restored from the campaign's records ---------------------------------------------------
+
+def _numbered(name: str, n: int) -> Trial:
+    """A trial as Tune makes it: tagged with its number in the campaign (1, 2, ...)."""
+    return Trial("curve", config={}, trial_id=name, experiment_tag=f"{n}_name={name}", stub=True)
+
+
+class _Campaign:
+    """A scheduler and the campaign's recorder fed each result as Tune feeds them (the scheduler, then the
+    callbacks; a STOP ends the trial). params_m rides along each result, as the cost does in a campaign."""
+
+    def __init__(self, sched, exp: str):
+        from qkvsearch.search.records import TrialRecorder
+
+        self.sched, self.trials = sched, {}
+        self.recorder = TrialRecorder(exp, "restored", self._describe)
+
+    @staticmethod
+    def _describe(trial) -> dict:
+        return {"config": {}, "cost": {"params_m": RECORDED[trial.trial_id][1]}, "epochs_planned": 27,
+                "name": trial.trial_id}
+
+    def add(self, name: str) -> None:
+        self.trials[name] = trial = _numbered(name, len(self.trials) + 1)
+        self.sched.on_trial_add(None, trial)
+        self.recorder.on_trial_start(0, [], trial)
+
+    def report(self, name: str, epoch: int, record: bool = True) -> str:
+        trial, (top1, params) = self.trials[name], RECORDED[name]
+        result = {"epoch": float(epoch), "top1": top1[epoch - 1], "params_m": params}
+        decision = self.sched.on_trial_result(None, trial, result)
+        if record:
+            self.recorder.on_trial_result(0, [], trial, result)
+        if decision == STOP and record:
+            self.sched.on_trial_complete(None, trial, result)
+            self.recorder.on_trial_complete(0, [], trial)
+        return decision
+
+
+@pytest.mark.parametrize("uri", [False, True], ids=["path", "uri"])
+def test_a_restored_scheduler_rebuilds_rungs_brackets_and_stops_from_the_records(tmp_path, uri):
+    exp = f"file://{tmp_path}" if uri else str(tmp_path)
+    live = _moasha(max_t=27, brackets=3, bracket_shares=EQUAL, experiment=exp)
+    built = pickle.dumps(live)  # tuner.pkl: the scheduler as the Tuner was built
+    run = _Campaign(live, exp)
+    names = list(RECORDED)
+    for name in names:
+        run.add(name)
+    live_ones = list(names)
+    for epoch in range(1, 11):  # round by round, then the driver dies
+        for name in list(live_ones):
+            if run.report(name, epoch) == STOP:
+                live_ones.remove(name)
+    assert live.stopped and len(live_ones) >= 2 and len({live.bracket_of(n) for n in names}) == 3
+    assert not (tmp_path / "qs_scheduler.json").exists()  # no file of its own
+
+    restored = pickle.loads(built)
+    for name in reversed(names):  # Tune adds the restored trials back in an order of its own
+        restored.on_trial_add(None, _numbered(name, names.index(name) + 1))
+    assert restored.get_state() == live.get_state()
+    assert restored.recorded(9, bracket=2) == live.recorded(9, bracket=2) != {}
+
+    for sched in (live, restored):  # both go on alike: the next trial's bracket, the next decisions
+        sched.on_trial_add(None, _numbered("late2", len(names) + 1))
+    assert restored.bracket_of("late2") == live.bracket_of("late2")
+    for name in live_ones:
+        top1, params = RECORDED[name]
+        assert _report(restored, _trial(name), 11, top1[10], params) == _report(live, _trial(name), 11, top1[10], params)
+
+
+def test_a_result_judged_but_never_recorded_is_judged_again_alike(tmp_path):
+    live = _moasha(max_t=27, experiment=str(tmp_path))
+    built = pickle.dumps(live)
+    run = _Campaign(live, str(tmp_path))
+    for name in ("fast", "weak"):
+        run.add(name)
+        run.report(name, 1)
+    run.report("weak", 2, record=False)  # the driver dies before the recorder writes these two
+    decision = run.report("weak", 3, record=False)  # judged at rung 3
+    restored = pickle.loads(built)
+    for n, name in enumerate(("fast", "weak"), start=1):
+        restored.on_trial_add(None, _numbered(name, n))
+    assert restored.recorded(3) == {}  # not recorded: not rebuilt ...
+    top1, params = RECORDED["weak"]  # ... until the resumed trial reports it again
+    assert _report(restored, _trial("weak"), 3, top1[2], params) == decision
+    assert restored.get_state() == live.get_state()
+
+
+def test_a_trial_stopped_early_stays_stopped_and_its_number_gives_its_bracket(tmp_path):
+    live = _moasha(max_t=27, experiment=str(tmp_path))
+    run = _Campaign(live, str(tmp_path))
+    for name in ("fast", "small", "weak"):
+        run.add(name)
+    for name in ("fast", "small", "weak"):
+        run.report(name, 1)
+    assert live.stopped == {"weak": 1}
+    restored = _moasha(max_t=27, experiment=str(tmp_path))
+    restored.on_trial_add(None, _numbered("weak", 3))
+    assert restored.stopped == {"weak": 1} and restored.recorded(1) == {"weak": live.recorded(1)["weak"]}
+    top1, params = RECORDED["weak"]
+    assert _report(restored, _trial("weak"), 1, top1[0], params) == STOP  # a re-sent result keeps the decision
+
+
+@pytest.mark.parametrize("tag, number", [("1_name=a", 0), ("12_lr=0.1", 11), ("", None), ("0_x", None),
+                                         ("x_1", None), (None, None)])
+def test_trial_number_comes_from_tunes_tag(tag, number):
+    from types import SimpleNamespace
+
+    from qkvsearch.search.schedulers import _trial_number
+
+    assert _trial_number(SimpleNamespace(trial_id="t", experiment_tag=tag)) == number
+
+
+def test_a_scheduler_pickled_with_a_state_file_rebuilds_from_the_records_beside_it(tmp_path):
+    # tuner.pkl of an older campaign: the scheduler kept its state in <experiment>/qs_scheduler.json.
+    live = _moasha(experiment=str(tmp_path))
+    run = _Campaign(live, str(tmp_path))
+    for name in ("fast", "weak"):
+        run.add(name)
+        run.report(name, 1)
+    old = {k: v for k, v in _moasha().__dict__.items() if k not in ("_experiment", "_deal", "_deal_counts")}
+    old["_state_path"] = str(tmp_path / "qs_scheduler.json")
+    back = MOASHAScheduler.__new__(MOASHAScheduler)
+    back.__setstate__(old)
+    for n, name in enumerate(("fast", "weak"), start=1):
+        back.on_trial_add(None, _numbered(name, n))
+    assert back.get_state() == live.get_state()
+
+
+class _Controller:
+    """Tune's controller as a scheduler sees it (wrapped): trials, and checkpoint(force, wait)."""
+
+    def __init__(self):
+        self.saves = []
+
+    def get_trials(self):
+        return []
+
+    def checkpoint(self, force=False, wait=False):
+        self.saves.append((force, wait))
+
+
+@pytest.mark.parametrize("make", [_moasha, CampaignFIFOScheduler], ids=["moasha", "fifo"])
+def test_tune_saves_its_experiment_before_a_trial_starts_once_trials_were_added_or_ended(make):
+    from ray.tune.execution.tune_controller import TrialRunnerWrapper
+
+    sched, tc = make(), _Controller()
+    wrapped = TrialRunnerWrapper(tc, trial_executor=None, runner_whitelist_attr={"get_trials"})  # as Tune hands it
+    sched.choose_trial_to_run(wrapped)
+    assert tc.saves == []  # nothing changed yet
+    sched.on_trial_add(wrapped, _numbered("a", 1))
+    sched.on_trial_add(wrapped, _numbered("b", 2))
+    sched.choose_trial_to_run(wrapped)
+    sched.choose_trial_to_run(wrapped)
+    assert tc.saves == [(True, True)]  # once for both additions, waiting for the copy to storage
+    sched.on_trial_complete(wrapped, _numbered("a", 1), {"epoch": 1.0, "top1": 1.0, "params_m": 1.0})
+    sched.choose_trial_to_run(wrapped)
+    assert len(tc.saves) == 2
 
 
 @pytest.mark.parametrize("brackets", [0, 4, True, 1.5, "2"])

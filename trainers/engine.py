@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from qkvsearch.search.storage import read_bytes, write_bytes
 from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
 from qkvsearch.trainers import data as qdata
-from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
+from qkvsearch.trainers.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from qkvsearch.trainers.faults import faults_for
 
 log = logging.getLogger(__name__)
@@ -352,9 +352,20 @@ def load_state(directory: str) -> dict:
     """Read <directory>/state.pt (a local folder or a URI, as save_state writes) onto the CPU with
     weights_only=True (tensors and plain types)."""
     path = f"{directory.rstrip('/')}/{STATE_FILE}" if "://" in directory else os.path.join(directory, STATE_FILE)
-    state = torch.load(io.BytesIO(read_bytes(path)), map_location="cpu", weights_only=True)
-    if state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path}: expected checkpoint format {STATE_FORMAT}, given {state.get('format')!r}")
+    try:
+        data = read_bytes(path)
+    except OSError as err:  # FileNotFoundError, or the storage cannot be read
+        raise CheckpointError(f"checkpoint {path}: missing or unreadable ({err}); the trial cannot resume from "
+                              f"it (remove its folder to resume from the one before)") from err
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (a damaged file fails in many ways inside torch.load)
+        raise CheckpointError(f"checkpoint {path}: damaged, torch.load failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); remove its folder to resume "
+                              f"from the one before") from err
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        given = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"checkpoint {path}: expected checkpoint format {STATE_FORMAT}, given {given!r}")
     return state
 
 

@@ -16,3 +16,7 @@ class DivergenceError(RuntimeError):
 
 class SimulatedFailure(RuntimeError):
     """Raised by the qs_fail_after_epoch test knob after a checkpoint was reported."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint to resume from is missing or cannot be read; str() names the file."""
