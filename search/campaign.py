@@ -11,7 +11,6 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 
 # Set before Ray starts: a local cluster's processes inherit them.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports otherwise arrive ~2 s late
@@ -26,6 +25,7 @@ if not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:  # Ray reads 
 import ray
 from ray import tune
 
+from qkvsearch.search.capacity import Cluster, node_types, plan_concurrency
 from qkvsearch.search.driver import (
     TIME_ATTR,
     TrialSettings,
@@ -37,7 +37,7 @@ from qkvsearch.search.driver import (
 from qkvsearch.search.grafana import install_dashboard
 from qkvsearch.search.interrupts import CampaignInterrupted, StopSignals
 from qkvsearch.search.jobs import dashboard_lines, job_config, job_metadata, tag_submission
-from qkvsearch.search.preflight import ResourceError, check_local_resources, check_shared_storage, check_spec
+from qkvsearch.search.preflight import check_local_resources, check_shared_storage, check_spec
 from qkvsearch.search.records import (
     CAMPAIGN_FILE,
     ENDED_KEY,
@@ -58,15 +58,6 @@ log = logging.getLogger(__name__)
 # controller report each state change to it.
 _RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
 TRIAL_SLOT = "trial_slot"
-
-
-@dataclass
-class Cluster:
-    cpus: float
-    gpus: float
-    trial_slots: float
-    dashboard_url: str | None
-    started_here: bool
 
 
 def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dict | None = None):
@@ -120,7 +111,8 @@ def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
     else:
         url = _dashboard_url()
     total = ray.cluster_resources()
-    return Cluster(total.get("CPU", 0.0), total.get("GPU", 0.0), total.get(TRIAL_SLOT, 0.0), url, started)
+    return Cluster(total.get("CPU", 0.0), total.get("GPU", 0.0), total.get(TRIAL_SLOT, 0.0), url, started,
+                   node_types=[] if started else node_types())
 
 
 def _dashboard_url() -> str | None:
@@ -133,28 +125,6 @@ def _dashboard_url() -> str | None:
 def _node_hosts() -> set[str]:
     """Addresses of the cluster's live nodes: one address, one machine and one disk."""
     return {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-
-
-def plan_concurrency(resources, cluster: Cluster) -> int:
-    """How many trials can run at once (resources: spaces.schema.ResourcesSpec); fails fast when one
-    trial cannot fit at all."""
-    workers = resources.workers_per_trial
-    need_cpu = workers * resources.cpus_per_worker
-    need_gpu = workers * resources.gpus_per_worker
-    if need_cpu > cluster.cpus or need_gpu > cluster.gpus:
-        raise ResourceError(
-            f"resources: one trial needs {workers} workers x ({resources.cpus_per_worker} CPU, "
-            f"{resources.gpus_per_worker} GPU) = {need_cpu:g} CPUs, {need_gpu:g} GPUs, but the cluster "
-            f"has {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs; lower resources.workers_per_trial or "
-            f"resources.cpus_per_worker / gpus_per_worker")
-    fits = int(cluster.cpus // need_cpu) if need_cpu else 10**6
-    if need_gpu:
-        fits = min(fits, int(cluster.gpus // need_gpu))
-    wanted = resources.max_concurrent_trials
-    limit = fits if wanted == "auto" else min(int(wanted), fits)
-    if cluster.trial_slots:
-        limit = min(limit, int(cluster.trial_slots))
-    return max(1, limit)
 
 
 def _trial_slot(cluster: Cluster, trains: bool) -> dict:
@@ -248,6 +218,8 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
         if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
             remove_tree(exp)  # only now: the new spec passed every check
         _announce(spec, exp, cluster, f"{num_samples} trial(s), up to {concurrency} at a time")
+        if cluster.waiting_for:
+            log.info(cluster.waiting_for)
         write_json(f"{exp}/{CAMPAIGN_FILE}", {"name": spec.name, "spec": spec.to_dict(),
                                                 "code_version": version, "created_at": time.time()})
         describe = _Describe()

@@ -18,7 +18,8 @@ writes them (exact round trip; whole numbers without ".0"), an empty cell is a m
 not report, names are CSV-quoted where they need it, lines end in "\n". The recorder appends a line
 per epoch (in place on a local disk; on an object store, which cannot append, it replaces the small
 file atomically), and rewrites it whole and atomically when an epoch brings a new metric or repeats
-one already written (a resumed trial). A reader keeps one row per epoch, the line written last, in
+one already written with other values (a resumed trial reports its checkpoint's epochs again: with the
+values written, they change nothing). A reader keeps one row per epoch, the line written last, in
 epoch order. A line that does not parse, or a last line without its newline (an interrupted write),
 is left out and reported naming the file and line; the trial's other epochs are still read. On
 resume the recorder moves a damaged record or epochs file aside, never overwriting it, and keeps the

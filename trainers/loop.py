@@ -2,7 +2,8 @@
 
 Ray path: run_trainer(config, ...) takes a filled trial config (spaces.keys.fill), checks the batch plan
 and the dataset on the driver, then fits a TorchTrainer whose workers run train_worker: one DDP rank
-each; every rank calls ray.train.report once per epoch, rank 0 attaching a checkpoint with state.pt.
+each; every rank calls ray.train.report once per epoch, rank 0 attaching a checkpoint with state.pt. A run
+resumed from a checkpoint first reports every epoch of that checkpoint's history again (_replaying).
 With num_workers=0 (Train's local mode) train_worker runs in the calling process instead: no controller,
 no worker actors; this module then keeps the checkpoints itself, in the folders a Train run would use.
 
