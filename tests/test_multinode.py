@@ -17,6 +17,14 @@ from qkvsearch.search.records import read_trial_records
 
 pytestmark = pytest.mark.slow
 
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 BUCKET = "qkv-multinode"
 NAME = "two-nodes"
 
@@ -25,8 +33,10 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys, threading, time
     from ray.cluster_utils import Cluster
 
-    spec_file, exp, out = sys.argv[1:4]
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"trial_slot": 1}})
+    spec_file, exp, out, dashboard_port = sys.argv[1:5]
+    # a dashboard port of its own: the test session's Ray may hold the default one
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"trial_slot": 1},
+                                                            "dashboard_port": int(dashboard_port)})
     second = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     os.environ["RAY_ADDRESS"] = cluster.address
@@ -73,7 +83,8 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
 
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)
-    run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(spec_file), exp, str(tmp_path / "out.json")],
+    run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(spec_file), exp, str(tmp_path / "out.json"),
+                          str(_free_port())],
                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     try:
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -191,6 +191,7 @@ def test_stop_signals_hand_sigterm_and_sigint_to_tune_once_then_stop_at_once():
     from qkvsearch.search.interrupts import StopSignals
 
     handed = []
+    term_before = signal.getsignal(signal.SIGTERM)  # Ray's own, when the suite's Ray runs in this process
     before = signal.signal(signal.SIGINT, lambda sig, frame: handed.append(sig))  # stands for Tune's handler
     try:
         with StopSignals() as stop:
@@ -202,7 +203,7 @@ def test_stop_signals_hand_sigterm_and_sigint_to_tune_once_then_stop_at_once():
                 raise AssertionError("a second signal must stop at once")
             except KeyboardInterrupt:
                 pass
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) == term_before
     finally:
         signal.signal(signal.SIGINT, before)
 

@@ -198,15 +198,22 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
     ray_bin = str(Path(sys.executable).parent / "ray")
     # --block: the head's processes stop with this one (no `ray stop`, which stops every Ray on the machine)
     head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={_free_port()}",
-                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}"],
+                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}",
+                             # ports of its own: the test session's Ray may hold the default ones
+                             f"--dashboard-agent-listen-port={_free_port()}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{dash}"
         wait_for(lambda: _answers(f"{url}/api/jobs/"), 120, "the head's dashboard")
-        submit = subprocess.run(
-            [ray_bin, "job", "submit", "--address", url, "--submission-id", "qs-submitted", "--",
-             sys.executable, "-m", "qkvsearch.search.cli", "launch", str(spec)],
-            env=env, capture_output=True, text=True, timeout=300)
+
+        def submitted():  # the head's job agent may start after its dashboard answers
+            run = subprocess.run(
+                [ray_bin, "job", "submit", "--address", url, "--submission-id", "qs-submitted", "--",
+                 sys.executable, "-m", "qkvsearch.search.cli", "launch", str(spec)],
+                env=env, capture_output=True, text=True, timeout=300)
+            return None if "No available agent" in run.stderr + run.stdout else run
+
+        submit = wait_for(submitted, 120, "the head's job agent", every=2)
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
         assert "next: qkvsearch report" in submit.stdout  # the campaign's own lines reach the job's log
         (job,) = [j for j in get_json(f"{url}/api/jobs/", auth_token()) if j.get("submission_id") == "qs-submitted"]
