@@ -128,19 +128,21 @@ SHARED_FILESYSTEMS = frozenset({
 })
 
 
-def check_shared_storage(storage: str, node_hosts: set[str]) -> None:
+def check_shared_storage(storage: str, node_hosts: set[str], can_grow: bool = False) -> None:
     """Raise ResourceError when a campaign whose nodes are on more than one machine (node_hosts: their
-    addresses) keeps its storage on this machine's own disk: trials elsewhere could not write there."""
-    if _URI.match(storage) or len(node_hosts) <= 1:
+    addresses), or may be once an autoscaler adds nodes (can_grow), keeps its storage on this machine's own
+    disk: trials elsewhere could not write there."""
+    if _URI.match(storage) or (len(node_hosts) <= 1 and not can_grow):
         return
     fstype = filesystem_type(storage)
     if fstype in SHARED_FILESYSTEMS:
         return
+    where = (f"the cluster's nodes are on {len(node_hosts)} machines" if len(node_hosts) > 1
+             else "the cluster's autoscaler may add nodes on other machines")
     raise ResourceError(
-        f"storage: the cluster's nodes are on {len(node_hosts)} machines, but {show(storage)} is on this "
-        f"machine's own disk ({fstype or 'unknown filesystem'}); expected a shared filesystem mounted at the "
-        f"same path on every node ({', '.join(sorted(SHARED_FILESYSTEMS)[:6])}...) or a bucket "
-        f"(--set storage=s3://BUCKET/PREFIX or gs://...)")
+        f"storage: {where}, but {show(storage)} is on this machine's own disk ({fstype or 'unknown filesystem'}); "
+        f"expected a shared filesystem mounted at the same path on every node "
+        f"({', '.join(sorted(SHARED_FILESYSTEMS)[:6])}...) or a bucket (--set storage=s3://BUCKET/PREFIX or gs://...)")
 
 
 def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str | None:

@@ -153,3 +153,7 @@ def test_storage_on_one_machines_disk_is_refused_for_a_cluster_of_several_machin
             check_shared_storage(local, {"10.0.0.1", "10.0.0.2"})
         text = str(err.value)
         assert text.startswith("storage:") and "2 machines" in text and "s3://" in text and local in text
+        with pytest.raises(ResourceError) as err:  # one machine now, more once the autoscaler adds nodes
+            check_shared_storage(local, {"10.0.0.1"}, can_grow=True)
+        assert "autoscaler may add nodes" in str(err.value)
+    check_shared_storage("s3://bucket/campaigns", {"10.0.0.1"}, can_grow=True)
