@@ -210,8 +210,10 @@ def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, g
     resources = {"CPU": cpus_per_worker}
     if gpus_per_worker:
         resources["GPU"] = gpus_per_worker
+    ddp = _ddp_config_class() if num_workers else None
     trainer = _trainer_class()(
         train_worker,
+        torch_config=ddp("nccl" if gpus_per_worker else "gloo") if ddp else None,
         train_loop_config={"config": cfg, "faults": read_faults() if faults is None else list(faults),
                            "threads": max(1, int(cpus_per_worker)), "local": local},
         scaling_config=ray.train.ScalingConfig(
@@ -240,6 +242,83 @@ def _trainer_class():
             return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
 
     return Trainer
+
+
+@functools.cache
+def _ddp_config_class():
+    """A TorchConfig that Train's controller unpickles without importing torch, or None (then TorchConfig)
+    where this Ray lacks the helpers it uses. TorchConfig's module imports torch, and the controller
+    imports it for nothing: ~1.5 s of CPU at the start of every run, before any worker is made. Here the
+    controller only picks the rendezvous address; each worker joins the process group (and leaves it)
+    through Ray's own torch helpers, as TorchConfig's backend has it do."""
+    from ray.train.torch import config as torch_config  # this process (the trial's) has torch anyway
+
+    if not all(hasattr(torch_config, name) for name in (
+            "_set_torch_distributed_env_vars", "_setup_torch_process_group", "_shutdown_torch",
+            "TorchConfigContextManager", "TorchConfig")):
+        return None
+    import ray
+    from ray.train.backend import Backend, BackendConfig
+
+    # The classes below travel to the controller by value: their methods name no torch module (a name
+    # there would be imported where they are unpickled); torch's helpers are imported where they run.
+    timeout_s = torch_config.TorchConfig().timeout_s
+
+    class DDPBackend(Backend):
+        share_cuda_visible_devices = True  # as TorchConfig's backend: NCCL sees every GPU of the node
+
+        def on_start(self, worker_group, backend_config):
+            from ray.train._internal.utils import get_address_and_port
+
+            addr, port = worker_group.execute_single(0, get_address_and_port)
+            world = len(worker_group)
+            ray.get([worker_group.execute_single_async(rank, _join_process_group, addr, port, backend_config.backend,
+                                                       rank, world, backend_config.timeout_s)
+                     for rank in range(world)])
+
+        def on_shutdown(self, worker_group, backend_config):
+            ray.get(worker_group.execute_async(_leave_process_group, len(worker_group) > 1),
+                    timeout=backend_config.timeout_s)
+
+    class DDPConfig(BackendConfig):
+        def __init__(self, backend: str):
+            self.backend, self.init_method, self.timeout_s = backend, "env", timeout_s
+
+        @property
+        def backend_cls(self):
+            return DDPBackend
+
+        @property
+        def train_func_context(self):  # read where the trainer is made, run in each worker
+            from ray.train.torch.config import TorchConfigContextManager
+
+            return TorchConfigContextManager
+
+        @property
+        def framework(self):  # read by Train's state tracking only
+            from ray.train.torch.config import TorchConfig
+
+            return TorchConfig().framework
+
+        def to_dict(self) -> dict:
+            return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+
+    return DDPConfig
+
+
+def _join_process_group(addr: str, port: int, backend: str, rank: int, world: int, timeout_s: float) -> None:
+    """In a Train worker: join the run's torch process group at addr:port (env:// rendezvous)."""
+    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    _set_torch_distributed_env_vars()
+    _setup_torch_process_group(backend, rank, world, "env://", timeout_s)
+
+
+def _leave_process_group(destroy: bool) -> None:
+    from ray.train.torch.config import _shutdown_torch
+
+    _shutdown_torch(destroy_process_group=destroy)
 
 
 def find_divergence(error: BaseException) -> DivergenceError | None:
