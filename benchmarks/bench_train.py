@@ -4,7 +4,10 @@
    (same model, data, batch, AdamW, cross-entropy) - interleaved repeats, warm-up excluded, medians.
    Target: engine / plain >= 0.95.
 2. Start-up: seconds from TorchTrainer.fit() (trainers.loop.run_trainer) to the first training step,
-   as recorded by the worker (metric qs_first_step_at, time.time()), for 1 and 2 workers.
+   as recorded by the worker (metric qs_first_step_at, time.time()), for 1 and 2 workers; with 2, the
+   run's backend config as qkvsearch makes it (Train's controller never imports torch) and Ray's own
+   TorchConfig (it does), interleaved; and the floor under them: a whole fit() of a training function
+   that reports once and does nothing else (Ray Train's own start and stop).
 
     python benchmarks/bench_train.py [--quick] [--repeats N] [--steps N] [--no-ray]
 """
@@ -92,26 +95,63 @@ def bench_throughput(repeats, steps):
 
 
 def bench_startup(workers, repeats):
-    import ray
+    from qkvsearch.search.local_ray import start_local_ray, stop_local_ray
+    from qkvsearch.trainers import loop
 
-    from qkvsearch.trainers.loop import run_trainer
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
+    start_local_ray(trial_slots=1, num_cpus=2)
     cfg = fill(dict(CFG, max_steps_per_epoch=2, val_fraction=0.05))
+    ours = loop._ddp_config_class
+    variants = {1: ["ours"], 2: ["ours", "TorchConfig"]}
     with tempfile.TemporaryDirectory() as storage:
         for n in workers:
-            waits, setups, totals = [], [], []
-            for r in range(repeats):
-                t0 = time.time()
-                result = run_trainer(cfg, num_workers=n, name=f"startup{n}_{r}", storage_path=storage)
-                totals.append(time.time() - t0)
-                waits.append(result.metrics["qs_first_step_at"] - t0)
-                setups.append(result.metrics["qs_setup_s"])
-            print(f"start-up, {n} worker(s): fit() -> first training step median {statistics.median(waits):.2f} s "
-                  f"{[round(w, 2) for w in waits]}; of which the engine's own setup (data, model, optimizer) "
-                  f"{statistics.median(setups):.2f} s; whole fit() {statistics.median(totals):.2f} s")
-    ray.shutdown()
+            seen = {v: ([], [], []) for v in variants.get(n, ["ours"])}
+            for r in range(repeats):  # interleaved
+                for variant, (waits, setups, totals) in seen.items():
+                    loop._ddp_config_class = ours if variant == "ours" else (lambda: None)
+                    try:
+                        t0 = time.time()
+                        result = loop.run_trainer(cfg, num_workers=n, name=f"startup{n}_{variant}_{r}",
+                                                  storage_path=storage)
+                        totals.append(time.time() - t0)
+                    finally:
+                        loop._ddp_config_class = ours
+                    last = result.return_value[-1]
+                    waits.append(last["qs_first_step_at"] - t0)
+                    setups.append(last["qs_setup_s"])
+            for variant, (waits, setups, totals) in seen.items():
+                label = "" if len(seen) == 1 else f" ({'torch-free controller' if variant == 'ours' else variant})"
+                print(f"start-up, {n} worker(s){label}: fit() -> first training step median "
+                      f"{statistics.median(waits):.2f} s {[round(w, 2) for w in waits]}; of which the engine's own "
+                      f"setup (data, model, optimizer) {statistics.median(setups):.2f} s; whole fit() "
+                      f"{statistics.median(totals):.2f} s")
+            if len(seen) == 2:
+                a, b = (statistics.median(seen[v][0]) for v in seen)
+                print(f"  ratio fit() -> first step, torch-free controller / TorchConfig: {a / b:.3f}")
+            floor = [_empty_fit(n, storage, f"empty{n}_{r}") for r in range(repeats)]
+            print(f"  floor, {n} worker(s): a whole fit() of a training function that does nothing "
+                  f"{statistics.median(floor):.2f} s {[round(f, 2) for f in floor]}")
+    stop_local_ray()
+
+
+def _empty_fit(workers: int, storage: str, name: str) -> float:
+    import ray.train
+
+    from qkvsearch.trainers import loop
+
+    ddp = loop._ddp_config_class()
+    trainer = loop._trainer_class()(
+        _report_once, torch_config=ddp("gloo") if ddp else None,
+        scaling_config=ray.train.ScalingConfig(num_workers=workers),
+        run_config=ray.train.RunConfig(name=name, storage_path=storage))
+    t0 = time.time()
+    trainer.fit()
+    return time.time() - t0
+
+
+def _report_once(config):
+    import ray.train
+
+    ray.train.report({"done": 1.0})
 
 
 def main():

@@ -8,24 +8,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-import sys
 import time
 
-# Set before Ray starts: a local cluster's processes inherit them.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")  # reports otherwise arrive ~2 s late
-if not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:  # Ray reads both when imported
-    # A local Ray serves this machine alone: Ray then takes 127.0.0.1 as the node's address, so its GCS,
-    # raylet, agents and metrics exporter listen on loopback only (else on every interface). Set it to 1
-    # to reach a local Ray from other machines.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # Token auth, the default of a new local Ray, said explicitly: Ray then does not warn about it.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+# First: it sets Ray's environment for a local cluster, which Ray reads when it is imported.
+from qkvsearch.search.local_ray import TRIAL_SLOT, ray_env, start_local_ray, stop_local_ray
 
+# isort: split
 import ray
 from ray import tune
 
-from qkvsearch.search.capacity import Cluster, node_types, plan_concurrency
+from qkvsearch.search.capacity import (
+    Cluster,
+    autoscaler,
+    autoscaler_can_hold,
+    node_types,
+    outgrows,
+    plan_concurrency,
+)
 from qkvsearch.search.driver import (
     TIME_ATTR,
     TrialSettings,
@@ -53,45 +52,6 @@ from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
 
-# Passed on to every process of the job when set here. RAY_TRAIN_ENABLE_STATE_TRACKING=1 (Train runs at
-# /api/train/v2/runs/v1) is left to the user: it starts a state actor that imports torch, and makes every
-# controller report each state change to it.
-_RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
-TRIAL_SLOT = "trial_slot"
-
-
-def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dict | None = None):
-    """Start a local Ray bound to 127.0.0.1 and return its context.
-
-    Ray processes find their own cluster through RAY_ADDRESS; without it, Train's State API calls
-    fail ("Found multiple active Ray instances") whenever another Ray runs on the same machine, and
-    a stopped trial's placement group is never cleaned up. So the GCS port is chosen up front and
-    every process of the job is told the address.
-    """
-    port = _free_port()
-    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-    try:
-        env = _ray_env() | {
-            "RAY_ADDRESS": f"127.0.0.1:{port}",
-            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
-        }
-        return ray.init(num_cpus=num_cpus, resources={TRIAL_SLOT: trial_slots}, _node_ip_address="127.0.0.1",
-                        include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
-                        logging_level=logging.WARNING,  # the campaign's own lines say what Ray's info lines did
-                        runtime_env={"env_vars": env}, job_config=job_config(metadata or {}))
-    finally:
-        del os.environ["RAY_GCS_SERVER_PORT"]
-
-
-def _ray_env() -> dict:
-    return {k: os.environ[k] for k in _RAY_ENV if k in os.environ}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
     """Join RAY_ADDRESS's cluster, or start a local Ray bound to 127.0.0.1 with `trial_slot`s.
@@ -99,7 +59,7 @@ def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
     started = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
-            env = {"env_vars": _ray_env()}
+            env = {"env_vars": ray_env()}
             ctx = ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=False,
                            job_config=job_config(metadata or {}), logging_level=logging.WARNING)
             tag_submission(metadata or {})  # under `ray job submit`, the Jobs page lists the submission
@@ -112,7 +72,7 @@ def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
         url = _dashboard_url()
     total = ray.cluster_resources()
     return Cluster(total.get("CPU", 0.0), total.get("GPU", 0.0), total.get(TRIAL_SLOT, 0.0), url, started,
-                   node_types=[] if started else node_types())
+                   node_types=[] if started else node_types(), autoscaler=None if started else autoscaler())
 
 
 def _dashboard_url() -> str | None:
@@ -213,8 +173,9 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
     version = code_version()
     cluster = connect(_wanted_slots(spec.resources), job_metadata(spec, exp, num_samples, version))
     try:
-        check_shared_storage(exp, _node_hosts())
-        concurrency = plan_concurrency(spec.resources, cluster)
+        concurrency = plan_concurrency(spec.resources, cluster,
+                                       ask=autoscaler_can_hold if cluster.autoscaler == "v2" else None)
+        check_shared_storage(exp, _node_hosts(), can_grow=outgrows(spec.resources, cluster, concurrency))
         if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
             remove_tree(exp)  # only now: the new spec passed every check
         _announce(spec, exp, cluster, f"{num_samples} trial(s), up to {concurrency} at a time")
@@ -230,14 +191,16 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
                 tune_config=tune.TuneConfig(
                     search_alg=searcher, scheduler=_scheduler(spec, exp),
                     num_samples=num_samples, max_concurrent_trials=concurrency,
-                    reuse_actors=_reuse_actors(spec.resources),
+                    # A finished trial's process serves the next trial (no new process; Ray, torch and
+                    # timm imported already): Tune's stop reaches every trial inside tune.report.
+                    reuse_actors=True,
                     trial_name_creator=describe.name, trial_dirname_creator=describe.name),
                 run_config=_run_config(spec, exp, [recorder, stop], verbose),
             )
             _fit(tuner, exp, recorder, stop, view, verbose)
     finally:
         if cluster.started_here:
-            ray.shutdown()
+            stop_local_ray()
     return exp
 
 
@@ -303,15 +266,6 @@ def _trainable(spec, exp: str, cluster: Cluster):
     return tune.with_resources(tune.with_parameters(run_trial, settings=settings), trial_resources(settings, slot))
 
 
-def _reuse_actors(resources) -> bool:
-    """Reuse a finished trial's process for the next trial (no new process, torch and timm imported
-    already) when the trial trains in it. Tune stops or reuses a function trainable by setting an event
-    that its training thread sees only inside tune.report; a trial that drives a TorchTrainer waits in
-    fit() instead, so a trial stopped early would keep its Train run, workers and CPUs, and the next trial's
-    reset would fail after TUNE_FUNCTION_THREAD_TIMEOUT_S."""
-    return trains_in_trial_process(resources.workers_per_trial)
-
-
 def _wanted_slots(resources) -> int:
     wanted = resources.max_concurrent_trials
     return int(wanted) if isinstance(wanted, int) else max(1, os.cpu_count() or 1)
@@ -361,5 +315,5 @@ def resume(exp: str, *, verbose: bool = False, view=None) -> str:
             _fit(tuner, exp, recorder, stop, view, verbose)
     finally:
         if cluster.started_here:
-            ray.shutdown()
+            stop_local_ray()
     return exp

@@ -7,9 +7,10 @@ trial whose configuration was trained already in the campaign (same `identity`) 
 The trial process checks the cost constraints before anything trains, runs the training through
 `trainers.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
 diverged) into a final report that the recorder and the searchers understand. A trial of several workers
-is only a driver: it holds no CPU (its TorchTrainer's workers do) and Train's controller forwards rank 0's
-reports to Tune. A trial of one worker trains in its own process (Train's local mode: no controller, no
-worker actors to start) and holds that worker's CPUs and GPUs itself (`trial_resources`).
+is only a driver: it holds no CPU (its TorchTrainer's workers do) and reports to Tune what rank 0 reported
+(`search.bridge`). A trial of one worker trains in its own process (Train's local mode: no controller, no
+worker actors to start) and holds that worker's CPUs and GPUs itself (`trial_resources`). Either way Tune's
+stop reaches the training through `tune.report`, so a trial's process can serve the next trial.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import traceback
 from dataclasses import dataclass
 
 from ray import tune
-from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
+from qkvsearch.search.bridge import drive
 from qkvsearch.search.records import (
     DUPLICATE_OF_KEY,
     ERROR_CHARS,
@@ -154,20 +156,8 @@ def _with_cost(metrics: dict, epochs_planned: int, cost: dict) -> dict:
     return {**metrics, **cost, PLANNED_KEY: float(epochs_planned)}
 
 
-class _ForwardToTune(TuneReportCallback):
-    """Train -> Tune bridge (runs in Train's controller): each of rank 0's results, with `_with_cost`."""
-
-    def __init__(self, epochs_planned: int, cost: dict):
-        super().__init__()
-        self.epochs_planned, self.cost = epochs_planned, cost
-
-    def after_report(self, run_context, metrics, checkpoint):
-        first = _with_cost(metrics[0], self.epochs_planned, self.cost)
-        super().after_report(run_context, [first, *metrics[1:]], checkpoint)
-
-
 def _report_to_tune(epochs_planned: int, cost: dict):
-    """The same bridge for local mode: on_report(metrics, checkpoint_path) in the trial's training thread.
+    """Train -> Tune in local mode: on_report(metrics, checkpoint_path) in the trial's training thread.
     tune.report there also ends the thread when Tune stops the trial (a stopped trial frees its process)."""
 
     def on_report(metrics: dict, checkpoint_path: str | None) -> None:
@@ -195,20 +185,28 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
         tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
         return
     local = trains_in_trial_process(settings.workers)
-    try:
-        run_trainer(
+    run_name = train_run_name(settings, cfg, tune.get_context().get_trial_id())
+
+    def fit(callbacks=()):
+        return run_trainer(
             cfg,
             num_workers=0 if local else settings.workers,
             cpus_per_worker=settings.cpus_per_worker,
             gpus_per_worker=settings.gpus_per_worker,
             placement_strategy=settings.placement_strategy,
-            name=train_run_name(settings, cfg, tune.get_context().get_trial_id()),
+            name=run_name,
             storage_path=settings.train_storage,
-            callbacks=[] if local else [_ForwardToTune(cfg["epochs"], cost)],
+            callbacks=callbacks,
             on_report=_report_to_tune(cfg["epochs"], cost) if local else None,
             faults=settings.faults,
             max_failures=settings.max_failures,
         )
+
+    try:
+        if local:
+            fit()
+        else:
+            drive(fit, _with_cost({}, cfg["epochs"], cost))
     except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
         # The training's own error ends the trial as a result: diverged, or failed after Train's restarts.
         # Only a trial whose process is lost (a node gone) reaches Tune as an error, which Tune retries.

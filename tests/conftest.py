@@ -49,12 +49,12 @@ def ray_local():
     """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""
     import ray
 
-    from qkvsearch.search.campaign import start_local_ray
+    from qkvsearch.search.local_ray import start_local_ray, stop_local_ray
 
     if not ray.is_initialized():
         start_local_ray(trial_slots=1, num_cpus=2)
     yield ray
-    ray.shutdown()
+    stop_local_ray()
 
 
 # ---------------------------------------------------------------------------------- nothing left running

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -132,3 +133,10 @@ def get_json(url: str, token: str | None = None, timeout: float = 10):
 def write_spec(path: Path, spec: dict) -> Path:
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a Ray or a server a test starts beside the suite's)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

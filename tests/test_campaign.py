@@ -109,6 +109,29 @@ def test_moasha_stops_poor_trials_early_and_they_are_not_completed(campaign):
     assert best > 30.0, f"the best completed trial should be well above chance (10%), given {best:.1f}%"
 
 
+def _trial_pids(exp: Path) -> dict[str, int]:
+    """The process each trial ran in, from Tune's result.json files (the records leave Tune's keys out)."""
+    pids = {}
+    for path in exp.glob("*/result.json"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            pids[row["trial_id"]] = row["pid"]
+    return pids
+
+
+def test_a_trial_stopped_early_hands_its_process_to_the_next_trial(campaign):
+    """2-worker trials drive a TorchTrainer; Tune reuses a trial's process for the next trial. A trial that
+    MO-ASHA stopped must have stopped its Train run (else the next trial could not get the 2 CPUs) and
+    left its process to a later trial."""
+    exp, records = campaign
+    pids = _trial_pids(exp)
+    for stopped in (r for r in records if r["status"] == "stopped_early"):
+        later = [r for r in records if r["started_at"] >= stopped["ended_at"] and r["trial_id"] in pids]
+        assert any(pids[r["trial_id"]] == pids[stopped["trial_id"]] for r in later), stopped["trial_name"]
+        assert any(r["status"] == "completed" for r in later)
+    assert len(set(pids.values())) < len(pids)
+
+
 def test_infeasible_configuration_never_starts_a_trainer(campaign):
     exp, records = campaign
     (infeasible,) = [r for r in records if r["status"] == "infeasible"]

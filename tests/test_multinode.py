@@ -11,19 +11,12 @@ import textwrap
 
 import pyarrow.fs as pafs
 import pytest
-from live_campaign import ray_processes, tiny_spec, wait_for, write_spec
+from live_campaign import free_port, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.records import read_trial_records
 
 pytestmark = pytest.mark.slow
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 BUCKET = "qkv-multinode"
 NAME = "two-nodes"
@@ -84,7 +77,7 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)
     run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(spec_file), exp, str(tmp_path / "out.json"),
-                          str(_free_port())],
+                          str(free_port())],
                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     try:
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

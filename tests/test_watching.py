@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,7 +16,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from live_campaign import LiveCampaign, auth_token, get_json, tiny_spec, token_file, wait_for, write_spec
+from live_campaign import (
+    LiveCampaign,
+    auth_token,
+    free_port,
+    get_json,
+    tiny_spec,
+    token_file,
+    wait_for,
+    write_spec,
+)
 
 from qkvsearch.search import grafana
 from qkvsearch.search.jobs import METADATA_PREFIX
@@ -31,17 +39,11 @@ NAME = "watched"
 PROMETHEUS = shutil.which("prometheus")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Prometheus:
     """Debian's prometheus on 127.0.0.1, scraping `targets` every second, its data in `folder`."""
 
     def __init__(self, folder: Path, dashboard: str, token_file: str):
-        self.port = _free_port()
+        self.port = free_port()
         # Targets as a Prometheus server finds them on a Ray cluster: the dashboard's HTTP service
         # discovery, signed in with the token file (never a copy of the token).
         sd = {"url": f"{dashboard}/api/prometheus/sd", "refresh_interval": "1s",
@@ -192,15 +194,15 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", tiny_spec(tmp_path / "results", "submitted", workers=1, epochs=1,
                                                       variants=[{"embedding": "linear"}], steps=2))
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
-    dash = _free_port()
+    dash = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env.pop("RAY_ADDRESS", None)
     ray_bin = str(Path(sys.executable).parent / "ray")
     # --block: the head's processes stop with this one (no `ray stop`, which stops every Ray on the machine)
-    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={_free_port()}",
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={free_port()}",
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}",
                              # ports of its own: the test session's Ray may hold the default ones
-                             f"--dashboard-agent-listen-port={_free_port()}"],
+                             f"--dashboard-agent-listen-port={free_port()}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{dash}"
