@@ -172,22 +172,24 @@ def cmd_launch(args) -> int:
     from qkvsearch.search.campaign import launch
     from qkvsearch.search.terminal import TerminalView
 
-    exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite, verbose=args.verbose, view=TerminalView())
-    return _closing(exp)
+    view = TerminalView()
+    exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite, verbose=args.verbose, view=view)
+    return _closing(exp, view)
 
 
 def cmd_resume(args) -> int:
     from qkvsearch.search.campaign import resume
     from qkvsearch.search.terminal import TerminalView
 
-    return _closing(resume(args.dir, verbose=args.verbose, view=TerminalView()))
+    view = TerminalView()
+    return _closing(resume(args.dir, verbose=args.verbose, view=view), view)
 
 
-def _closing(exp: str) -> int:
+def _closing(exp: str, view) -> int:
     from qkvsearch.search.progress import read_progress
     from qkvsearch.search.terminal import closing_summary
 
-    print(closing_summary(read_progress(exp), exp))
+    print(closing_summary(read_progress(exp), exp, shown=view.last_line))
     return EXIT_OK
 
 

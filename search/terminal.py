@@ -18,7 +18,7 @@ class TerminalView:
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty() if live is None else live
         self._seen: dict[str, str] = {}  # trial -> terminal status already printed
-        self._last_line = ""
+        self.last_line = ""  # the last summary line printed (plain output)
         self._live = None
 
     def show(self, progress: Progress) -> None:
@@ -28,9 +28,9 @@ class TerminalView:
             self._redraw(progress)
         else:
             line = progress.summary()
-            if line != self._last_line:  # plain output: a line when something changed, no redraw
+            if line != self.last_line:  # plain output: a line when something changed, no redraw
                 self._print(line)
-                self._last_line = line
+                self.last_line = line
 
     def skip_finished(self, exp) -> None:
         """Announce no trial that had ended already (a resumed campaign's earlier trials)."""
@@ -81,9 +81,10 @@ def finished_line(t: FinishedTrial) -> str:
     return f"{line} | {t.note}" if t.note else line
 
 
-def closing_summary(progress: Progress, exp: str) -> str:
-    """What `launch` and `resume` print at the end: counts, the completed front, the next command."""
-    lines = [progress.summary()]
+def closing_summary(progress: Progress, exp: str, shown: str = "") -> str:
+    """What `launch` and `resume` print at the end: counts, the completed front, the next command.
+    shown: the summary line the view printed last (not printed again)."""
+    lines = [] if progress.summary() == shown else [progress.summary()]
     if progress.front:
         metrics = [m for m, _ in progress.objectives]
         width = max(len("trial"), *(len(f["trial"]) for f in progress.front))

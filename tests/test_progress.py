@@ -139,6 +139,11 @@ def test_closing_summary_lists_the_front_and_the_next_command(tmp_path):
     assert text.startswith("synth: 5/7 trials done")
     assert all(f["trial"] in text for f in p.front) and "front of the completed trials" in text
     assert "1 trial(s) failed" in text and text.endswith(f"next: qkvsearch report {tmp_path}")
+    out = io.StringIO()
+    view = TerminalView(out, live=False)
+    view.show(p)  # plain output printed the summary line last: the closing summary does not repeat it
+    again = closing_summary(p, str(tmp_path), shown=view.last_line)
+    assert out.getvalue().splitlines()[-1] == p.summary() and again == text.split("\n", 1)[1]
 
 
 def test_a_resumed_view_does_not_announce_trials_that_ended_before(tmp_path):
