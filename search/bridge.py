@@ -10,8 +10,8 @@ its Train run's controller, whose workers go with it and whose placement group T
 before it lets the process go:
 
     trial process            queue (1 slot)                 Train controller          workers
-    drive() ──tune.report──▶ get ◀── (token, result, ───── _Forward.after_report ◀── ray.train.report
-       │                              controller)
+    drive() ──on_report───▶ get ◀── (token, metrics, ──── _Forward.after_report ◀── ray.train.report
+       │       (tune.report)         checkpoint, controller)
        └─ Tune's stop: ray.kill(controller) ──────────────────────▶ ✕ (its workers too)
 
 The queue is an actor on the trial's node, made by the process's first Train run and kept for the trials
@@ -26,7 +26,6 @@ import uuid
 
 import ray
 from ray.train import UserCallback
-from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
 POLL_S = 0.2            # how often the training thread looks at its Train run when no result comes
 STOP_WAIT_S = 5.0       # how long a stopped trial waits for fit() to return after killing the controller
@@ -34,24 +33,22 @@ STOP_WAIT_S = 5.0       # how long a stopped trial waits for fit() to return aft
 _queue = None           # this process's queue (a ray.util.queue.Queue actor), made on first use
 
 
-def drive(fit, extra: dict):
+def drive(fit, on_report):
     """Run ``fit(callbacks)`` (a TorchTrainer's fit with these Train callbacks added) in a helper thread;
-    report each result of rank 0, merged with ``extra`` (the trial's cost...), to Tune from this thread.
-    Returns fit's Result or raises its error; Tune's stop kills the Train run and goes on up."""
-    from ray import tune
-
+    hand each result of rank 0 to ``on_report(metrics, checkpoint_path | None)``, which calls tune.report,
+    in this thread. Returns fit's Result or raises its error; Tune's stop kills the Train run and goes on up."""
     queue, token = _channel(), uuid.uuid4().hex
     outcome: dict = {}
-    thread = threading.Thread(target=_fit_into, args=(fit, [_Forward(queue, token, extra)], outcome),
+    thread = threading.Thread(target=_fit_into, args=(fit, [_Forward(queue, token)], outcome),
                               name="train-run", daemon=True)
     thread.start()
     controller = None
     try:
         while (item := _next(queue, thread)) is not None:
-            sent_by, result, sender = item
+            sent_by, metrics, checkpoint_path, sender = item
             if sent_by == token:  # else left by a run this process stopped before
                 controller = sender
-                tune.report(result)
+                on_report(metrics, checkpoint_path)
     except BaseException:  # Tune's stop (SystemExit in tune.report), or this process going down
         _stop(controller, thread)
         raise
@@ -105,14 +102,12 @@ def _channel():
 
 
 class _Forward(UserCallback):
-    """Runs in Train's controller: each of rank 0's results, with ``extra`` and its checkpoint's path, goes
-    to the trial with the controller's handle."""
+    """Runs in Train's controller: each of rank 0's results and its checkpoint's path go to the trial with
+    the controller's handle."""
 
-    def __init__(self, queue, token: str, extra: dict):
-        self.queue, self.token, self.extra = queue, token, extra
+    def __init__(self, queue, token: str):
+        self.queue, self.token = queue, token
 
     def after_report(self, run_context, metrics, checkpoint):
-        result = {**metrics[0], **self.extra}
-        if checkpoint:
-            result[CHECKPOINT_PATH_KEY] = checkpoint.path
-        self.queue.put((self.token, result, ray.get_runtime_context().current_actor))
+        path = checkpoint.path if checkpoint else None
+        self.queue.put((self.token, metrics[0], path, ray.get_runtime_context().current_actor))

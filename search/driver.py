@@ -156,14 +156,21 @@ def _with_cost(metrics: dict, epochs_planned: int, cost: dict) -> dict:
     return {**metrics, **cost, PLANNED_KEY: float(epochs_planned)}
 
 
-def _report_to_tune(epochs_planned: int, cost: dict):
-    """Train -> Tune in local mode: on_report(metrics, checkpoint_path) in the trial's training thread.
+def _report_to_tune(epochs_planned: int, cost: dict, run_dir: str):
+    """Train -> Tune: on_report(metrics, checkpoint_path | None) in the trial's training thread, whether
+    the trial trains (local mode) or drives a Train run (search.bridge). An epoch reported without a
+    checkpoint names its epoch's checkpoint where the run has one (the epoch a resumed run reports again).
     tune.report there also ends the thread when Tune stops the trial (a stopped trial frees its process)."""
+    from qkvsearch.trainers.loop import epoch_checkpoint
 
     def on_report(metrics: dict, checkpoint_path: str | None) -> None:
         result = _with_cost(metrics, epochs_planned, cost)
-        if checkpoint_path:
-            result[CHECKPOINT_PATH_KEY] = checkpoint_path
+        if checkpoint_path:  # named the way the campaign's storage is (Train's path drops a bucket's scheme)
+            path = f"{run_dir}/{checkpoint_path.rstrip('/').rsplit('/', 1)[-1]}"
+        else:
+            path = epoch_checkpoint(run_dir, metrics[TIME_ATTR]) if TIME_ATTR in metrics else None
+        if path:
+            result[CHECKPOINT_PATH_KEY] = path
         tune.report(result)
 
     return on_report
@@ -186,6 +193,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
         return
     local = trains_in_trial_process(settings.workers)
     run_name = train_run_name(settings, cfg, tune.get_context().get_trial_id())
+    on_report = _report_to_tune(cfg["epochs"], cost, f"{settings.train_storage.rstrip('/')}/{run_name}")
 
     def fit(callbacks=()):
         return run_trainer(
@@ -197,7 +205,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             name=run_name,
             storage_path=settings.train_storage,
             callbacks=callbacks,
-            on_report=_report_to_tune(cfg["epochs"], cost) if local else None,
+            on_report=on_report if local else None,
             faults=settings.faults,
             max_failures=settings.max_failures,
         )
@@ -206,7 +214,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
         if local:
             fit()
         else:
-            drive(fit, _with_cost({}, cfg["epochs"], cost))
+            drive(fit, on_report)
     except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
         # The training's own error ends the trial as a result: diverged, or failed after Train's restarts.
         # Only a trial whose process is lost (a node gone) reaches Tune as an error, which Tune retries.

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from live_campaign import ray_processes, tiny_spec, wait_for, write_spec
+from live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.records import FINAL_STATUSES, read_trial_records
 
@@ -134,12 +134,14 @@ def _epochs_in_file(exp: Path, trial_id: str) -> list[int]:
 
 
 def _first_step_after(records, after: float) -> float:
-    """Unix time of the first training step taken after ``after``, from the trials' last checkpoints (each
-    epoch of a checkpoint's history names the first step of the process that trained it)."""
+    """Unix time of the first training step taken after ``after``: a trial's first step (its record), or,
+    for a trial resumed from a checkpoint, the first step of the process that trained on from it (each epoch
+    of a checkpoint's history names it)."""
     from qkvsearch.trainers.engine import load_state
 
-    starts = [m["qs_first_step_at"] for rec in records if rec.get("checkpoint_path")
-              for m in load_state(rec["checkpoint_path"])["history"]]
+    starts = [rec["first_step_at"] for rec in records if rec.get("first_step_at")]
+    starts += [m["qs_first_step_at"] for rec in records if rec["status"] == "completed"
+               for m in load_state(rec["checkpoint_path"])["history"]]
     return min(s for s in starts if s > after)
 
 
@@ -198,6 +200,8 @@ def test_a_killed_driver_resumes_without_losing_or_retraining_anything(tmp_path)
     assert min(g for _, _, g, _ in study_after[len(study):]) >= max(g for _, _, g, _ in study)
     assert {s for *_, s in study_after} <= {"COMPLETE", "PRUNED", "FAIL"}
 
+    for name, (last, named) in named_checkpoint_epochs(after.values()).items():
+        assert named == last, f"{name}: its record names the checkpoint of epoch {named}, its last epoch is {last}"
     first_step = _first_step_after(after.values(), killed_at)
     print(f"\nkilled with a checkpoint ahead of the record: {gap}; "
           f"resume -> first new training step: {first_step - started:.1f} s")

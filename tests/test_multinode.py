@@ -11,7 +11,7 @@ import textwrap
 
 import pyarrow.fs as pafs
 import pytest
-from live_campaign import free_port, ray_processes, tiny_spec, wait_for, write_spec
+from live_campaign import free_port, named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.records import read_trial_records
 
@@ -91,6 +91,8 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
     assert not problems and {r["status"] for r in records} == {"completed"}
     for r in records:
         assert [int(e["epoch"]) for e in r["epochs"]] == [1, 2, 3], r["trial_name"]
+        assert r["checkpoint_path"].startswith(f"{exp}/train_runs/"), r["checkpoint_path"]  # a URI, not Train's bare path
+    assert all(last == named for last, named in named_checkpoint_epochs(records).values())
     hit = min(records, key=lambda r: r["started_at"])
     assert hit["started_at"] < result["removed_at"] < hit["ended_at"]  # it ran on through the removal
     stored = [f.path for f in s3.get_file_info(pafs.FileSelector(f"{BUCKET}/campaigns/{NAME}", recursive=True))]

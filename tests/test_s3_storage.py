@@ -9,7 +9,7 @@ import signal
 
 import pyarrow.fs as pafs
 import pytest
-from live_campaign import QKVSEARCH, LiveCampaign, tiny_spec, wait_for, write_spec
+from live_campaign import QKVSEARCH, LiveCampaign, named_checkpoint_epochs, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.records import ENDED_KEY, read_campaign, read_trial_records
 
@@ -57,6 +57,10 @@ def test_a_campaign_in_a_bucket_launches_stops_resumes_and_reports_from_its_uri(
     epochs = _epochs(exp)
     assert len(epochs) == 2 and all(e == list(range(1, len(e) + 1)) for e in epochs.values()), epochs
     assert read_campaign(exp).get(ENDED_KEY)
+    records, _ = read_trial_records(exp)
+    assert all(r["checkpoint_path"].startswith(f"{exp}/train_runs/") for r in records if r["status"] == "completed")
+    named = named_checkpoint_epochs(records)  # read from the bucket through the URI each record names
+    assert named and all(last == epoch for last, epoch in named.values()), named
 
     watch = subprocess.run([*QKVSEARCH, "watch", exp], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert watch.returncode == 0 and f"{NAME}: 2/2 trials done" in watch.stdout

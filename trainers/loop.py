@@ -121,6 +121,17 @@ def _checkpoint_dir_name(epoch: float) -> str:
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_epoch_(\d+)$")
 
 
+def epoch_checkpoint(run_dir: str, epoch: float) -> str | None:
+    """This run's checkpoint folder of `epoch` where it holds a state file, else None (run_dir:
+    <storage>/<run name>, a path or a URI). A resumed run reports its restored epoch again without a
+    checkpoint, though the checkpoint it resumed from is that epoch's."""
+    from qkvsearch.search.storage import exists
+    from qkvsearch.trainers.engine import STATE_FILE
+
+    path = f"{run_dir.rstrip('/')}/{_checkpoint_dir_name(epoch)}"
+    return path if exists(f"{path}/{STATE_FILE}") else None
+
+
 class _LocalRun:
     """Checkpoints and reports of a run in Train's local mode. There ray.train.report keeps the last metrics
     in memory only (no checkpoint persisted, no callback run, get_checkpoint() None at start), and inside a
