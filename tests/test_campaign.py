@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from live_campaign import named_checkpoint_epochs
 
 from qkvsearch.search.cli import main
 from qkvsearch.search.pareto import nondominated_mask
@@ -107,6 +108,15 @@ def test_moasha_stops_poor_trials_early_and_they_are_not_completed(campaign):
     assert min(r["config"]["lr"] for r in done) > max(r["config"]["lr"] for r in stopped)
     best = max(r["epochs"][-1]["top1"] for r in done)
     assert best > 30.0, f"the best completed trial should be well above chance (10%), given {best:.1f}%"
+
+
+def test_every_trial_that_trained_names_the_checkpoint_of_its_last_epoch(campaign):
+    """A Train run waits in each report until Tune has decided on it: a trial MO-ASHA stopped registered no
+    checkpoint past its last recorded epoch, so Train's num_to_keep kept that epoch's."""
+    _, records = campaign
+    named = named_checkpoint_epochs(records, ("completed", "stopped_early"))
+    assert {r["status"] for r in records if r["trial_name"] in named} == {"completed", "stopped_early"}
+    assert all(last == epoch for last, epoch in named.values()), named
 
 
 def _trial_pids(exp: Path) -> dict[str, int]:
