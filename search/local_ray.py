@@ -78,17 +78,19 @@ def stop_local_ray(wait_s: float = STOP_WAIT_S) -> list[int]:
     _started.clear()
     ray.shutdown()
     _, alive = psutil.wait_procs(tree, timeout=wait_s)
-    killed = []
+    killed = {}
     for proc in alive:
         try:
-            killed.append(f"{proc.pid} {proc.name()}")
+            name = proc.name()
             proc.kill()
+            killed[proc.pid] = name
         except psutil.NoSuchProcess:
             pass
     if killed:
-        log.info("stopped what Ray left running %g s after its shutdown: %s", wait_s, ", ".join(killed))
+        log.info("stopped what Ray left running %g s after its shutdown: %s", wait_s,
+                 ", ".join(f"{pid} {name}" for pid, name in killed.items()))
     psutil.wait_procs(alive, timeout=wait_s)
-    return [p.pid for p in alive]
+    return list(killed)
 
 
 def _descendants(roots: list) -> list:
@@ -110,4 +112,3 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-

@@ -118,6 +118,11 @@ def _checkpoint_dir_name(epoch: float) -> str:
     return f"checkpoint_epoch_{int(epoch):04d}"
 
 
+def _checkpoint_dir(run_dir: str, epoch: float) -> str:
+    """Where a run (run_dir: <storage>/<run name>, a path or a URI) keeps its checkpoint of `epoch`."""
+    return f"{run_dir.rstrip('/')}/{_checkpoint_dir_name(epoch)}"
+
+
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_epoch_(\d+)$")
 
 
@@ -128,7 +133,7 @@ def epoch_checkpoint(run_dir: str, epoch: float) -> str | None:
     from qkvsearch.search.storage import exists
     from qkvsearch.trainers.engine import STATE_FILE
 
-    path = f"{run_dir.rstrip('/')}/{_checkpoint_dir_name(epoch)}"
+    path = _checkpoint_dir(run_dir, epoch)
     return path if exists(f"{path}/{STATE_FILE}") else None
 
 
@@ -174,7 +179,7 @@ class _LocalRun:
 
         path = None
         if state_fn is not None:
-            path = f"{self.run_dir}/{_checkpoint_dir_name(metrics['epoch'])}"
+            path = _checkpoint_dir(self.run_dir, metrics["epoch"])
             save_state(state_fn(), path)
             self._prune()
         if self.on_report is not None:
