@@ -47,8 +47,8 @@ def campaign_spec(storage: str, trials: int, epochs: int, steps: int, workers: i
 
 def run_campaign(spec: dict) -> tuple[float, list[dict], dict[str, float]]:
     """-> (wall seconds, trial records, {trial_id: engine setup seconds of its first epoch})."""
-    from qkvsearch.search.campaign import launch
-    from qkvsearch.search.status import load_records
+    from qkvsearch.search.campaign.launch import launch
+    from qkvsearch.search.monitor.status import load_records
     from qkvsearch.spaces import load_campaign
 
     t0 = time.perf_counter()

@@ -30,17 +30,19 @@ from typing import NamedTuple
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from qkvsearch.search.pareto import (  # noqa: E402
+from qkvsearch.search.analysis.pareto import (
     hypervolume,
     hypervolume_trace,
     nondominated_mask,
     reference_point,
     to_minimise,
 )
-from qkvsearch.search.records import EPOCHS_SUFFIX, epochs_csv, read_trials  # noqa: E402
-from qkvsearch.search.report import build_report  # noqa: E402
-from qkvsearch.search.results import collect  # noqa: E402
-from qkvsearch.search.status import status_table  # noqa: E402
+from qkvsearch.search.analysis.report import build_report  # noqa: E402
+from qkvsearch.search.analysis.results import collect  # noqa: E402
+from qkvsearch.search.monitor.status import status_table  # noqa: E402
+from qkvsearch.search.records.epochs_csv import epochs_csv
+from qkvsearch.search.records.layout import EPOCHS_SUFFIX
+from qkvsearch.search.records.readers import read_trials  # noqa: E402
 
 EMBEDDINGS = ("linear", "sne", "psne", "fsne")
 STATUSES = ("completed",) * 8 + ("stopped_early", "diverged", "failed", "running")

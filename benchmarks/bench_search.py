@@ -1,4 +1,4 @@
-"""Scheduler settings compared by replaying tabular learning curves (search.simulate): no training.
+"""Scheduler settings compared by replaying tabular learning curves (search.simulation): no training.
 
     python benchmarks/bench_search.py [--seeds 20] [--configs 81 243] [--concurrency 4] [--startup-s 30]
 
@@ -22,7 +22,7 @@ spending.
 Why those shares: under each synthetic benchmark a line gives, for one bracket alone judging first at
 epoch 1, 3 and 9, the share of the full grid's front it trains to the end and its epochs per
 configuration. Early verdicts are cheap but lose much of the front, on crossing curves most of it, so
-the default deals most trials to the bracket that judges last (search.schedulers gives the figures).
+the default deals most trials to the bracket that judges last (search.scheduling gives the figures).
 
 Score: the hypervolume of the completed trials' front as a fraction of the full grid's (every
 configuration trained to the end), once 25% and 50% of the full grid's epochs were spent; mean and
@@ -42,13 +42,9 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from qkvsearch.search.pareto import nondominated_mask  # noqa: E402
-from qkvsearch.search.simulate import (  # noqa: E402
-    Setting,
-    curves_from_frame,
-    load_source,
-    simulate,
-)
+from qkvsearch.search.analysis.pareto import nondominated_mask  # noqa: E402
+from qkvsearch.search.simulation.curves import curves_from_frame, load_source
+from qkvsearch.search.simulation.replay import Setting, simulate
 
 EPOCHS = 27
 OBJECTIVES = (("top1", "max"), ("params_m", "min"))
@@ -65,7 +61,7 @@ DEMO = Path(__file__).resolve().parents[1] / "results" / "quickstart"
 
 
 def synthetic(kind: str, configs: int = 81, seed: int = 0) -> pd.DataFrame:
-    """A tabular benchmark in search.simulate's format: config_<key>, epoch, top1, params_m, gmacs,
+    """A tabular benchmark in search.simulation's format: config_<key>, epoch, top1, params_m, gmacs,
     epoch_s (seconds grow with the model's MACs)."""
     rng = np.random.default_rng(seed)
     wds = WDS if configs == 243 else {0.05: 0.0}

@@ -95,7 +95,7 @@ def bench_throughput(repeats, steps):
 
 
 def bench_startup(workers, repeats):
-    from qkvsearch.search.local_ray import start_local_ray, stop_local_ray
+    from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
     from qkvsearch.trainers import loop
 
     start_local_ray(trial_slots=1, num_cpus=2)

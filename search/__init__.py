@@ -1,0 +1,26 @@
+"""qkvsearch's campaign layers, lowest first. A layer imports only from layers above it in this table
+(and the package root's ``qkvsearch.storage``, ``qkvsearch.spaces``, ``qkvsearch.trainers``, which never
+import ``qkvsearch.search``); ``tests/search/test_layers.py`` enforces it.
+
+=============  ==================================================================  =====================
+layer          what it owns                                                         loads Ray / torch
+=============  ==================================================================  =====================
+records        the campaign folder's files: layout, statuses, epochs CSV, readers,  neither
+               the recorder
+analysis       Pareto maths, results tables (Parquet), the report                   neither
+monitor        progress, the terminal view, metrics, Grafana, status, watch         neither (Ray's
+                                                                                    metrics lazily)
+scheduling     MO-ASHA's rules (pure) and the Tune schedulers that apply them       Ray (the adapters)
+cluster        a local Ray, cluster capacity, jobs, Ray's private API               Ray
+campaign       launch and resume, the trial driver, the Train->Tune bridge,        Ray, torch (lazily)
+               searchers, preflight checks, interrupts
+simulation     replaying searchers and schedulers on recorded curves               Ray's schedulers
+cli            the ``qkvsearch`` command                                            what a command needs
+=============  ==================================================================  =====================
+
+Below them all: ``qkvsearch.storage`` (local paths and bucket URIs, atomic writes), ``qkvsearch.spaces``
+(the campaign schema and the trial keys) and ``qkvsearch.trainers`` (models, cost, data, the DDP loop).
+"""
+from qkvsearch.search import _legacy
+
+_legacy.install()

@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser(
         "simulate", help="replay scheduler settings on recorded learning curves, without training",
         description="Replay a campaign's searcher and scheduler settings side by side on recorded learning "
-                    "curves (a campaign folder, or a tabular benchmark file; format: qkvsearch.search.simulate) "
+                    "curves (a campaign folder, or a tabular benchmark file; format: qkvsearch.search.simulation) "
                     "and print the completed front's hypervolume against simulated time and epochs spent.")
     simulate.add_argument("source", metavar="SOURCE",
                           help="a campaign folder (e.g. results/quickstart) or a .parquet/.csv table of curves")
@@ -169,8 +169,8 @@ def _load(args):
 
 def cmd_launch(args) -> int:
     spec = _load(args)
-    from qkvsearch.search.campaign import launch
-    from qkvsearch.search.terminal import TerminalView
+    from qkvsearch.search.campaign.launch import launch
+    from qkvsearch.search.monitor.terminal import TerminalView
 
     view = TerminalView()
     exp = launch(spec, smoke=args.smoke_test, overwrite=args.overwrite, verbose=args.verbose, view=view)
@@ -178,16 +178,16 @@ def cmd_launch(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from qkvsearch.search.campaign import resume
-    from qkvsearch.search.terminal import TerminalView
+    from qkvsearch.search.campaign.launch import resume
+    from qkvsearch.search.monitor.terminal import TerminalView
 
     view = TerminalView()
     return _closing(resume(args.dir, verbose=args.verbose, view=view), view)
 
 
 def _closing(exp: str, view) -> int:
-    from qkvsearch.search.progress import read_progress
-    from qkvsearch.search.terminal import closing_summary
+    from qkvsearch.search.monitor.progress import read_progress
+    from qkvsearch.search.monitor.terminal import closing_summary
 
     print(closing_summary(read_progress(exp), exp, shown=view.last_line))
     return EXIT_OK
@@ -195,7 +195,7 @@ def _closing(exp: str, view) -> int:
 
 def cmd_validate(args) -> int:
     spec = _load(args)
-    from qkvsearch.search.preflight import check_spec
+    from qkvsearch.search.campaign.preflight import check_spec
 
     models = check_spec(spec, launching=False)  # storage, every model, dataset: what launch checks first
     d = spec.to_dict()
@@ -211,7 +211,7 @@ def cmd_validate(args) -> int:
 
 
 def _distinct(spec) -> str:
-    from qkvsearch.search.costs import distinct_configurations
+    from qkvsearch.search.campaign.costs import distinct_configurations
     from qkvsearch.spaces import dimensions
 
     if not spec.space.enumerable:
@@ -229,7 +229,7 @@ def _span(values) -> str:
 
 def cmd_cost(args) -> int:
     spec = _load(args)   # a bad spec is refused before the model libraries load
-    from qkvsearch.search.costs import cost_table, format_table
+    from qkvsearch.search.campaign.costs import cost_table, format_table
 
     rows = cost_table(spec)
     print(format_table(rows, as_csv=args.csv))
@@ -242,7 +242,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from qkvsearch.search.report import build_report
+    from qkvsearch.search.analysis.report import build_report
 
     written = build_report(args.dir, out_dir=args.out)
     for kind, path in written.items():
@@ -251,8 +251,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from qkvsearch.search.monitor import INTERVAL_S, watch
-    from qkvsearch.search.terminal import TerminalView
+    from qkvsearch.search.monitor.terminal import TerminalView
+    from qkvsearch.search.monitor.watch import INTERVAL_S, watch
     from qkvsearch.spaces import BadInput
 
     interval = INTERVAL_S if args.interval is None else args.interval
@@ -265,14 +265,14 @@ def cmd_watch(args) -> int:
 
 
 def cmd_grafana_dashboard(args) -> int:
-    from qkvsearch.search.grafana import write_dashboard
+    from qkvsearch.search.monitor.grafana import write_dashboard
 
     print(f"grafana dashboard: {write_dashboard(args.out)}")
     return EXIT_OK
 
 
 def cmd_simulate(args) -> int:
-    from qkvsearch.search import simulate as sim
+    from qkvsearch.search import simulation as sim
     from qkvsearch.spaces import BadInput
 
     for name in ("concurrency", "trials"):
@@ -298,7 +298,7 @@ def cmd_simulate(args) -> int:
 
 
 def _status_table(exp: str) -> str:
-    from qkvsearch.search.status import status_table
+    from qkvsearch.search.monitor.status import status_table
 
     return status_table(exp)
 

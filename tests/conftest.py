@@ -4,7 +4,7 @@ import os
 # Train's controller polls workers every 2 s by default: each report would arrive ~2 s late.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # as search.campaign: local Ray on loopback
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # as search.campaign.launch: local Ray on loopback
 
 import pytest
 
@@ -49,7 +49,7 @@ def ray_local():
     """A local Ray with 2 CPUs and one trial slot (the campaign layer's concurrency cap)."""
     import ray
 
-    from qkvsearch.search.local_ray import start_local_ray, stop_local_ray
+    from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
 
     if not ray.is_initialized():
         start_local_ray(trial_slots=1, num_cpus=2)

@@ -31,7 +31,7 @@ from live_campaign import (
     write_spec,
 )
 
-from qkvsearch.search.records import read_trial_records
+from qkvsearch.search.records.readers import read_trial_records
 
 pytestmark = pytest.mark.slow
 
@@ -162,7 +162,7 @@ def test_a_trial_waits_for_the_node_the_autoscaler_adds_and_one_no_node_holds_is
 
 def test_the_monitor_of_a_cluster_started_by_hand_is_no_autoscaler(ray_local):
     """Every head runs Ray's v1 monitor; without an autoscaling config it adds nothing."""
-    from qkvsearch.search.capacity import autoscaler
+    from qkvsearch.search.cluster.capacity import autoscaler
 
     assert wait_for(lambda: _status_written(), 30, "the monitor's first status")
     assert autoscaler() is None

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from live_campaign import named_checkpoint_epochs
 
+from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.cli import main
-from qkvsearch.search.pareto import nondominated_mask
-from qkvsearch.search.status import load_records
+from qkvsearch.search.monitor.status import load_records
 from qkvsearch.spaces import load_campaign
 from qkvsearch.spaces.keys import identity, require_filled
 
@@ -63,7 +63,7 @@ def _run_name(record: dict) -> str:
 
 @pytest.fixture(scope="module")
 def campaign(ray_local, tmp_path_factory):
-    from qkvsearch.search.campaign import launch
+    from qkvsearch.search.campaign.launch import launch
 
     tmp = tmp_path_factory.mktemp("campaign")
     with pytest.MonkeyPatch.context() as mp:
@@ -175,7 +175,7 @@ def test_status_command_lists_every_trial(campaign, capsys):
 
 
 def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
-    from qkvsearch.search.report import build_report
+    from qkvsearch.search.analysis.report import build_report
 
     exp, records = campaign
     written = build_report(str(exp), out_dir=str(tmp_path), static=False)
@@ -236,8 +236,8 @@ def _small(tmp: Path, name: str, space: dict, search: dict) -> dict:
 
 def test_no_configuration_trains_twice(ray_local, tmp_path):
     """3 distinct configurations (sne at width 0.5 of d = 64 units is one model), 8 trials: 3 trainers."""
-    from qkvsearch.search.campaign import launch
-    from qkvsearch.search.report import build_report
+    from qkvsearch.search.analysis.report import build_report
+    from qkvsearch.search.campaign.launch import launch
 
     space = {"embedding": ["linear", "sne", "psne"], "hidden_width": [0.5, 64]}
     exp = Path(launch(load_campaign(_small(tmp_path, "dedupe", space, {"algorithm": "random", "num_trials": 8,
@@ -261,8 +261,8 @@ def test_no_configuration_trains_twice(ray_local, tmp_path):
 
 
 def test_repeats_train_each_configuration_with_successive_seeds(ray_local, tmp_path):
-    from qkvsearch.search.campaign import launch
-    from qkvsearch.search.report import build_report
+    from qkvsearch.search.analysis.report import build_report
+    from qkvsearch.search.campaign.launch import launch
 
     exp = Path(launch(load_campaign(_small(tmp_path, "repeats", {"embedding": ["sne"]},
                                            {"algorithm": "grid", "repeats": 2}))))
@@ -276,7 +276,7 @@ def test_one_worker_trials_train_in_their_own_process_and_every_ending_still_wor
     """workers_per_trial 1: Train's local mode in the trial's process, which Tune reuses for the next trial.
     A trial stopped by MO-ASHA must free that process (the next trials run), a crash fails one trial, a
     non-finite loss ends one as diverged, and checkpoints land where a TorchTrainer run puts them."""
-    from qkvsearch.search.campaign import launch
+    from qkvsearch.search.campaign.launch import launch
 
     spec = _spec(tmp_path)
     spec["name"] = "one-worker"

@@ -1,8 +1,8 @@
-"""What a cluster can hold, now or once its autoscaler adds node types (search.capacity), without Ray."""
+"""What a cluster can hold, now or once its autoscaler adds node types (search.cluster.capacity), without Ray."""
 import pytest
 
-from qkvsearch.search.capacity import Cluster, NodeType, plan_concurrency
-from qkvsearch.search.preflight import ResourceError
+from qkvsearch.search.campaign.preflight import ResourceError
+from qkvsearch.search.cluster.capacity import Cluster, NodeType, plan_concurrency
 from qkvsearch.spaces.schema import ResourcesSpec
 
 
@@ -61,7 +61,7 @@ def test_an_autoscaler_that_says_nothing_makes_the_campaign_wait_saying_so():
 
 
 def test_a_campaign_outgrows_the_nodes_present_only_when_its_trials_at_once_need_more():
-    from qkvsearch.search.capacity import outgrows
+    from qkvsearch.search.cluster.capacity import outgrows
 
     two_cpu = ResourcesSpec(2, 1.0, 0.0, "auto")
     assert not outgrows(two_cpu, Cluster(4, 0, 0, None, False), 2)

@@ -169,7 +169,7 @@ DAMAGED = {
 @pytest.fixture
 def no_ray(monkeypatch):
     """A resume that got past its checks would start Ray: fail instead."""
-    import qkvsearch.search.campaign as campaign
+    import qkvsearch.search.campaign.launch as campaign
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("Ray must not start for a damaged campaign folder")

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import pytest
 from live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
 
-from qkvsearch.search.records import FINAL_STATUSES, read_trial_records
+from qkvsearch.search.records.layout import FINAL_STATUSES
+from qkvsearch.search.records.readers import read_trial_records
 
 pytestmark = pytest.mark.slow
 
@@ -96,13 +97,13 @@ def _kill_point(exp: Path) -> dict | None:
 
 
 def _checkpoint_ahead(exp: Path, rec: dict) -> bool:
-    run = exp / "train_runs" / f"{NAME}-{rec['trial_name']}"  # search.driver.train_run_name
+    run = exp / "train_runs" / f"{NAME}-{rec['trial_name']}"  # search.campaign.driver.train_run_name
     return (run / f"checkpoint_epoch_{len(rec['epochs']) + 1:04d}" / "state.pt").exists()
 
 
 def _rungs(spec: dict, exp: Path, trial_ids) -> dict:
     """MO-ASHA's state rebuilt from the records at exp, as a restored campaign's scheduler rebuilds it."""
-    from qkvsearch.search.campaign import _scheduler
+    from qkvsearch.search.campaign.launch import _scheduler
     from qkvsearch.spaces import load_campaign
 
     sched = _scheduler(load_campaign(spec), str(exp))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from live_campaign import tiny_spec, wait_for
 
-from qkvsearch.search.records import read_trial_records
+from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.spaces import load_campaign
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def _train_workers() -> list[int]:
 
 
 def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local, tmp_path):
-    from qkvsearch.search.campaign import launch
+    from qkvsearch.search.campaign.launch import launch
 
     # Two trials of one model: the first loses a worker, the second runs undisturbed (the yardstick).
     variants = [{"embedding": "linear", "lr": 2e-3}, {"embedding": "linear", "lr": 1e-3}]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qkvsearch.search import preflight
+from qkvsearch.search.campaign import preflight
+from qkvsearch.search.campaign.preflight import ResourceError, check_local_resources, check_storage
 from qkvsearch.search.cli import main
-from qkvsearch.search.preflight import ResourceError, check_local_resources, check_storage
 from qkvsearch.spaces import BadInput, SpecError, dimensions, load_campaign
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.loader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
@@ -347,7 +347,7 @@ def test_storage_that_can_be_created_or_is_a_uri_passes_and_nothing_is_made(tmp_
 
 
 def test_launch_refuses_bad_storage_before_ray_starts(workdir, capsys, monkeypatch):
-    import qkvsearch.search.campaign as campaign
+    import qkvsearch.search.campaign.launch as campaign
 
     def no_ray(*_args, **_kwargs):
         raise AssertionError("Ray must not start for a refused launch")

@@ -10,7 +10,8 @@ import pytest
 from live_campaign import LiveCampaign, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.cli import EXIT_INTERRUPTED
-from qkvsearch.search.records import ENDED_KEY, INTERRUPTED_KEY, read_trial_records
+from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY
+from qkvsearch.search.records.readers import read_trial_records
 
 pytestmark = pytest.mark.slow
 

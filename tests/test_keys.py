@@ -5,7 +5,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from qkvsearch.search import costs, report, results
+from qkvsearch.search.analysis import report, results
+from qkvsearch.search.campaign import costs
 from qkvsearch.spaces import keys
 from qkvsearch.spaces.keys import KEYS, RESOLVED_KEYS, ConfigError, batch_plan, fill, section_keys
 from qkvsearch.spaces.schema import DataSpec, ModelSpec, TrainSpec

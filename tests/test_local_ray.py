@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import json, os, time
-from qkvsearch.search.local_ray import start_local_ray, stop_local_ray
+from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
 import ray
 from ray.util.state import list_actors
 

@@ -26,7 +26,8 @@ def test_the_wheel_ships_one_import_name_and_the_reference_points(tmp_path):
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"qkvsearch"}
     assert not top & {"search", "spaces", "trainers"}
-    for member in ("qkvsearch/__init__.py", "qkvsearch/search/cli.py", "qkvsearch/spaces/keys.py",
+    for member in ("qkvsearch/__init__.py", "qkvsearch/storage.py", "qkvsearch/search/cli.py",
+                   "qkvsearch/search/records/readers.py", "qkvsearch/search/simulation/replay.py", "qkvsearch/spaces/keys.py",
                    "qkvsearch/trainers/models.py", "qkvsearch/reference/sne_paper_imagenet.csv",
                    "qkvsearch/spaces/presets/quickstart.yaml"):
         assert member in names, member
@@ -44,6 +45,6 @@ def test_import_qkvsearch_alone_registers_the_models_in_timm_and_stays_light():
 
 
 def test_the_report_reads_the_reference_points_as_package_data():
-    from qkvsearch.search.report import PAPER_CSV
+    from qkvsearch.search.analysis.report import PAPER_CSV
 
     assert PAPER_CSV.is_file() and "xcit" in PAPER_CSV.read_text().lower()

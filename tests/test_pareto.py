@@ -1,10 +1,10 @@
-"""search.pareto against brute-force definitions on random data with ties, duplicates and NaN."""
+"""search.analysis.pareto against brute-force definitions on random data with ties, duplicates and NaN."""
 import itertools
 
 import numpy as np
 import pytest
 
-from qkvsearch.search.pareto import (
+from qkvsearch.search.analysis.pareto import (
     NAN_RANK,
     hypervolume,
     hypervolume_trace,

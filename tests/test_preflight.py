@@ -26,7 +26,7 @@ def spec_dict(storage, **change) -> dict:
 
 @pytest.fixture
 def no_ray(monkeypatch):
-    import qkvsearch.search.campaign as campaign
+    import qkvsearch.search.campaign.launch as campaign
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("Ray must not start: the spec should have been refused")
@@ -101,7 +101,7 @@ def test_overwrite_keeps_the_old_campaign_when_the_new_spec_fails(tmp_path, caps
 
 
 def test_single_objective_asha_uses_the_mode_the_spec_resolved(tmp_path):
-    from qkvsearch.search.campaign import _scheduler
+    from qkvsearch.search.campaign.launch import _scheduler
 
     spec = load_campaign(spec_dict(tmp_path, objectives=[{"metric": "val_loss"}, {"metric": "gmacs"}],
                                    scheduler={"type": "asha"}))
@@ -137,7 +137,7 @@ def test_validate_and_cost_count_distinct_configurations(capsys):
 
 
 def test_storage_on_one_machines_disk_is_refused_for_a_cluster_of_several_machines(tmp_path):
-    from qkvsearch.search.preflight import ResourceError, check_shared_storage, filesystem_type
+    from qkvsearch.search.campaign.preflight import ResourceError, check_shared_storage, filesystem_type
 
     mounts = tmp_path / "mounts"
     mounts.write_text(f"overlay / overlay rw 0 0\nsrv:/export {tmp_path}/shared nfs4 rw 0 0\n")

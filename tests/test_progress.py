@@ -11,14 +11,15 @@ from pathlib import Path
 import numpy as np
 from test_results import write_campaign
 
-from qkvsearch.search import grafana, jobs, metrics
+from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.analysis.report import build_report
 from qkvsearch.search.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, main
-from qkvsearch.search.monitor import CampaignMonitor, watch
-from qkvsearch.search.pareto import hypervolume, nondominated_mask, reference_point
-from qkvsearch.search.progress import read_progress
-from qkvsearch.search.records import ENDED_KEY
-from qkvsearch.search.report import build_report
-from qkvsearch.search.terminal import TerminalView, closing_summary
+from qkvsearch.search.cluster import jobs
+from qkvsearch.search.monitor import grafana, metrics
+from qkvsearch.search.monitor.progress import read_progress
+from qkvsearch.search.monitor.terminal import TerminalView, closing_summary
+from qkvsearch.search.monitor.watch import CampaignMonitor, watch
+from qkvsearch.search.records.layout import ENDED_KEY
 
 STATUSES = ["completed", "completed", "running", "stopped_early", "failed", "completed", "pending"]
 
@@ -193,7 +194,7 @@ def test_job_metadata_and_the_dashboard_line_never_hold_the_token(monkeypatch):
 def test_stop_signals_hand_sigterm_and_sigint_to_tune_once_then_stop_at_once():
     import signal
 
-    from qkvsearch.search.interrupts import StopSignals
+    from qkvsearch.search.campaign.interrupts import StopSignals
 
     handed = []
     term_before = signal.getsignal(signal.SIGTERM)  # Ray's own, when the suite's Ray runs in this process
@@ -214,8 +215,8 @@ def test_stop_signals_hand_sigterm_and_sigint_to_tune_once_then_stop_at_once():
 
 
 def test_an_interrupted_campaign_exits_130_saying_how_to_resume(monkeypatch, tmp_path, capsys):
-    from qkvsearch.search import campaign
-    from qkvsearch.search.interrupts import CampaignInterrupted
+    from qkvsearch.search.campaign import launch as campaign
+    from qkvsearch.search.campaign.interrupts import CampaignInterrupted
 
     def stopped(spec, **kw):
         raise CampaignInterrupted("/r/c1", "SIGTERM", ["linear-00000"])

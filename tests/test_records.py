@@ -1,4 +1,4 @@
-"""search.storage and search.records on real files: atomic writes and appends, damaged records and
+"""storage and search.records on real files: atomic writes and appends, damaged records and
 epochs files, the recorder (appending epochs, resuming, older records)."""
 import json
 import logging
@@ -8,19 +8,17 @@ from types import SimpleNamespace
 import pytest
 from test_results import write_campaign
 
-from qkvsearch.search import records as records_module
-from qkvsearch.search import storage
-from qkvsearch.search.records import (
-    CampaignFileError,
-    TrialRecorder,
-    read_campaign,
-    read_trial_records,
-    read_trials,
-)
-from qkvsearch.search.results import collect
-from qkvsearch.search.status import load_records, status_table
-from qkvsearch.search.storage import open_location, read_json, write_bytes, write_json
+from qkvsearch import storage
+from qkvsearch.search.analysis.results import collect
+from qkvsearch.search.monitor.status import load_records, status_table
+from qkvsearch.search.records import readers
+from qkvsearch.search.records import recorder as recorder_module
+from qkvsearch.search.records.epochs_csv import epochs_csv
+from qkvsearch.search.records.layout import EPOCHS_SUFFIX, CampaignFileError, read_campaign
+from qkvsearch.search.records.readers import read_trial_records, read_trials
+from qkvsearch.search.records.recorder import Recorder
 from qkvsearch.spaces.errors import BadInput
+from qkvsearch.storage import open_location, read_json, write_bytes, write_json
 
 DAMAGED = {
     "truncated": b'{"trial_id": "t9", "epochs": [{"epoch": 1, "to',
@@ -177,8 +175,8 @@ def _record(exp, trial_id="t1"):
 
 def test_recorder_continues_an_intact_record(tmp_path, caplog):
     trial = SimpleNamespace(trial_id="t1")
-    _run(TrialRecorder(str(tmp_path), "c", _describe), trial, [1, 2])
-    resumed = TrialRecorder(str(tmp_path), "c", _describe)  # a new driver after an interruption
+    _run(Recorder(str(tmp_path), "c", _describe), trial, [1, 2])
+    resumed = Recorder(str(tmp_path), "c", _describe)  # a new driver after an interruption
     _run(resumed, trial, [2, 3], top1=11.0)  # re-reports epoch 2: the latest report wins
     with caplog.at_level(logging.INFO, logger="qkvsearch.search.records"):
         resumed.on_trial_complete(0, [], trial)
@@ -198,10 +196,10 @@ def test_a_resumed_trial_replaying_its_epochs_fills_the_gap_and_rewrites_nothing
     # The driver recorded epoch 1 and died; the trial's Train run went on to checkpoint epoch 3. Resumed,
     # the trial reports its checkpoint's epochs again (trainers.loop), then trains epoch 4.
     trial = SimpleNamespace(trial_id="t1")
-    _run(TrialRecorder(str(tmp_path), "c", _describe), trial, [1])
+    _run(Recorder(str(tmp_path), "c", _describe), trial, [1])
     epochs_file = tmp_path / "qs_trials" / "t1.epochs.csv"
     before = epochs_file.stat()
-    resumed = TrialRecorder(str(tmp_path), "c", _describe)
+    resumed = Recorder(str(tmp_path), "c", _describe)
     _run(resumed, trial, [1])  # the same values again: the file stays as it was
     after = epochs_file.stat()
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
@@ -219,7 +217,7 @@ def test_recorder_moves_a_damaged_record_aside(tmp_path, caplog):
     (trials_dir / "t1.json.damaged").write_text("an earlier one")
     trial = SimpleNamespace(trial_id="t1")
     with caplog.at_level(logging.WARNING, logger="qkvsearch.search.records"):
-        _run(TrialRecorder(str(tmp_path), "c", _describe), trial, [1])
+        _run(Recorder(str(tmp_path), "c", _describe), trial, [1])
     assert (trials_dir / "t1.json.damaged").read_text() == "an earlier one"
     assert (trials_dir / "t1.json.damaged.1").read_bytes() == DAMAGED["truncated"]
     assert f"{trials_dir}/t1.json" in caplog.text and f"{trials_dir}/t1.json.damaged.1" in caplog.text
@@ -232,6 +230,8 @@ def test_recorder_is_a_tune_callback_that_pickles(tmp_path):
 
     from ray.tune import Callback
 
+    from qkvsearch.search.campaign.recording import TrialRecorder
+
     recorder = TrialRecorder(str(tmp_path), "c", _describe)
     assert isinstance(recorder, Callback)
     copy = pickle.loads(pickle.dumps(recorder))
@@ -241,7 +241,7 @@ def test_recorder_is_a_tune_callback_that_pickles(tmp_path):
 # ---------------------------------------------------------------------------------------- epochs files
 def test_recorder_appends_one_line_per_epoch_in_place(tmp_path):
     trial = SimpleNamespace(trial_id="t1")
-    recorder = TrialRecorder(str(tmp_path), "c", _describe)
+    recorder = Recorder(str(tmp_path), "c", _describe)
     path = tmp_path / "qs_trials" / "t1.epochs.csv"
     _run(recorder, trial, [1])
     inode, sizes = path.stat().st_ino, [path.stat().st_size]
@@ -258,7 +258,7 @@ def test_recorder_without_append_rewrites_the_epochs_file_whole(tmp_path, monkey
     readers go through the remote path (listing, thread pool)."""
     monkeypatch.setattr(storage, "can_append", lambda fs: False)
     trial = SimpleNamespace(trial_id="t1")
-    recorder = TrialRecorder(str(tmp_path), "c", _describe)
+    recorder = Recorder(str(tmp_path), "c", _describe)
     path = tmp_path / "qs_trials" / "t1.epochs.csv"
     inodes = []
     for e in (1, 2, 3):
@@ -272,7 +272,7 @@ def test_recorder_without_append_rewrites_the_epochs_file_whole(tmp_path, monkey
 
 def test_a_new_metric_rewrites_the_file_with_a_wider_header(tmp_path):
     trial = SimpleNamespace(trial_id="t1")
-    recorder = TrialRecorder(str(tmp_path), "c", _describe)
+    recorder = Recorder(str(tmp_path), "c", _describe)
     _run(recorder, trial, [1, 2])
     recorder.on_trial_result(0, [], trial, {"epoch": 3, "top1": 1.0, "ema_top1": 2.0})
     recorder.on_trial_result(0, [], trial, {"epoch": 4, "ema_top1": 3.0})
@@ -284,13 +284,13 @@ def test_a_new_metric_rewrites_the_file_with_a_wider_header(tmp_path):
 
 def test_a_failed_append_is_followed_by_a_whole_write(tmp_path, monkeypatch):
     trial = SimpleNamespace(trial_id="t1")
-    recorder = TrialRecorder(str(tmp_path), "c", _describe)
+    recorder = Recorder(str(tmp_path), "c", _describe)
     _run(recorder, trial, [1])
 
     def full_disk(uri, data, whole):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(records_module, "append_bytes", full_disk)
+    monkeypatch.setattr(recorder_module, "append_bytes", full_disk)
     with pytest.raises(OSError):
         recorder.on_trial_result(0, [], trial, {"epoch": 2, "top1": 20.0})
     monkeypatch.undo()
@@ -311,10 +311,10 @@ DAMAGED_EPOCHS = {  # name -> (file content, what the message says, epochs still
 
 @pytest.mark.parametrize("kind", sorted(DAMAGED_EPOCHS))
 def test_a_damaged_epochs_file_is_named_and_the_rest_is_read(tmp_path, kind, caplog, monkeypatch):
-    monkeypatch.setattr(records_module, "_CHUNK", 2)  # the damaged file shares a pyarrow call with others
+    monkeypatch.setattr(readers, "_CHUNK", 2)  # the damaged file shares a pyarrow call with others
     records = write_campaign(tmp_path, ["completed", "completed", "running", "completed", "failed"])
     content, says, kept = DAMAGED_EPOCHS[kind]
-    bad = tmp_path / "qs_trials" / f"t00002{records_module.EPOCHS_SUFFIX}"
+    bad = tmp_path / "qs_trials" / f"t00002{EPOCHS_SUFFIX}"
     bad.write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="qkvsearch.search.records"):
         read, problems = read_trial_records(tmp_path)
@@ -344,12 +344,12 @@ def test_repeated_epochs_in_a_file_keep_the_last_line_in_epoch_order(tmp_path):
 
 def test_recorder_moves_a_damaged_epochs_file_aside_and_keeps_what_it_gives(tmp_path, caplog):
     trial = SimpleNamespace(trial_id="t1")
-    _run(TrialRecorder(str(tmp_path), "c", _describe), trial, [1, 2])
+    _run(Recorder(str(tmp_path), "c", _describe), trial, [1, 2])
     path = tmp_path / "qs_trials" / "t1.epochs.csv"
     torn = path.read_bytes() + b"3,3"  # a driver stopped mid-append
     path.write_bytes(torn)
     with caplog.at_level(logging.WARNING, logger="qkvsearch.search.records"):
-        _run(TrialRecorder(str(tmp_path), "c", _describe), trial, [3])
+        _run(Recorder(str(tmp_path), "c", _describe), trial, [3])
     assert (tmp_path / "qs_trials" / "t1.epochs.csv.damaged").read_bytes() == torn
     assert f"{path}: line 4: expected a line ending in a newline" in caplog.text
     assert f"{path}.damaged" in caplog.text and "kept the 2 epoch(s)" in caplog.text
@@ -363,10 +363,10 @@ def test_recorder_moves_older_records_to_the_epochs_file(tmp_path):
     (rec,) = write_campaign(tmp_path, ["running"], layout="older", epochs_planned=6)
     trial = SimpleNamespace(trial_id=rec["trial_id"])
     folder = tmp_path / "qs_trials"
-    (folder / f"{rec['trial_id']}.epochs.csv").write_bytes(records_module.epochs_csv(rec["epochs"][:2]))
+    (folder / f"{rec['trial_id']}.epochs.csv").write_bytes(epochs_csv(rec["epochs"][:2]))
     assert len(_record(tmp_path, rec["trial_id"])["epochs"]) == 2  # the file wins over the record's list
     (folder / f"{rec['trial_id']}.epochs.csv").unlink()
-    recorder = TrialRecorder(str(tmp_path), "c", _describe)
+    recorder = Recorder(str(tmp_path), "c", _describe)
     recorder.on_trial_start(0, [], trial)
     stored = json.loads((folder / f"{rec['trial_id']}.json").read_text())
     assert "epochs" not in stored and stored["trial_name"] == rec["trial_name"]
@@ -379,7 +379,7 @@ def test_recorder_pickled_mid_trial_keeps_appending(tmp_path):
     import pickle
 
     trial = SimpleNamespace(trial_id="t1")
-    recorder = TrialRecorder(str(tmp_path), "c", _describe)
+    recorder = Recorder(str(tmp_path), "c", _describe)
     _run(recorder, trial, [1, 2])
     copy = pickle.loads(pickle.dumps(recorder))
     copy.on_trial_result(0, [], trial, {"epoch": 3, "top1": 30.0})

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from qkvsearch.search.report import build_report
-from qkvsearch.search.storage import write_json
+from qkvsearch.search.analysis.report import build_report
+from qkvsearch.storage import write_json
 
 SPEC = {"objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]}
 

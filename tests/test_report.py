@@ -1,4 +1,4 @@
-"""search.report end to end on record files: contents, the exact front, and the page in Chromium."""
+"""search.analysis.report end to end on record files: contents, the exact front, and the page in Chromium."""
 import base64
 import csv
 import json
@@ -13,9 +13,9 @@ import pytest
 from browser import chromium_path, render
 from test_results import ALL_STATUSES, SPEC, _tree_digest, write_campaign
 
-from qkvsearch.search import report
-from qkvsearch.search.report import build_report
-from qkvsearch.search.results import collect
+from qkvsearch.search.analysis import report
+from qkvsearch.search.analysis.report import build_report
+from qkvsearch.search.analysis.results import collect
 from qkvsearch.spaces.errors import BadInput
 
 PAPER_CONFIG = {"model": "xcit_nano_12_p16_224", "dataset": "imagefolder", "num_classes": 1000, "img_size": 224}
@@ -230,7 +230,7 @@ def test_a_failing_write_leaves_no_temp_file(tmp_path):
 def test_static_figures_or_a_clear_note(tmp_path, caplog):
     exp = tmp_path / "static"
     write_campaign(exp, ALL_STATUSES)
-    with caplog.at_level(logging.WARNING, logger="qkvsearch.search.report"):
+    with caplog.at_level(logging.WARNING, logger="qkvsearch.search.analysis.report"):
         paths = build_report(exp, static=True)
     pngs = [p for k, p in paths.items() if k.endswith("_png")]
     if pngs:

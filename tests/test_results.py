@@ -1,4 +1,4 @@
-"""search.results on realistic record files written the way the campaign layer writes them."""
+"""search.analysis.results on realistic record files written the way the campaign layer writes them."""
 import hashlib
 import json
 import logging
@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qkvsearch.search import records as records_module
-from qkvsearch.search.records import EPOCHS_SUFFIX, CampaignFileError, epochs_csv
-from qkvsearch.search.results import EPOCHS_FILE, TRIALS_FILE, collect, parquet_files, write_results
+from qkvsearch.search.analysis.results import EPOCHS_FILE, TRIALS_FILE, collect, parquet_files, write_results
+from qkvsearch.search.records import readers
+from qkvsearch.search.records.epochs_csv import epochs_csv
+from qkvsearch.search.records.layout import EPOCHS_SUFFIX, CampaignFileError
 from qkvsearch.spaces.errors import BadInput
 
 STATUSES = ("pending", "running", "completed", "stopped_early", "diverged", "failed", "infeasible")
@@ -297,7 +298,7 @@ def test_both_record_layouts_collect_the_same_tables(tmp_path, layout, monkeypat
     """Older campaigns (epochs inside the records), current ones (epochs files) and campaigns mixing
     both give equal tables: same columns, types, values and order. Small read chunks and a second
     header (an extra metric) exercise the grouped parse across chunks."""
-    monkeypatch.setattr(records_module, "_CHUNK", 4)
+    monkeypatch.setattr(readers, "_CHUNK", 4)
     extra = {i: {"ema_top1": 1.5 * i} for i in (3, 8, 9)}
 
     def write(exp, lay):

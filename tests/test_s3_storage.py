@@ -11,7 +11,8 @@ import pyarrow.fs as pafs
 import pytest
 from live_campaign import QKVSEARCH, LiveCampaign, named_checkpoint_epochs, tiny_spec, wait_for, write_spec
 
-from qkvsearch.search.records import ENDED_KEY, read_campaign, read_trial_records
+from qkvsearch.search.records.layout import ENDED_KEY, read_campaign
+from qkvsearch.search.records.readers import read_trial_records
 
 pytestmark = pytest.mark.slow
 BUCKET = "qkv-campaigns"

@@ -8,9 +8,7 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from qkvsearch.search.schedulers import (
-    CampaignFIFOScheduler,
-    MOASHAScheduler,
+from qkvsearch.search.scheduling.moasha import (
     candidate_position,
     crowding_distance,
     default_shares,
@@ -18,6 +16,7 @@ from qkvsearch.search.schedulers import (
     promotable,
     rung_positions,
 )
+from qkvsearch.search.scheduling.tune_schedulers import CampaignFIFOScheduler, MOASHAScheduler
 
 CONTINUE, STOP = TrialScheduler.CONTINUE, TrialScheduler.STOP
 ACC_PARAMS = ["max", "min"]  # (top1 %, params M)
@@ -442,7 +441,7 @@ class _Campaign:
     callbacks; a STOP ends the trial). params_m rides along each result, as the cost does in a campaign."""
 
     def __init__(self, sched, exp: str):
-        from qkvsearch.search.records import TrialRecorder
+        from qkvsearch.search.campaign.recording import TrialRecorder
 
         self.sched, self.trials = sched, {}
         self.recorder = TrialRecorder(exp, "restored", self._describe)
@@ -538,7 +537,7 @@ def test_a_trial_stopped_early_stays_stopped_and_its_number_gives_its_bracket(tm
 def test_trial_number_comes_from_tunes_tag(tag, number):
     from types import SimpleNamespace
 
-    from qkvsearch.search.schedulers import _trial_number
+    from qkvsearch.search.scheduling.tune_schedulers import _trial_number
 
     assert _trial_number(SimpleNamespace(trial_id="t", experiment_tag=tag)) == number
 
@@ -643,7 +642,7 @@ def test_spec_brackets_mistakes(scheduler, message):
 
 
 def test_spec_brackets_default_and_what_the_campaign_builds(tmp_path):
-    from qkvsearch.search.campaign import _scheduler
+    from qkvsearch.search.campaign.launch import _scheduler
     from qkvsearch.spaces import load_campaign, smoke_test
 
     spec = _spec(type="moasha")

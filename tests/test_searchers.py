@@ -7,7 +7,7 @@ import time
 
 from ray.tune.search import Searcher
 
-from qkvsearch.search.searchers import GridSearcher, TrialConfigs, build_search
+from qkvsearch.search.campaign.searchers import GridSearcher, TrialConfigs, build_search
 from qkvsearch.spaces import dimensions, expand_space, load_campaign
 
 BASE = {"name": "g", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16}, "train": {"epochs": 1}}

@@ -1,4 +1,4 @@
-"""search.simulate: replays of recorded curves through the campaign's own scheduler classes (no Ray
+"""search.simulation: replays of recorded curves through the campaign's own scheduler classes (no Ray
 runtime, no training): determinism, a FIFO replay of a recorded campaign, the tabular format, speed."""
 import time
 
@@ -7,18 +7,12 @@ import pandas as pd
 import pytest
 from test_results import ALL_STATUSES, write_campaign
 
+from qkvsearch.search.analysis.pareto import nondominated_mask
+from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.cli import main
-from qkvsearch.search.pareto import nondominated_mask
-from qkvsearch.search.results import collect
-from qkvsearch.search.schedulers import MOASHAScheduler
-from qkvsearch.search.simulate import (
-    Setting,
-    compare,
-    curves_from_frame,
-    default_settings,
-    load_source,
-    simulate,
-)
+from qkvsearch.search.scheduling.tune_schedulers import MOASHAScheduler
+from qkvsearch.search.simulation.curves import curves_from_frame, load_source
+from qkvsearch.search.simulation.replay import Setting, compare, default_settings, simulate
 from qkvsearch.spaces.errors import BadInput
 
 TWO = [("top1", "max"), ("params_m", "min")]

@@ -27,11 +27,11 @@ from live_campaign import (
     write_spec,
 )
 
-from qkvsearch.search import grafana
-from qkvsearch.search.jobs import METADATA_PREFIX
-from qkvsearch.search.metrics import METRICS
-from qkvsearch.search.records import ENDED_KEY
-from qkvsearch.search.status import load_records
+from qkvsearch.search.cluster.jobs import METADATA_PREFIX
+from qkvsearch.search.monitor import grafana
+from qkvsearch.search.monitor.metrics import METRICS
+from qkvsearch.search.monitor.status import load_records
+from qkvsearch.search.records.layout import ENDED_KEY
 
 pytestmark = pytest.mark.slow
 

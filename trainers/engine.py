@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qkvsearch.search.storage import read_bytes, write_bytes
 from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
+from qkvsearch.storage import read_bytes, write_bytes
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from qkvsearch.trainers.faults import faults_for
@@ -340,7 +340,7 @@ def evaluate(model, source, dist: Dist, *, batch_size: int, autocast=contextlib.
 
 
 def save_state(state: dict, directory: str) -> str:
-    """Write <directory>/state.pt whole (search.storage.write_bytes: never a partial file); returns the path."""
+    """Write <directory>/state.pt whole (storage.write_bytes: never a partial file); returns the path."""
     path = os.path.join(directory, STATE_FILE)
     buf = io.BytesIO()
     torch.save(state, buf)

@@ -130,7 +130,7 @@ def epoch_checkpoint(run_dir: str, epoch: float) -> str | None:
     """This run's checkpoint folder of `epoch` where it holds a state file, else None (run_dir:
     <storage>/<run name>, a path or a URI). A resumed run reports its restored epoch again without a
     checkpoint, though the checkpoint it resumed from is that epoch's."""
-    from qkvsearch.search.storage import exists
+    from qkvsearch.storage import exists
     from qkvsearch.trainers.engine import STATE_FILE
 
     path = _checkpoint_dir(run_dir, epoch)
@@ -154,7 +154,7 @@ class _LocalRun:
         """(epoch, path inside the filesystem) of every checkpoint folder holding a state file, oldest first."""
         import pyarrow.fs as pafs
 
-        from qkvsearch.search.storage import open_location
+        from qkvsearch.storage import open_location
         from qkvsearch.trainers.engine import STATE_FILE
 
         fs, root = open_location(self.run_dir)
@@ -188,7 +188,7 @@ class _LocalRun:
     def _prune(self) -> None:
         if not self.num_to_keep:
             return
-        from qkvsearch.search.storage import open_location
+        from qkvsearch.storage import open_location
 
         fs, _ = open_location(self.run_dir)
         for _, old in self._checkpoints()[:-self.num_to_keep]:

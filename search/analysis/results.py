@@ -1,7 +1,7 @@
 """Collect a campaign's record files into two Arrow tables (trials, epochs) and write them as Parquet.
 
 Reads ``<exp>/qs_campaign.json``, ``<exp>/qs_trials/*.json`` and their ``*.epochs.csv`` through
-``search.records.read_trials`` (so the experiment dir may be a local path or a URI: ``s3://``,
+``search.records.readers.read_trials`` (so the experiment dir may be a local path or a URI: ``s3://``,
 ``gs://``, ``file://``), which hands the epochs over as columns: no per-epoch Python objects. A
 campaign may still be running: what has been recorded so far is collected, and a damaged record is
 left out (a damaged epochs file gives the epochs it still can), with a warning logged naming the
@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from qkvsearch.search.records import EPOCH, TRIALS_DIR, read_campaign, read_trials
-from qkvsearch.search.storage import open_location, write_bytes
+from qkvsearch.search.records.layout import EPOCH, TRIALS_DIR, read_campaign
+from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.keys import COST_METRICS, RESOLVED_KEYS
+from qkvsearch.storage import open_location, write_bytes
 
 __all__ = [
     "collect",

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from qkvsearch.search.progress import Progress, read_progress
+from qkvsearch.search.monitor.progress import Progress, read_progress
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 2.0  # between reads of the records: a read of 100 trials' records takes milliseconds

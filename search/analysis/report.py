@@ -1,16 +1,16 @@
 """Pareto report of a campaign: pareto.html (self-contained, loads offline), pareto.csv, report.md,
 trials.parquet / epochs.parquet and, when a static exporter works here, png/svg figures.
 
-    from qkvsearch.search.report import build_report
+    from qkvsearch.search.analysis.report import build_report
     paths = build_report("results/my-campaign")   # -> {"html": ..., "csv": ..., ...}
 
-Everything shown is recomputed from the collected tables (search.results). Objectives come from
+Everything shown is recomputed from the collected tables (search.analysis.results). Objectives come from
 the campaign spec (``spec.objectives``; when it names none, the spec loader's default: top1 max). A metric maps to
 the trial column of the same name when there is one (gmacs, params_m, train_s_total, ...), else to
 ``final_<metric>`` (its value at the trial's last reported epoch). Only trials whose status is in
 ``front_statuses`` (default: completed) form the front; the others are drawn but never on it. A
 running campaign is reported as far as it has got. Nothing is written outside ``out_dir``, and every
-file is written whole (search.storage).
+file is written whole (storage).
 """
 from __future__ import annotations
 
@@ -32,12 +32,18 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from qkvsearch.search.pareto import hypervolume_trace, nondominated_mask, reference_point
-from qkvsearch.search.records import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign
-from qkvsearch.search.results import CONFIG_PREFIX, collect, parquet_files, resolve_out_dir, write_results
-from qkvsearch.search.storage import loads_json, write_bytes
+from qkvsearch.search.analysis.pareto import hypervolume_trace, nondominated_mask, reference_point
+from qkvsearch.search.analysis.results import (
+    CONFIG_PREFIX,
+    collect,
+    parquet_files,
+    resolve_out_dir,
+    write_results,
+)
+from qkvsearch.search.records.layout import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.spaces.schema import DEFAULT_OBJECTIVES as SPEC_DEFAULT_OBJECTIVES
+from qkvsearch.storage import loads_json, write_bytes
 
 __all__ = ["build_report", "DEFAULT_OBJECTIVES", "objective_columns", "paper_setting"]
 

@@ -1,4 +1,4 @@
-"""Campaign = one Ray Tune experiment whose trials each run a DDP `TorchTrainer` (see `search.driver`).
+"""Campaign = one Ray Tune experiment whose trials each run a DDP `TorchTrainer` (see `search.campaign.driver`).
 
     spec --> Ray (local, or RAY_ADDRESS) --> Tuner(run_trial, searcher, scheduler, TrialRecorder)
          --> <storage>/<name>/  (Tune's experiment dir + qs_campaign.json + qs_trials/ + train_runs/)
@@ -11,21 +11,13 @@ import os
 import time
 
 # First: it sets Ray's environment for a local cluster, which Ray reads when it is imported.
-from qkvsearch.search.local_ray import TRIAL_SLOT, ray_env, start_local_ray, stop_local_ray
+from qkvsearch.search.cluster.local_ray import TRIAL_SLOT, ray_env, start_local_ray, stop_local_ray
 
 # isort: split
 import ray
 from ray import tune
 
-from qkvsearch.search.capacity import (
-    Cluster,
-    autoscaler,
-    autoscaler_can_hold,
-    node_types,
-    outgrows,
-    plan_concurrency,
-)
-from qkvsearch.search.driver import (
+from qkvsearch.search.campaign.driver import (
     TIME_ATTR,
     TrialSettings,
     run_trial,
@@ -33,21 +25,29 @@ from qkvsearch.search.driver import (
     trial_name,
     trial_resources,
 )
-from qkvsearch.search.grafana import install_dashboard
-from qkvsearch.search.interrupts import CampaignInterrupted, StopSignals
-from qkvsearch.search.jobs import dashboard_lines, job_config, job_metadata, tag_submission
-from qkvsearch.search.preflight import check_local_resources, check_shared_storage, check_spec
-from qkvsearch.search.records import (
+from qkvsearch.search.campaign.interrupts import CampaignInterrupted, StopSignals
+from qkvsearch.search.campaign.preflight import check_local_resources, check_shared_storage, check_spec
+from qkvsearch.search.campaign.recording import TrialRecorder
+from qkvsearch.search.campaign.searchers import build_search
+from qkvsearch.search.cluster.capacity import (
+    Cluster,
+    autoscaler,
+    autoscaler_can_hold,
+    node_types,
+    outgrows,
+    plan_concurrency,
+)
+from qkvsearch.search.cluster.jobs import dashboard_lines, job_config, job_metadata, tag_submission
+from qkvsearch.search.monitor.grafana import install_dashboard
+from qkvsearch.search.records.layout import (
     CAMPAIGN_FILE,
     ENDED_KEY,
     INTERRUPTED_KEY,
-    TrialRecorder,
     code_version,
     read_campaign,
 )
-from qkvsearch.search.searchers import build_search
-from qkvsearch.search.storage import exists, remove_tree, write_json
 from qkvsearch.spaces import SpecError, smoke_test
+from qkvsearch.storage import exists, remove_tree, write_json
 from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
     """Join RAY_ADDRESS's cluster, or start a local Ray bound to 127.0.0.1 with `trial_slot`s.
-    metadata: the campaign's, for the dashboard's Jobs page (search.jobs)."""
+    metadata: the campaign's, for the dashboard's Jobs page (search.cluster.jobs)."""
     started = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
@@ -88,7 +88,7 @@ def _node_hosts() -> set[str]:
 
 
 def _trial_slot(cluster: Cluster, trains: bool) -> dict:
-    """What a trial's process holds besides its CPUs and GPUs (search.driver.trial_resources): a trial
+    """What a trial's process holds besides its CPUs and GPUs (search.campaign.driver.trial_resources): a trial
     slot, which caps how many trials run at once; on a cluster without slots, a driver-only trial takes a
     sliver of the head node (Tune needs some resource) and a training trial nothing more."""
     if cluster.trial_slots:
@@ -98,9 +98,13 @@ def _trial_slot(cluster: Cluster, trains: bool) -> dict:
 
 def _scheduler(spec, exp: str):
     """The spec's trial scheduler: FIFO, ASHA on one metric, or MO-ASHA on the objectives. Each makes Tune
-    save its experiment state whenever trials were added or ended (search.schedulers.CheckpointsTrialChanges),
+    save its experiment state whenever trials were added or ended (search.scheduling.tune_schedulers.CheckpointsTrialChanges),
     so a killed driver's campaign resumes with every trial and the searcher as they were."""
-    from qkvsearch.search.schedulers import CampaignASHAScheduler, CampaignFIFOScheduler, MOASHAScheduler
+    from qkvsearch.search.scheduling.tune_schedulers import (
+        CampaignASHAScheduler,
+        CampaignFIFOScheduler,
+        MOASHAScheduler,
+    )
 
     sched, objectives = spec.scheduler, spec.objectives
     if sched.type == "fifo":
@@ -162,7 +166,7 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
     Every check that can run before Ray starts runs first (spec, models, dataset, storage, resources of
     a local machine); nothing is written, and no existing campaign removed, until they pass. Bad input
     raises a BadInput (SpecError, DatasetError, ResourceError); a stop signal, CampaignInterrupted.
-    view: shows the campaign's progress while it runs (search.terminal.TerminalView; None: nothing);
+    view: shows the campaign's progress while it runs (search.monitor.terminal.TerminalView; None: nothing);
     verbose: Tune's own trial tables as well.
     """
     if smoke:
@@ -219,8 +223,8 @@ def _announce(spec, exp: str, cluster: Cluster, trials: str) -> None:
 
 def _fit(tuner, exp: str, recorder, stop: StopSignals, view, verbose: bool) -> None:
     """tuner.fit() watched by the monitor's views; then the campaign file says how the driver ended."""
-    from qkvsearch.search.metrics import CampaignMetrics
-    from qkvsearch.search.monitor import CampaignMonitor
+    from qkvsearch.search.monitor.metrics import CampaignMetrics
+    from qkvsearch.search.monitor.watch import CampaignMonitor
 
     views = [CampaignMetrics(recorder.campaign)] + ([view] if view is not None else [])
     with CampaignMonitor(exp, views), _tune_output(verbose):
@@ -276,13 +280,13 @@ def _run_config(spec, exp: str, callbacks: list, verbose: bool):
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=_tune_verbosity(verbose), callbacks=callbacks,
         # A trial whose process is lost is restarted from its checkpoint; one whose training fails reports
-        # it as a result (search.driver.run_trial) and is not retried.
+        # it as a result (search.campaign.driver.run_trial) and is not retried.
         failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
     )
 
 
 def _tune_verbosity(verbose: bool) -> int:
-    return 1 if verbose else 0  # 1: Tune's trial tables; 0: only the campaign's own lines (search.terminal)
+    return 1 if verbose else 0  # 1: Tune's trial tables; 0: only the campaign's own lines (search.monitor.terminal)
 
 
 def resume(exp: str, *, verbose: bool = False, view=None) -> str:

@@ -8,7 +8,7 @@ The trial process checks the cost constraints before anything trains, runs the t
 `trainers.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
 diverged) into a final report that the recorder and the searchers understand. A trial of several workers
 is only a driver: it holds no CPU (its TorchTrainer's workers do) and reports to Tune what rank 0 reported
-(`search.bridge`). A trial of one worker trains in its own process (Train's local mode: no controller, no
+(`search.campaign.bridge`). A trial of one worker trains in its own process (Train's local mode: no controller, no
 worker actors to start) and holds that worker's CPUs and GPUs itself (`trial_resources`). Either way Tune's
 stop reaches the training through `tune.report`, so a trial's process can serve the next trial.
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
-from qkvsearch.search.bridge import drive
-from qkvsearch.search.records import (
+from qkvsearch.search.campaign.bridge import drive
+from qkvsearch.search.records.layout import (
     DUPLICATE_OF_KEY,
     ERROR_CHARS,
     ERROR_KEY,
@@ -31,8 +31,8 @@ from qkvsearch.search.records import (
     ORIGINAL_STATUS_KEY,
     PLANNED_KEY,
     STATUS_KEY,
-    read_trials,
 )
+from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.schema import violations
 
@@ -158,7 +158,7 @@ def _with_cost(metrics: dict, epochs_planned: int, cost: dict) -> dict:
 
 def _report_to_tune(epochs_planned: int, cost: dict, run_dir: str):
     """Train -> Tune: on_report(metrics, checkpoint_path | None) in the trial's training thread, whether
-    the trial trains (local mode) or drives a Train run (search.bridge). An epoch reported without a
+    the trial trains (local mode) or drives a Train run (search.campaign.bridge). An epoch reported without a
     checkpoint names its epoch's checkpoint where the run has one (the epoch a resumed run reports again).
     tune.report there also ends the thread when Tune stops the trial (a stopped trial frees its process)."""
     from qkvsearch.trainers.loop import epoch_checkpoint

@@ -15,11 +15,11 @@ import optuna
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from qkvsearch.search.driver import build_trial, outcome_of_result
-from qkvsearch.search.records import ORIGINAL_STATUS_KEY
-from qkvsearch.search.storage import read_json, write_json
+from qkvsearch.search.campaign.driver import build_trial, outcome_of_result
+from qkvsearch.search.records.layout import ORIGINAL_STATUS_KEY
 from qkvsearch.spaces import base_config, dimensions, suggest_config
 from qkvsearch.spaces.keys import identity
+from qkvsearch.storage import read_json, write_json
 
 
 class GridSearcher(Searcher):

@@ -7,8 +7,8 @@ The shipped Grafana dashboard (`search/grafana.py`) queries exactly the names in
 """
 from __future__ import annotations
 
-from qkvsearch.search.progress import Progress
-from qkvsearch.search.records import STATUSES
+from qkvsearch.search.monitor.progress import Progress
+from qkvsearch.search.records.layout import STATUSES
 
 # name -> (description, tag keys besides "campaign"); exported as ray_<name>
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {

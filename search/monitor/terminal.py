@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from qkvsearch.search.progress import FinishedTrial, Progress, read_progress
+from qkvsearch.search.monitor.progress import FinishedTrial, Progress, read_progress
 
 
 class TerminalView:

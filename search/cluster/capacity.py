@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from qkvsearch.search.preflight import ResourceError
+from qkvsearch.search.campaign.preflight import ResourceError
 
 log = logging.getLogger(__name__)
 UNBOUNDED = 10**6        # "no limit" in counts of nodes or trials

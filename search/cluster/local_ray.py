@@ -31,7 +31,7 @@ import ray  # noqa: E402
 # isort: split
 import psutil  # noqa: E402  (Ray's own copy: on the path once ray is imported)
 
-from qkvsearch.search.jobs import job_config  # noqa: E402
+from qkvsearch.search.cluster.jobs import job_config  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dic
     Ray processes find their own cluster through RAY_ADDRESS; without it, Train's State API calls
     fail ("Found multiple active Ray instances") whenever another Ray runs on the same machine, and
     a stopped trial's placement group is never cleaned up. So the GCS port is chosen up front and
-    every process of the job is told the address. metadata: the job's (search.jobs).
+    every process of the job is told the address. metadata: the job's (search.cluster.jobs).
     """
     port = free_port()
     before = {p.pid for p in psutil.Process().children()}

@@ -26,11 +26,11 @@ class ResourceError(BadInput):
 def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     """Everything knowable about a spec before training: storage, models, dataset.
 
-    Returns (resolved config, cost) of every model configuration (search.costs.check_models). A data
+    Returns (resolved config, cost) of every model configuration (search.campaign.costs.check_models). A data
     folder this machine does not have fails a launch; `validate` (launching=False) only warns, since
     the spec may be meant for a cluster whose nodes hold the data. A folder that exists is checked whole.
     """
-    from qkvsearch.search.costs import check_models
+    from qkvsearch.search.campaign.costs import check_models
     from qkvsearch.spaces import base_config
     from qkvsearch.spaces.keys import fill
     from qkvsearch.trainers.data import check_dataset

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qkvsearch.search.pareto import hypervolume, nondominated_mask, reference_point
-from qkvsearch.search.records import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign, read_trials
+from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.records.layout import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign
+from qkvsearch.search.records.readers import read_trials
 
 
 @dataclass

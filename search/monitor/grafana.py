@@ -1,4 +1,4 @@
-"""The "qkvsearch campaign" Grafana dashboard: the campaign metrics of `search.metrics` over time, with
+"""The "qkvsearch campaign" Grafana dashboard: the campaign metrics of `search.monitor.metrics` over time, with
 Ray's node utilisation and Ray Train's controller state of the campaign's runs (named
 ``<campaign>-<trial name>``), for one campaign chosen in the dashboard's ``campaign`` variable.
 
@@ -12,13 +12,13 @@ import json
 import os
 from pathlib import Path
 
-from qkvsearch.search.records import FINAL_STATUSES
+from qkvsearch.search.records.layout import FINAL_STATUSES
 
 FILE_NAME = "qkvsearch_campaign_grafana_dashboard.json"
 UID = "qkvsearch-campaign"
 C = 'campaign=~"$campaign"'
 
-# (title, unit, [(PromQL, legend), ...]); every metric of search.metrics appears in some panel
+# (title, unit, [(PromQL, legend), ...]); every metric of search.monitor.metrics appears in some panel
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Trials by status", "short", [(f"sum by (status) (ray_qkvsearch_trials{{{C}}})", "{{status}}")]),
     ("Trials done of planned", "short", [

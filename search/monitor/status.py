@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from qkvsearch.search.records import read_campaign, read_trial_records, read_trials
+from qkvsearch.search.records.layout import read_campaign
+from qkvsearch.search.records.readers import read_trial_records, read_trials
 
 
 def load_records(exp: str) -> list[dict]:

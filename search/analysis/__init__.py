@@ -1,0 +1,2 @@
+"""Reading a campaign: Pareto maths (``pareto``), results tables (``results``), the report (``report``). Loads
+neither Ray nor torch."""

@@ -1,0 +1,281 @@
+"""Learning curves to replay: a campaign's records or a tabular benchmark file.
+
+A campaign folder (``qs_campaign.json`` + ``qs_trials/``), read through ``search.analysis.results.collect``: one
+curve per recorded trial that reported an epoch, its ``epochs.parquet`` rows with the trial's cost
+columns (``params_m``, ``gmacs``, ``params``, ``embed_params``) added to every epoch, as the
+campaign's results carry them.
+The campaign's spec gives the objectives, the planned epochs (``train.epochs``), the scheduler's
+grace, reduction factor and brackets, and the concurrency (``resources.max_concurrent_trials`` when
+a number). The default start-up per trial is the median over its trials of (ended_at - started_at
+- sum of epoch_s).
+
+A tabular benchmark file (``.parquet`` or ``.csv``), one row per (curve, epoch):
+
+=================  ==========================================================================
+column             meaning
+=================  ==========================================================================
+``config_<key>``   the configuration (any type). Rows with equal config columns are one curve.
+``trial_id``       optional: names the curve instead (several curves may share a configuration)
+``epoch``          1, 2, ... (int); a curve is its rows of epochs 1..n without a gap
+``<metric>``       every other numeric column: reported to the scheduler as a result key. Training
+                   metrics (``top1``, ``val_loss``, ...) change per epoch; cost metrics
+                   (``params_m``, ``gmacs``) are repeated on every row
+``epoch_s``        optional: seconds the epoch took. Missing values: the curve's median, else the
+                   file's, else 1 s
+=================  ==========================================================================
+
+The planned epochs (the schedulers' ``max_t``) are the longest curve's; a shorter curve is a trial that
+stopped or failed. Objectives: ``objectives=[("top1", "max"), ...]``, by default those of
+top1 (max), gmacs (min) and params_m (min) that are columns. Start-up per trial: 0 s by default.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qkvsearch.search.analysis.pareto import hypervolume, reference_point
+from qkvsearch.search.scheduling.moasha import as_float
+from qkvsearch.spaces.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+
+TIME_ATTR = "epoch"  # the progress key a campaign's results carry (search.campaign.driver.TIME_ATTR)
+
+
+CONFIG_PREFIX = "config_"
+
+
+DEFAULT_OBJECTIVES = (("top1", "max"), ("gmacs", "min"), ("params_m", "min"))
+
+
+COST_COLUMNS = ("params_m", "gmacs", "params", "embed_params")
+
+
+TRAINING_METRICS = ("top1", "top5", "val_loss", "train_loss")  # spaces.keys.SCHEDULER_METRICS
+
+
+# ---------------------------------------------------------------------------------------- sources
+@dataclass
+class Curves:
+    """Recorded learning curves, one per candidate trial.
+
+    results[c][e]: the result dict of curve c's epoch e + 1; epoch_s[c]: (E_c,) seconds per epoch;
+    finals: (n, k) objective values at the planned epoch, NaN rows for curves shorter than max_t."""
+
+    name: str
+    ids: list[str]
+    configs: list[dict]
+    results: list[list[dict]]
+    epoch_s: list[np.ndarray]
+    max_t: int
+    objectives: tuple[tuple[str, str], ...]
+    startup_s: float = 0.0
+    concurrency: int | None = None
+    scheduler: dict = field(default_factory=dict)  # the campaign's: type, grace_epochs, reduction_factor, brackets
+    finals: np.ndarray = field(init=False)
+    reference: np.ndarray = field(init=False)
+    grid_hv: float = field(init=False)
+    grid_epochs: int = field(init=False)
+
+    def __post_init__(self):
+        k = len(self.objectives)
+        self.finals = np.full((len(self.ids), k), np.nan)
+        for c, rows in enumerate(self.results):
+            if len(rows) >= self.max_t:
+                self.finals[c] = [as_float(rows[self.max_t - 1].get(m)) for m, _ in self.objectives]
+        ok = ~np.isnan(self.finals).any(axis=1)
+        if not ok.any():
+            raise BadInput(f"{self.name}: expected at least one curve trained for the planned {self.max_t} "
+                           f"epochs with every objective ({', '.join(self.metrics)}), given none")
+        self.reference = reference_point(self.finals[ok], self.directions)
+        self.grid_hv = hypervolume(self.finals[ok], self.directions, self.reference)
+        self.grid_epochs = int(sum(len(r) for r in self.results))
+
+    @property
+    def metrics(self) -> list[str]:
+        return [m for m, _ in self.objectives]
+
+    @property
+    def directions(self) -> list[str]:
+        return [d for _, d in self.objectives]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def load_source(source, objectives: Sequence[tuple[str, str]] | None = None) -> Curves:
+    """A campaign folder or a tabular file (see the module doc) -> Curves. BadInput when unreadable."""
+    text = os.fspath(source)
+    lower = text.lower()
+    if lower.endswith((".parquet", ".csv")):
+        return load_table(text, objectives)
+    if "://" not in text and not os.path.isdir(text):
+        raise BadInput(f"source: expected a campaign folder or a .parquet/.csv file, given {text}")
+    return _load_campaign(text, objectives)
+
+
+def load_table(path, objectives: Sequence[tuple[str, str]] | None = None) -> Curves:
+    """A tabular benchmark file (Parquet or CSV) -> Curves."""
+    import pandas as pd
+
+    text = os.fspath(path)
+    try:
+        if text.lower().endswith(".csv"):
+            df = pd.read_csv(text)
+        else:
+            import pyarrow.parquet as pq
+
+            df = pq.read_table(text).to_pandas()
+    except (OSError, ValueError) as err:
+        raise BadInput(f"{text}: expected a readable {'CSV' if text.lower().endswith('.csv') else 'Parquet'} "
+                       f"file, given one that fails to read ({err})") from None
+    return curves_from_frame(df, text, objectives)
+
+
+def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = None, startup_s: float = 0.0,
+                      concurrency: int | None = None, scheduler: dict | None = None) -> Curves:
+    """A pandas DataFrame in the tabular format -> Curves."""
+    import pandas as pd
+
+    if "epoch" not in df.columns:
+        raise BadInput(f"{name}: expected an 'epoch' column, given columns {', '.join(map(str, df.columns))}")
+    epoch = pd.to_numeric(df["epoch"], errors="coerce")
+    bad = epoch.isna() | (epoch < 1) | (epoch != epoch.round())
+    if bad.any():
+        raise BadInput(f"{name}: epoch: expected ints >= 1, given {df['epoch'][bad].iloc[0]!r}")
+    df = df.assign(epoch=epoch.astype("int64"))
+    config_cols = [c for c in df.columns if str(c).startswith(CONFIG_PREFIX)]
+    if "trial_id" in df.columns:
+        keys = ["trial_id"]
+    elif config_cols:
+        keys = config_cols
+    else:
+        raise BadInput(f"{name}: expected config_<key> columns (or a trial_id column) naming each curve, "
+                       f"given columns {', '.join(map(str, df.columns))}")
+    skip = {"epoch", "epoch_s", "trial_id", "trial_name", *config_cols}
+    metric_cols = [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
+                   and not pd.api.types.is_bool_dtype(df[c])]
+    objectives = _check_objectives(objectives, metric_cols, name)
+    secs = pd.to_numeric(df["epoch_s"], errors="coerce") if "epoch_s" in df.columns else pd.Series(np.nan, df.index)
+    secs = secs.where(secs > 0)
+    overall = float(secs.median()) if secs.notna().any() else 1.0
+    values = df[metric_cols].astype("float64").to_numpy()  # (rows, M)
+    epochs = df["epoch"].to_numpy()
+    seconds = secs.to_numpy()
+    config_values = {c[len(CONFIG_PREFIX):]: df[c].to_numpy() for c in config_cols}
+    ids, configs, results, epoch_s = [], [], [], []
+    dropped = 0
+    for i, (key, idx) in enumerate(df.groupby(keys, dropna=False, sort=False).indices.items()):
+        idx = idx[np.argsort(epochs[idx], kind="stable")]
+        ep = epochs[idx]
+        run = 0  # length of the gapless prefix 1..run (a repeated epoch keeps its last row)
+        keep = []
+        for j, e in enumerate(ep):
+            if e == run:
+                keep[-1] = idx[j]
+            elif e == run + 1:
+                run += 1
+                keep.append(idx[j])
+            else:
+                break
+        dropped += len(idx) - len(keep)
+        rows = []
+        for r in keep:
+            res = {m: v for m, v in zip(metric_cols, values[r].tolist()) if v == v}  # NaN: not reported
+            res[TIME_ATTR] = int(epochs[r])
+            rows.append(res)
+        s = seconds[keep] if keep else np.zeros(0)
+        own = np.nanmedian(s) if s.size and not np.isnan(s).all() else overall
+        epoch_s.append(np.where(np.isnan(s), own, s))
+        first = keep[0] if keep else idx[0]
+        name_key = key[0] if isinstance(key, tuple) else key
+        ids.append(str(name_key) if keys == ["trial_id"] else f"c{i:05d}")
+        configs.append({k: v[first] for k, v in config_values.items()})
+        results.append(rows)
+    if dropped:
+        log.warning(f"{name}: left out {dropped} row(s) after a gap or before epoch 1 in their curve")
+    planned = max(len(r) for r in results) if max_t is None else int(max_t)
+    return Curves(name, ids, configs, results, epoch_s, planned, objectives, startup_s, concurrency,
+                  dict(scheduler or {}))
+
+
+def _check_objectives(objectives, columns: list[str], name: str) -> tuple[tuple[str, str], ...]:
+    if objectives is None:
+        chosen = tuple(o for o in DEFAULT_OBJECTIVES if o[0] in columns)
+        if not chosen:
+            raise BadInput(f"{name}: expected a column for an objective (top1, gmacs or params_m; or pass "
+                           f"objectives), given columns {', '.join(columns) or '(no numeric column)'}")
+        return chosen
+    out = []
+    for metric, mode in objectives:
+        if mode not in ("min", "max"):
+            raise BadInput(f"objectives: expected METRIC:min or METRIC:max, given {metric}:{mode}")
+        if metric not in columns:
+            raise BadInput(f"objectives: expected numeric columns of {name} ({', '.join(columns)}), given {metric}")
+        out.append((metric, mode))
+    if not out:
+        raise BadInput("objectives: expected at least one METRIC:MODE, given none")
+    return tuple(out)
+
+
+def _load_campaign(exp: str, objectives) -> Curves:
+    import pyarrow.compute as pc
+
+    from qkvsearch.search.analysis.results import collect, load_campaign_record
+
+    spec = load_campaign_record(exp).get("spec") or {}
+    trials, epochs = collect(exp)
+    if trials.num_rows == 0 or epochs.num_rows == 0:
+        raise BadInput(f"{exp}: expected a campaign with recorded epochs, given none")
+    if objectives is None:
+        raw = spec.get("objectives") or [{"metric": "top1", "mode": "max"}]
+        objectives = [(o.get("metric"), o.get("mode")) for o in raw if isinstance(o, dict)]
+    cols = ["trial_id"] + [c for c in trials.column_names if c.startswith(CONFIG_PREFIX)]
+    cols += [c for c in COST_COLUMNS if c in trials.column_names]
+    frame = epochs.drop_columns([c for c in ("trial_name",) + COST_COLUMNS if c in epochs.column_names])
+    df = frame.to_pandas().merge(trials.select(cols).to_pandas(), on="trial_id", how="left")
+    if df["epoch"].isna().any():  # an epoch record without its number: it cannot be placed
+        log.warning(f"{exp}: left out {int(df['epoch'].isna().sum())} epoch row(s) without an epoch number")
+        df = df[df["epoch"].notna()]
+    train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
+    max_t = train.get("epochs")
+    if not (isinstance(max_t, int) and max_t >= 1):
+        planned = pc.max(trials["epochs_planned"]).as_py()
+        max_t = planned if planned else int(df["epoch"].max())
+    resources = spec.get("resources") if isinstance(spec.get("resources"), dict) else {}
+    conc = resources.get("max_concurrent_trials")
+    sched = spec.get("scheduler") if isinstance(spec.get("scheduler"), dict) else {}
+    return curves_from_frame(df, exp, objectives, max_t=max_t, startup_s=_startup_estimate(trials, epochs),
+                             concurrency=conc if isinstance(conc, int) and conc >= 1 else None,
+                             scheduler=sched)
+
+
+def _startup_estimate(trials, epochs) -> float:
+    """Median over trials of (ended_at - started_at - sum of epoch_s): what a trial spends not training."""
+    t = trials.select(["trial_id", "started_at", "ended_at"]).to_pandas()
+    if "epoch_s" not in epochs.column_names:
+        return 0.0
+    spent = epochs.select(["trial_id", "epoch_s"]).to_pandas().groupby("trial_id")["epoch_s"].sum()
+    wall = (t["ended_at"] - t["started_at"]).dt.total_seconds()
+    extra = (wall.to_numpy() - spent.reindex(t["trial_id"]).to_numpy())
+    extra = extra[np.isfinite(extra)]
+    return float(max(0.0, np.median(extra))) if extra.size else 0.0
+
+
+def parse_objectives(text: str) -> list[tuple[str, str]]:
+    """``"top1:max,params_m:min"`` -> [("top1", "max"), ("params_m", "min")]."""
+    out = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        metric, sep, mode = part.partition(":")
+        if not sep or not metric or mode not in ("min", "max"):
+            raise BadInput(f"objectives: expected METRIC:min or METRIC:max, comma-separated, given {text!r}")
+        out.append((metric, mode))
+    if not out:
+        raise BadInput(f"objectives: expected METRIC:min or METRIC:max, comma-separated, given {text!r}")
+    return out
+

@@ -1,0 +1,346 @@
+"""The replay: one simulated clock, a searcher and a scheduler driven through Tune's callbacks.
+
+One simulated clock and ``concurrency`` slots. A free slot asks the searcher for a trial, spends
+``startup_s``, then each recorded epoch's ``epoch_s``. The events (a trial finishing an epoch) sit
+in a heap ordered by (time, sequence number), so simultaneous events resolve in a fixed order. Each
+epoch's result (the curve's row, with ``epoch``) goes to ``on_trial_result`` as Tune passes it; a STOP,
+or the curve's last recorded epoch, ends the trial (``on_trial_complete`` on the scheduler and the
+searcher) and frees the slot. A trial whose curve ends before the planned epochs ends there without
+being complete: what it would have done next was never recorded.
+
+Searcher: ``ShuffledCurves`` suggests every curve once, in an order drawn from the seed (a new order
+for each further pass when more trials than curves are asked for). Ray's ASHA draws its brackets from
+numpy's global generator: it is seeded from the same seed for the run and restored afterwards. A
+seed therefore fixes the whole run.
+
+Scoring: a trial is complete when it trained for the planned epochs; its objectives are its last
+epoch's values. The hypervolume of the completed trials' front (``search.analysis.pareto``) is measured
+against one reference point per source (``reference_point`` of every complete curve's final values)
+and compared with the full grid's (every complete curve trained to the end), against simulated time
+and against epochs spent (``grid_epochs``: the epochs of every recorded curve, what FIFO over all of
+them spends).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qkvsearch.search.analysis.pareto import hypervolume_trace
+from qkvsearch.search.simulation.curves import TIME_ATTR, TRAINING_METRICS, Curves
+from qkvsearch.spaces.errors import BadInput
+
+DEFAULT_CONCURRENCY = 4
+
+
+SCHEDULER_TYPES = ("fifo", "asha", "moasha")
+
+
+# ---------------------------------------------------------------------------------------- settings
+_SETTING_RE = re.compile(r"^(?P<type>[a-z]+)(?::(?P<opts>.*))?$")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One scheduler configuration: ``fifo``, ``asha`` or ``moasha`` with grace, rf and brackets.
+
+    shares (moasha, Python only: a campaign always uses the default): the share of trials each bracket
+    takes, e.g. (1, 1, 1) for equal shares; None is MOASHAScheduler's default (rf**(2 s) for bracket s)."""
+
+    type: str
+    grace: int = 1
+    rf: int = 3
+    brackets: int = 1
+    metric: str | None = None  # asha: the metric it stops on (default: the first training objective)
+    shares: tuple[float, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        if self.type == "fifo":
+            return "fifo"
+        text = f"{self.type} g{self.grace} rf{self.rf}"
+        if self.brackets > 1:
+            text += f" b{self.brackets}"
+        if self.shares is not None:
+            text += " shares " + ":".join(f"{x:g}" for x in self.shares)
+        return text + (f" {self.metric}" if self.metric else "")
+
+    @classmethod
+    def parse(cls, text: str, grace: int = 1, rf: int = 3) -> Setting:
+        """``TYPE[:key=value,...]`` with keys grace, rf, brackets (and metric for asha), e.g.
+        ``moasha:grace=1,rf=3,brackets=2``; grace and rf default to the given ones."""
+        m = _SETTING_RE.match(text.strip())
+        expected = "TYPE[:grace=G,rf=R,brackets=B] with TYPE fifo, asha or moasha"
+        if not m or m["type"] not in SCHEDULER_TYPES:
+            raise BadInput(f"schedulers: expected {expected}, given {text!r}")
+        opts: dict = {"grace": grace, "rf": rf, "brackets": 1, "metric": None}
+        for part in filter(None, (m["opts"] or "").split(",")):
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep or key not in opts:
+                raise BadInput(f"schedulers: expected {expected}, given {text!r}")
+            if key == "metric":
+                opts[key] = value.strip()
+                continue
+            try:
+                opts[key] = int(value)
+            except ValueError:
+                raise BadInput(f"schedulers: expected an int for {key} in {text!r}, given {value!r}") from None
+        if opts["grace"] < 1 or opts["brackets"] < 1 or opts["rf"] < 2:
+            raise BadInput(f"schedulers: expected grace >= 1, rf >= 2 and brackets >= 1, given {text!r}")
+        if m["type"] == "fifo":
+            return cls("fifo")
+        return cls(m["type"], opts["grace"], opts["rf"], opts["brackets"],
+                   opts["metric"] if m["type"] == "asha" else None)
+
+
+def _rungs(grace: float, rf: float, max_t: float) -> int:
+    """How many MO-ASHA rungs (grace * rf**k < max_t) fit."""
+    n, m = 0, grace
+    while m < max_t:
+        n, m = n + 1, m * rf
+    return n
+
+
+def default_settings(curves: Curves) -> list[Setting]:
+    """fifo, asha, and moasha with 1, 2, 3 brackets (as many as fit), at the campaign's grace and
+    reduction factor (1 and 3 for a table)."""
+    sched = curves.scheduler
+    grace = sched.get("grace_epochs") if isinstance(sched.get("grace_epochs"), int) else 1
+    rf = sched.get("reduction_factor") if isinstance(sched.get("reduction_factor"), int) else 3
+    grace = min(grace, curves.max_t)
+    fit = max(1, _rungs(grace, rf, curves.max_t))
+    out = [Setting("fifo")]
+    if any(m in TRAINING_METRICS for m in curves.metrics):
+        out.append(Setting("asha", grace, rf))
+    out += [Setting("moasha", grace, rf, b) for b in range(1, min(3, fit) + 1)]
+    return out
+
+
+def build_scheduler(setting: Setting, curves: Curves):
+    """The scheduler class a campaign would build for this setting (search.campaign.launch._scheduler)."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from qkvsearch.search.scheduling.tune_schedulers import MOASHAScheduler
+
+    if setting.type == "fifo":
+        return FIFOScheduler()
+    if setting.grace > curves.max_t:
+        raise BadInput(f"schedulers: expected grace <= the planned epochs ({curves.max_t}), given {setting.label}")
+    common = dict(time_attr=TIME_ATTR, grace_period=setting.grace, reduction_factor=setting.rf,
+                  max_t=curves.max_t, brackets=setting.brackets)
+    fit = max(1, _rungs(setting.grace, setting.rf, curves.max_t))
+    if setting.shares is not None and (setting.type != "moasha" or len(setting.shares) != setting.brackets):
+        raise BadInput(f"schedulers: expected shares for moasha only, one per bracket, given {setting.label}")
+    if setting.brackets > fit:
+        raise BadInput(f"schedulers: expected at most {fit} bracket(s) (the rungs below {curves.max_t} epochs "
+                       f"at grace {setting.grace}, rf {setting.rf}), given {setting.label}")
+    if setting.type == "asha":
+        metric = setting.metric or next((m for m in curves.metrics if m in TRAINING_METRICS), None)
+        modes = dict(curves.objectives)
+        if metric is None:
+            raise BadInput(f"schedulers: expected a training metric ({', '.join(TRAINING_METRICS)}) among the "
+                           f"objectives for asha, given {', '.join(curves.metrics)}")
+        mode = modes.get(metric) or ("min" if metric.endswith("loss") else "max")
+        return ASHAScheduler(metric=metric, mode=mode, **common)
+    return MOASHAScheduler(metrics=curves.metrics, modes=curves.directions, bracket_shares=setting.shares, **common)
+
+
+# ---------------------------------------------------------------------------------------- simulation
+@dataclass(frozen=True)
+class SimTrial:
+    """What a scheduler reads of a Tune trial: its id (and the config, for a searcher's sake)."""
+
+    trial_id: str
+    config: dict
+
+
+class ShuffledCurves:
+    """Searcher over recorded curves: each curve once per pass, in an order drawn from the seed.
+
+    Speaks Tune's Searcher protocol (suggest / on_trial_result / on_trial_complete); a suggestion is
+    ``{"curve": index}``, and ``None`` once ``num_trials`` were suggested (Searcher.FINISHED)."""
+
+    def __init__(self, n_curves: int, seed: int, num_trials: int | None = None):
+        self.n = n_curves
+        self.num_trials = n_curves if num_trials is None else num_trials
+        self.rng = np.random.default_rng(seed)
+        self.order: list[int] = []
+        self.suggested = 0
+
+    def suggest(self, trial_id: str):
+        if self.suggested >= self.num_trials:
+            return None
+        if not self.order:
+            self.order = self.rng.permutation(self.n).tolist()[::-1]  # popped from the end
+        self.suggested += 1
+        return {"curve": self.order.pop()}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        pass
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        pass
+
+
+@dataclass
+class Run:
+    """One simulated campaign. end_*: (T,) per trial end, in time order: time_s, epochs (spent by
+    then, all trials), curve, complete. hv: (C,) the completed front's hypervolume after each complete
+    trial, at hv_time_s / hv_epochs (C = complete trials)."""
+
+    setting: Setting
+    seed: int
+    trials: int
+    complete: int
+    stopped: int
+    truncated: int
+    epochs: int
+    time_s: float
+    end_time_s: np.ndarray
+    end_epochs: np.ndarray
+    end_curve: np.ndarray
+    end_complete: np.ndarray
+    hv: np.ndarray
+    hv_time_s: np.ndarray
+    hv_epochs: np.ndarray
+    scheduler: object = field(default=None, repr=False, compare=False)  # as the run left it
+
+    @property
+    def label(self) -> str:
+        return self.setting.label
+
+    @property
+    def final_hv(self) -> float:
+        return float(self.hv[-1]) if self.hv.size else 0.0
+
+    def hv_at_epochs(self, budget: float) -> float:
+        """Hypervolume of the trials completed by the time ``budget`` epochs were spent."""
+        i = np.searchsorted(self.hv_epochs, budget, side="right")
+        return float(self.hv[i - 1]) if i else 0.0
+
+    def hv_at_time(self, seconds: float) -> float:
+        i = np.searchsorted(self.hv_time_s, seconds, side="right")
+        return float(self.hv[i - 1]) if i else 0.0
+
+    def epochs_to(self, hv: float) -> float:
+        """Epochs spent when the hypervolume first reached ``hv`` (inf if never)."""
+        i = np.flatnonzero(self.hv >= hv)
+        return float(self.hv_epochs[i[0]]) if i.size else math.inf
+
+    def completed_curves(self) -> np.ndarray:
+        return self.end_curve[self.end_complete]
+
+
+def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CONCURRENCY,
+             startup_s: float | None = None, seed: int = 0, num_trials: int | None = None) -> Run:
+    """Replay one scheduler setting on the curves (see the module doc)."""
+    from ray.tune.schedulers import TrialScheduler
+
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise BadInput(f"concurrency: expected an int >= 1, given {concurrency!r}")
+    startup = curves.startup_s if startup_s is None else float(startup_s)
+    if not (math.isfinite(startup) and startup >= 0):
+        raise BadInput(f"startup_s: expected a number >= 0, given {startup_s!r}")
+    scheduler = build_scheduler(setting, curves)
+    searcher = ShuffledCurves(len(curves), seed, num_trials)
+    max_t = curves.max_t
+    stop = TrialScheduler.STOP
+
+    events: list[tuple[float, int, int, int]] = []  # (time, seq, trial number, epoch reached)
+    trials: list[SimTrial] = []
+    curve_of: list[int] = []
+    ends: list[tuple[float, int, int, bool]] = []  # (time, epochs spent, curve, complete)
+    seq = 0
+    spent = 0
+    stopped = truncated = 0
+    finished = False
+
+    def start(now: float) -> None:
+        nonlocal seq, finished
+        if finished:
+            return
+        k = len(trials)
+        trial_id = f"sim_{k:05d}"
+        suggestion = searcher.suggest(trial_id)
+        if suggestion is None:
+            finished = True
+            return
+        c = suggestion["curve"]
+        trial = SimTrial(trial_id, suggestion)
+        trials.append(trial)
+        curve_of.append(c)
+        scheduler.on_trial_add(None, trial)
+        if not curves.results[c]:  # nothing recorded: it ends at once
+            ends.append((now + startup, spent, c, False))
+            searcher.on_trial_complete(trial_id, None)
+            start(now + startup)
+            return
+        heapq.heappush(events, (now + startup + float(curves.epoch_s[c][0]), seq, k, 1))
+        seq += 1
+
+    saved = np.random.get_state()  # Ray's ASHA draws brackets from numpy's global generator
+    np.random.seed(seed)
+    try:
+        for _ in range(concurrency):
+            start(0.0)
+        while events:
+            now, _, k, epoch = heapq.heappop(events)
+            trial, c = trials[k], curve_of[k]
+            spent += 1
+            result = dict(curves.results[c][epoch - 1])
+            decision = scheduler.on_trial_result(None, trial, result)
+            last = epoch >= len(curves.results[c]) or epoch >= max_t
+            if decision != stop and not last:
+                searcher.on_trial_result(trial.trial_id, result)
+                heapq.heappush(events, (now + float(curves.epoch_s[c][epoch]), seq, k, epoch + 1))
+                seq += 1
+                continue
+            complete = epoch >= max_t
+            if not complete:
+                if decision == stop:
+                    stopped += 1
+                else:
+                    truncated += 1
+            scheduler.on_trial_complete(None, trial, result)
+            searcher.on_trial_complete(trial.trial_id, result)
+            ends.append((now, spent, c, complete))
+            start(now)
+    finally:
+        np.random.set_state(saved)
+
+    end = np.array(ends, dtype=[("t", "f8"), ("e", "i8"), ("c", "i8"), ("done", "?")]) if ends else None
+    if end is None:
+        end = np.zeros(0, dtype=[("t", "f8"), ("e", "i8"), ("c", "i8"), ("done", "?")])
+    order = np.argsort(end["t"], kind="stable")  # trials without epochs may end out of order
+    end = end[order]
+    done = end["done"]
+    hv = (hypervolume_trace(curves.finals, curves.directions, curves.reference, order=end["c"][done])
+          if done.any() else np.zeros(0))
+    return Run(setting, seed, len(trials), int(done.sum()), stopped, truncated, spent,
+               float(end["t"].max()) if end.size else 0.0, end["t"], end["e"], end["c"], done,
+               hv, end["t"][done], end["e"][done], scheduler)
+
+
+def compare(curves: Curves, settings: Sequence[Setting], *, concurrency: int | None = None,
+            startup_s: float | None = None, seed: int = 0, num_trials: int | None = None) -> list[Run]:
+    """``simulate`` for each setting on the same curves, searcher order and seed."""
+    conc = concurrency or curves.concurrency or DEFAULT_CONCURRENCY
+    return [simulate(curves, s, concurrency=conc, startup_s=startup_s, seed=seed, num_trials=num_trials)
+            for s in settings]
+
+
+def parse_settings(texts: Sequence[str] | None, curves: Curves) -> list[Setting]:
+    """Setting strings (``Setting.parse``; grace and rf default to the campaign's, else 1 and 3), or
+    ``default_settings`` when none are given."""
+    if not texts:
+        return default_settings(curves)
+    sched = curves.scheduler
+    grace = sched.get("grace_epochs") if isinstance(sched.get("grace_epochs"), int) else 1
+    rf = sched.get("reduction_factor") if isinstance(sched.get("reduction_factor"), int) else 3
+    return [Setting.parse(t, min(grace, curves.max_t), rf) for t in texts]
+
