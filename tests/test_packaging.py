@@ -5,11 +5,9 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import PRESETS
 
 from qkvsearch.search.campaign import preflight
 from qkvsearch.search.campaign.preflight import ResourceError, check_local_resources, check_storage
@@ -21,7 +22,6 @@ from qkvsearch.spaces import BadInput, SpecError, dimensions, load_campaign
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.loader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
-PRESETS = Path(__file__).resolve().parent.parent / "spaces" / "presets"
 LIMIT = 2000   # characters a refusal may print
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from live_campaign import tiny_spec, wait_for
+from helpers.live_campaign import tiny_spec, wait_for
 
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.spaces import load_campaign

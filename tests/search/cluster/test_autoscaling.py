@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from live_campaign import (
+from helpers.live_campaign import (
     QKVSEARCH,
     auth_token,
     free_port,

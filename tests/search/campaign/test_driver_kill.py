@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.records.layout import FINAL_STATUSES
 from qkvsearch.search.records.readers import read_trial_records

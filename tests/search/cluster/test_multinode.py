@@ -11,7 +11,14 @@ import textwrap
 
 import pyarrow.fs as pafs
 import pytest
-from live_campaign import free_port, named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import (
+    free_port,
+    named_checkpoint_epochs,
+    ray_processes,
+    tiny_spec,
+    wait_for,
+    write_spec,
+)
 
 from qkvsearch.search.records.readers import read_trial_records
 

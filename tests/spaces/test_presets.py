@@ -1,12 +1,12 @@
 """The shipped presets: they load, and the paper grids are exactly the paper's variants and widths."""
 import csv
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from qkvsearch.spaces import base_config, expand_space, list_presets, load_campaign, smoke_test
 
-REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "sne_paper_imagenet.csv"
+REFERENCE = REPO / "results" / "reference" / "sne_paper_imagenet.csv"
 SIZES = {"s": ("xcit_nano_12_p16_224", 128, 4096), "m": ("xcit_tiny_12_p16_224", 192, 2816),
          "l": ("xcit_small_12_p16_224", 384, 1280)}
 TABLE1 = {"s": {"sne": 64, "psne": 96, "fsne": 128}, "m": {"sne": 96, "psne": 144, "fsne": 192},

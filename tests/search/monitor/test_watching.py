@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from live_campaign import (
+from helpers.live_campaign import (
     LiveCampaign,
     auth_token,
     free_port,

@@ -1,9 +1,9 @@
 """spaces.keys: one declaration per trial key, and every table derived from it; fill; the batch rule."""
 import re
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from helpers import REPO
 
 from qkvsearch.search.analysis import report, results
 from qkvsearch.search.campaign import costs
@@ -14,7 +14,7 @@ from qkvsearch.spaces.schema import DataSpec, ModelSpec, TrainSpec
 MODEL = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 64, "code_size": 8,
          "code_sharing": "shared", "activation": "relu", "embed_class_attn": False, "drop_path_rate": 0.1,
          "epochs": 2}
-SCHEMA = Path(__file__).resolve().parents[1] / "search" / "RESULTS_SCHEMA.md"
+SCHEMA = REPO / "search" / "RESULTS_SCHEMA.md"
 ARROW = {"int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
 
 

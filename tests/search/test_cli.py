@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import PRESETS
 
 from qkvsearch.search import cli
 from qkvsearch.search.cli import main
 from qkvsearch.spaces import BadInput
-
-PRESETS = Path(__file__).resolve().parent.parent / "spaces" / "presets"
 
 
 def _quickstart(storage: Path) -> dict:

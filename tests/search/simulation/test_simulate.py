@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from test_results import ALL_STATUSES, write_campaign
+from helpers.campaign_files import ALL_STATUSES, write_campaign
 
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.analysis.results import collect

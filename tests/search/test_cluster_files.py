@@ -17,11 +17,12 @@ from pathlib import Path, PurePosixPath
 import pytest
 import ray
 import yaml
+from helpers import REPO
 
 from qkvsearch.search import cli
 from qkvsearch.spaces import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 CLUSTER = ROOT / "examples" / "cluster"
 LAUNCHER = CLUSTER / "aws-a100.yaml"
 RAYJOB = CLUSTER / "kuberay-rayjob.yaml"

@@ -7,7 +7,7 @@ import json
 import signal
 
 import pytest
-from live_campaign import LiveCampaign, ray_processes, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import LiveCampaign, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.cli import EXIT_INTERRUPTED
 from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY

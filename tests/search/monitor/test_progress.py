@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from test_results import write_campaign
+from helpers import PRESETS
+from helpers.campaign_files import write_campaign
 
 from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
 from qkvsearch.search.analysis.report import build_report
@@ -222,7 +223,7 @@ def test_an_interrupted_campaign_exits_130_saying_how_to_resume(monkeypatch, tmp
         raise CampaignInterrupted("/r/c1", "SIGTERM", ["linear-00000"])
 
     monkeypatch.setattr(campaign, "launch", stopped)
-    spec = Path(__file__).resolve().parent.parent / "spaces" / "presets" / "quickstart.yaml"
+    spec = PRESETS / "quickstart.yaml"
     assert main(["launch", str(spec)]) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert "stopped by SIGTERM; 1 running trial(s) marked interrupted; `qkvsearch resume /r/c1`" in err

@@ -9,7 +9,14 @@ import signal
 
 import pyarrow.fs as pafs
 import pytest
-from live_campaign import QKVSEARCH, LiveCampaign, named_checkpoint_epochs, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import (
+    QKVSEARCH,
+    LiveCampaign,
+    named_checkpoint_epochs,
+    tiny_spec,
+    wait_for,
+    write_spec,
+)
 
 from qkvsearch.search.records.layout import ENDED_KEY, read_campaign
 from qkvsearch.search.records.readers import read_trial_records

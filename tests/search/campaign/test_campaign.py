@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from live_campaign import named_checkpoint_epochs
+from helpers import PRESETS
+from helpers.live_campaign import named_checkpoint_epochs
 
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.cli import main
@@ -17,7 +18,7 @@ from qkvsearch.spaces.keys import identity, require_filled
 
 pytestmark = pytest.mark.slow
 
-QUICKSTART = Path(__file__).resolve().parent.parent / "spaces" / "presets" / "quickstart.yaml"
+QUICKSTART = PRESETS / "quickstart.yaml"
 TINY_MODEL = "xcit_nano_12_p8_224"
 
 

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 import torch
+from helpers import REPO
 
 from qkvsearch.spaces.keys import fill
 from qkvsearch.trainers import engine
@@ -168,8 +169,7 @@ def test_missing_dataset_fails_before_any_worker(tmp_path):
 def test_example_trial_yaml_is_valid():
     from qkvsearch.trainers.loop import load_cli_config
 
-    here = os.path.dirname(__file__)
-    cfg = load_cli_config(os.path.join(here, "..", "examples", "trial.yaml"), [])
+    cfg = load_cli_config(str(REPO / "examples" / "trial.yaml"), [])
     assert cfg["dataset"] == "digits" and cfg["epochs"] <= 5
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from browser import chromium_path, render
-from test_results import ALL_STATUSES, SPEC, _tree_digest, write_campaign
+from helpers.browser import chromium_path, render
+from helpers.campaign_files import ALL_STATUSES, SPEC, tree_digest, write_campaign
 
 from qkvsearch.search.analysis import report
 from qkvsearch.search.analysis.report import build_report
@@ -73,9 +73,9 @@ def _png_colours(path) -> int:
 def test_report_contains_every_trial_and_marks_exactly_the_front(tmp_path):
     exp = tmp_path / "synth"
     records = write_campaign(exp, ALL_STATUSES * 2, seed=1)
-    before = _tree_digest(exp, skip="report")
+    before = tree_digest(exp, skip="report")
     paths = build_report(exp, static=False)
-    assert _tree_digest(exp, skip="report") == before  # the campaign's files are untouched
+    assert tree_digest(exp, skip="report") == before  # the campaign's files are untouched
     assert set(paths) >= {"html", "csv", "md", "trials", "epochs"}
     assert all(Path(p).parent == exp / "report" for p in paths.values())
 

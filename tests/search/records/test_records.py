@@ -6,7 +6,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from test_results import write_campaign
+from helpers.campaign_files import write_campaign
 
 from qkvsearch import storage
 from qkvsearch.search.analysis.results import collect
