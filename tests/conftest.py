@@ -99,6 +99,7 @@ def _kill(pids) -> None:
 
 
 _PRESENT_AT_START: set[int] = set()
+_SEEN: set[int] = set()  # orphans found after earlier tests (each failed its test and was killed)
 
 
 def pytest_sessionstart(session):
@@ -107,13 +108,14 @@ def pytest_sessionstart(session):
 
 @pytest.fixture(autouse=True)
 def no_orphaned_ray_process(request):
-    """Fail the test after which a Ray process is left without its parent (stopped: later tests go on)."""
-    before = _PRESENT_AT_START | set(_ray_orphans(set()))
+    """Fail the test after which a Ray process is left without its parent (stopped: later tests go on).
+    One `ps` per test: what was there before the test is what the previous test's check found."""
     yield
-    if not _ray_orphans(before):
+    if not _ray_orphans(_PRESENT_AT_START | _SEEN):
         return
-    orphans = _wait_for_orphans(before)
+    orphans = _wait_for_orphans(_PRESENT_AT_START | _SEEN)
     if orphans:
+        _SEEN.update(orphans)
         _kill(orphans)
         pytest.fail("Ray processes left running without their parent:\n"
                     + "\n".join(f"  {pid} {args}" for pid, args in orphans.items()), pytrace=False)

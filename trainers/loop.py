@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 
-from qkvsearch.spaces.keys import batch_plan, fill, require_filled
+from qkvsearch.spaces.keys import EPOCH, batch_plan, fill, require_filled
 from qkvsearch.trainers.errors import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
 from qkvsearch.trainers.faults import read_faults
 
@@ -111,7 +111,7 @@ class _RayReporter:
         with tempfile.TemporaryDirectory(prefix="qs_ckpt_") as d:
             save_state(state_fn(), d)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
-                             checkpoint_dir_name=_checkpoint_dir_name(metrics["epoch"]))
+                             checkpoint_dir_name=_checkpoint_dir_name(metrics[EPOCH]))
 
 
 def _checkpoint_dir_name(epoch: float) -> str:
@@ -179,7 +179,7 @@ class _LocalRun:
 
         path = None
         if state_fn is not None:
-            path = _checkpoint_dir(self.run_dir, metrics["epoch"])
+            path = _checkpoint_dir(self.run_dir, metrics[EPOCH])
             save_state(state_fn(), path)
             self._prune()
         if self.on_report is not None:
@@ -247,17 +247,9 @@ def _trainer_class():
     """TorchTrainer, less the Ray Data callback when a run has no Ray Datasets (ours never has: each
     worker reads its own shard). That callback starts a DatasetManager actor for every run regardless: one
     more process importing Ray Data on the path to the first step."""
-    from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from qkvsearch import ray_private
 
-    class Trainer(TorchTrainer):
-        def _create_default_callbacks(self):
-            callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
-
-    return Trainer
+    return ray_private.torch_trainer_without_datasets_callback()
 
 
 @functools.cache
@@ -269,9 +261,9 @@ def _ddp_config_class():
     through Ray's own torch helpers, as TorchConfig's backend has it do."""
     from ray.train.torch import config as torch_config  # this process (the trial's) has torch anyway
 
-    if not all(hasattr(torch_config, name) for name in (
-            "_set_torch_distributed_env_vars", "_setup_torch_process_group", "_shutdown_torch",
-            "TorchConfigContextManager", "TorchConfig")):
+    from qkvsearch import ray_private
+
+    if not ray_private.has_torch_process_group_helpers():
         return None
     import ray
     from ray.train.backend import Backend, BackendConfig
@@ -284,9 +276,9 @@ def _ddp_config_class():
         share_cuda_visible_devices = True  # as TorchConfig's backend: NCCL sees every GPU of the node
 
         def on_start(self, worker_group, backend_config):
-            from ray.train._internal.utils import get_address_and_port
+            from qkvsearch import ray_private
 
-            addr, port = worker_group.execute_single(0, get_address_and_port)
+            addr, port = worker_group.execute_single(0, ray_private.address_and_port)
             world = len(worker_group)
             ray.get([worker_group.execute_single_async(rank, _join_process_group, addr, port, backend_config.backend,
                                                        rank, world, backend_config.timeout_s)
@@ -324,17 +316,16 @@ def _ddp_config_class():
 
 def _join_process_group(addr: str, port: int, backend: str, rank: int, world: int, timeout_s: float) -> None:
     """In a Train worker: join the run's torch process group at addr:port (env:// rendezvous)."""
-    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
+    from qkvsearch import ray_private
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
-    _set_torch_distributed_env_vars()
-    _setup_torch_process_group(backend, rank, world, "env://", timeout_s)
+    ray_private.join_torch_process_group(backend, rank, world, timeout_s)
 
 
 def _leave_process_group(destroy: bool) -> None:
-    from ray.train.torch.config import _shutdown_torch
+    from qkvsearch import ray_private
 
-    _shutdown_torch(destroy_process_group=destroy)
+    ray_private.leave_torch_process_group(destroy)
 
 
 def find_divergence(error: BaseException) -> DivergenceError | None:
@@ -356,35 +347,21 @@ def find_divergence(error: BaseException) -> DivergenceError | None:
 # Plain adapter: python -m qkvsearch.trainers.loop / torchrun
 
 
-def _yaml_loader():
-    """PyYAML SafeLoader that also reads 1e-3 as a float (YAML 1.2), not as the string '1e-3'."""
-    import yaml
+def _parse_value(text: str, key: str):
+    """A --set value as YAML, by the campaign files' rules (spaces.loader.parse_yaml: 1e-3 is a float)."""
+    from qkvsearch.spaces.loader import parse_yaml
 
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.?[0-9_]*(?:[eE][-+]?[0-9]+)?$|^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$"
-                   r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-        list("-+0123456789."))
-    return Loader
-
-
-def _parse_value(text: str):
-    import yaml
-
-    return yaml.load(text, Loader=_yaml_loader())  # noqa: S506  (a SafeLoader subclass)
+    return parse_yaml(text, f"--set {key}")
 
 
 def load_cli_config(path: str | None, overrides: list[str]) -> dict:
     """YAML mapping + key=value overrides -> resolved config. ValueError on bad input."""
-    import yaml
+    from qkvsearch.spaces.loader import parse_yaml
 
     cfg = {}
     if path:
         with open(path) as f:
-            cfg = yaml.load(f, Loader=_yaml_loader()) or {}  # noqa: S506
+            cfg = parse_yaml(f.read(), path) or {}
         if not isinstance(cfg, dict):
             raise ValueError(f"--config: expected a YAML mapping of config keys in {path!r}, "
                              f"given a {type(cfg).__name__}")
@@ -392,7 +369,7 @@ def load_cli_config(path: str | None, overrides: list[str]) -> dict:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set: expected key=value, given {item!r}")
-        cfg[key.strip()] = _parse_value(text)
+        cfg[key.strip()] = _parse_value(text, key.strip())
     return fill(cfg)
 
 

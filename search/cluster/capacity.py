@@ -14,11 +14,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from qkvsearch.search.campaign.preflight import ResourceError
+from qkvsearch import ray_private
+from qkvsearch.spaces.errors import BadInput
 
 log = logging.getLogger(__name__)
 UNBOUNDED = 10**6        # "no limit" in counts of nodes or trials
 VERDICT_TIMEOUT_S = 60.0  # how long `launch` waits for the autoscaler to judge one trial (it runs every 5 s)
+
+
+class ResourceError(BadInput):
+    """The campaign asks for more per trial than the machine (or the cluster) has."""
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,7 @@ def node_types() -> list[NodeType]:
     """The node types of the connected cluster's autoscaler config, where its autoscaler reported it to the
     GCS; [] otherwise."""
     try:
-        from ray._private.state import state  # private: the cluster config has no public accessor
-
-        config = state.get_cluster_config()
+        config = ray_private.cluster_config()
     except Exception as exc:  # noqa: BLE001  (an older or newer Ray: plan for what is present)
         log.debug("autoscaler config not read: %s", exc)
         return []
@@ -165,14 +168,7 @@ def autoscaler() -> str | None:
     except Exception as exc:  # noqa: BLE001  (private API of another Ray: try v1's status)
         log.debug("v2 autoscaler state not read: %s", exc)
     try:
-        import json
-
-        from ray._private import ray_constants
-        from ray.autoscaler._private.util import format_readonly_node_type
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
-        types = json.loads(status)["autoscaler_report"]["node_type_mapping"] if status else {}
+        types, format_readonly_node_type = ray_private.v1_autoscaler_node_types()
         if types and any(t != format_readonly_node_type(node) for node, t in types.items()):
             return "v1"
     except Exception as exc:  # noqa: BLE001
@@ -201,13 +197,8 @@ def autoscaler_can_hold(bundles: list[dict], timeout_s: float = VERDICT_TIMEOUT_
 
 
 def _cluster_status():
-    import ray
-    from ray._raylet import GcsClient
-    from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
-
-    address = ray.get_runtime_context().gcs_address
-    return GetClusterStatusReply.FromString(GcsClient(address=address).get_cluster_status())
+    return ray_private.cluster_status()
 
 
 def _autoscaling_state():
-    return _cluster_status().autoscaling_state
+    return ray_private.cluster_status().autoscaling_state

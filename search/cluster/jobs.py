@@ -12,6 +12,9 @@ import json
 import logging
 import os
 
+from qkvsearch import ray_private
+from qkvsearch.spaces.errors import reason
+
 log = logging.getLogger(__name__)
 
 METADATA_PREFIX = "qkvsearch_"
@@ -60,20 +63,9 @@ def tag_submission(metadata: dict[str, str]) -> bool:
     if not sid:
         return False
     try:
-        from ray._private.ray_constants import KV_NAMESPACE_JOB
-        from ray.dashboard.modules.job.common import JobInfoStorageClient
-        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
-
-        key = JobInfoStorageClient.JOB_DATA_KEY.format(job_id=sid).encode()
-        raw = _internal_kv_get(key, namespace=KV_NAMESPACE_JOB)
-        if raw is None:
-            return False
-        info = json.loads(raw)
-        info["metadata"] = {**(info.get("metadata") or {}), **metadata}
-        _internal_kv_put(key, json.dumps(info).encode(), overwrite=True, namespace=KV_NAMESPACE_JOB)
-        return True
+        return ray_private.add_job_metadata(sid, metadata)
     except Exception as exc:  # noqa: BLE001  (Ray's internal layout may move; the campaign must not)
-        log.warning(f"the campaign's metadata could not be added to job {sid}: {exc}")
+        log.warning(f"the campaign's metadata could not be added to job {sid}: {reason(exc)}")
         return False
 
 

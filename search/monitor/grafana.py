@@ -100,11 +100,7 @@ def install_dashboard() -> Path | None:
 
 def _local_session_dir() -> str | None:
     """The Ray session folder when this process's node is the head and the folder is on this disk."""
-    import ray
+    from qkvsearch import ray_private
 
-    try:
-        node = ray._private.worker._global_node  # private: the session folder has no public accessor
-        session = node.get_session_dir_path() if node is not None and node.head else None
-    except AttributeError:
-        return None
+    session = ray_private.head_session_dir()
     return session if session and os.path.isdir(session) else None

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
+from qkvsearch import ray_private
 from qkvsearch.search.scheduling.moasha import (
     _check_objectives,
     _check_positive,
@@ -44,6 +45,7 @@ from qkvsearch.search.scheduling.moasha import (
     promotable,
     recorded_progress,
 )
+from qkvsearch.spaces.keys import EPOCH
 from qkvsearch.storage import write_json
 
 _STATE_FORMAT = "qkvsearch.moasha/2"
@@ -92,10 +94,7 @@ def _save_experiment(tune_controller) -> None:
     """Tune's experiment state saved and copied to storage now. Tune hands schedulers a wrapper that warns
     about attributes outside a short list; the controller behind it has ``checkpoint(force, wait)``. No
     controller (a scheduler driven by hand): nothing."""
-    controller = getattr(tune_controller, "_tune_controller", tune_controller)
-    save = getattr(controller, "checkpoint", None)
-    if save is not None:
-        save(force=True, wait=True)
+    ray_private.save_experiment_now(tune_controller)
 
 
 class CampaignFIFOScheduler(CheckpointsTrialChanges, FIFOScheduler):
@@ -134,7 +133,7 @@ class MOASHAScheduler(CheckpointsTrialChanges, FIFOScheduler):
         self,
         metrics: Sequence[str],
         modes: Sequence[str],
-        time_attr: str = "epoch",
+        time_attr: str = EPOCH,
         grace_period: float = 1,
         reduction_factor: float = 3,
         max_t: float = 100,

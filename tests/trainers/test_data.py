@@ -4,6 +4,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers.images import write_imagefolder
 
 from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers import data
@@ -85,20 +86,8 @@ def test_cifar_pickle_refuses_foreign_objects(tmp_path):
         check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
 
 
-def _write_imagefolder(root, classes, per_class, size=(20, 14)):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in classes:
-            (root / split / c).mkdir(parents=True)
-            for i in range(per_class):
-                a = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-                Image.fromarray(a).save(root / split / c / f"{i}.png")
-
-
 def test_imagefolder_is_read(tmp_path):
-    _write_imagefolder(tmp_path, ["ant", "bee", "cow"], 3)
+    write_imagefolder(tmp_path, ["ant", "bee", "cow"], 3)
     cfg = trial_cfg({"dataset": "imagefolder", "data_path": str(tmp_path), "img_size": 16})
     assert cfg["num_classes"] == 3
     check_dataset(cfg)
@@ -115,7 +104,7 @@ def test_imagefolder_is_read(tmp_path):
 def test_augmented_epochs_replay_whatever_the_loader_processes(tmp_path):
     """An augmented epoch depends on the epoch's seed alone: the same batches with 0 or 2 persistent
     loader processes, again on a second pass over the same loader, and different for the next epoch."""
-    _write_imagefolder(tmp_path, ["ant", "bee"], 4)
+    write_imagefolder(tmp_path, ["ant", "bee"], 4)
     base = {"dataset": "imagefolder", "data_path": str(tmp_path), "img_size": 16, "augment": True,
             "randaugment": "rand-m9-mstd0.5"}
 

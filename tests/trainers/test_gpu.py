@@ -50,9 +50,9 @@ def test_compiled_and_eager_runs_agree_closely():
 
 
 def test_imagefolder_trains_through_persistent_pinned_loaders(tmp_path):
-    from test_data import _write_imagefolder
+    from helpers.images import write_imagefolder
 
-    _write_imagefolder(tmp_path, ["ant", "bee", "cow"], 12)
+    write_imagefolder(tmp_path, ["ant", "bee", "cow"], 12)
     cfg = fill(dict(SMALL, dataset="imagefolder", data_path=str(tmp_path), img_size=32, batch_size=8,
                     max_steps_per_epoch=None, augment=True, loader_workers=2, compile=False))
     run = Run(cfg, cuda())

@@ -1,6 +1,5 @@
 """search.simulation: replays of recorded curves through the campaign's own scheduler classes (no Ray
 runtime, no training): determinism, a FIFO replay of a recorded campaign, the tabular format, speed."""
-import time
 
 import numpy as np
 import pandas as pd
@@ -86,13 +85,11 @@ def test_schedulers_are_the_campaigns_own_classes_and_stop_early():
     assert fifo.complete == len(curves) and fifo.final_hv == pytest.approx(curves.grid_hv)
 
 
-def test_thousand_trials_take_seconds():
+@pytest.mark.timeout(120)  # about a second (benchmarks/bench_search.py times it)
+def test_a_thousand_trials_replay():
     curves = curves_from_frame(table(1000, 27, crossing=True), "t", TWO)
-    start = time.perf_counter()
     run = simulate(curves, Setting("moasha", 1, 3, 1), concurrency=8, seed=0)
-    elapsed = time.perf_counter() - start
     assert run.trials == 1000 and run.complete > 0
-    assert elapsed < 4.0, elapsed
 
 
 def test_more_trials_than_curves_reuse_them_pass_by_pass():
@@ -105,7 +102,7 @@ def test_more_trials_than_curves_reuse_them_pass_by_pass():
 
 def test_tabular_files_csv_and_parquet(tmp_path):
     df = table(12, 5)
-    df.loc[(df["config_id"] == 0) & (df["epoch"] == 3), "epoch"] = 7  # a gap: curve 0 keeps epochs 1-2
+    df = df[~((df["config_id"] == 0) & (df["epoch"] >= 3))]  # a shorter curve (a trial that stopped): 1-2
     csv, parquet = tmp_path / "b.csv", tmp_path / "b.parquet"
     df.to_csv(csv, index=False)
     df.to_parquet(parquet)
@@ -160,3 +157,71 @@ def test_cli_simulate_writes_figure_and_trace(tmp_path, capsys):
     assert main(["simulate", str(path), "--schedulers", "moasha:brackets=9", "--out", str(out)]) == 2
     assert "scheduler" not in capsys.readouterr().out
     assert main(["simulate", str(tmp_path / "none.csv")]) == 2
+
+
+# ------------------------------------------------------------------------ the campaign's searchers on a table
+def grid_table(epochs: int = 9) -> pd.DataFrame:
+    """6 x 5 configurations (config_a, config_b: every combination in the table) x epochs."""
+    a, b = np.meshgrid(np.arange(6), np.arange(5), indexing="ij")
+    a, b = a.ravel(), b.ravel()
+    params = 1.0 + a + 0.3 * b
+    final = 60 + 4 * params - 2.0 * (b - 2) ** 2
+    e = np.arange(1, epochs + 1)
+    top1 = final[:, None] * (1 - np.exp(-e[None] / (1 + 0.4 * params[:, None])))
+    n = len(a)
+    return pd.DataFrame({"config_a": np.repeat(a, epochs), "config_b": np.repeat(b, epochs),
+                         "epoch": np.tile(e, n), "top1": top1.reshape(-1), "params_m": np.repeat(params, epochs)})
+
+
+@pytest.mark.parametrize("searcher", ["shuffle", "random", "tpe", "nsga2", "gp"])
+def test_each_searcher_drives_a_table_replay_deterministically_for_a_seed(searcher):
+    curves = curves_from_frame(grid_table(), "g", TWO)
+    setting = Setting("moasha", 1, 3, 2)
+    a, b, c = (simulate(curves, setting, concurrency=2, seed=s, num_trials=14, searcher=searcher) for s in (3, 3, 4))
+    assert _trace(a) == _trace(b) and a.trials == 14 and a.end_curve.tolist() != c.end_curve.tolist()
+    assert len(set(a.end_curve.tolist())) == 14  # a configuration is trained once
+    if searcher != "shuffle":
+        import optuna
+
+        states = [t.state for t in a.searcher.study.trials]
+        assert a.label == f"{searcher} moasha g1 rf3 b2"
+        # what it read, as a campaign tells it: stopped trials PRUNED, trained ones COMPLETE
+        assert states.count(optuna.trial.TrialState.PRUNED) == a.stopped > 0
+        assert states.count(optuna.trial.TrialState.COMPLETE) >= a.complete > 0
+
+
+def test_constrained_replay_trains_only_feasible_curves_and_the_searcher_learns_the_rest():
+    from qkvsearch.search.simulation.searchers import parse_constraints
+
+    curves = curves_from_frame(grid_table(3), "g", TWO)
+    cons = parse_constraints(["params_m:max=4.5"], curves)
+    run = simulate(curves, Setting("fifo"), concurrency=2, seed=0, num_trials=10, searcher="tpe", constraints=cons)
+    started = run.end_curve.tolist()
+    assert len(started) == 10 and all(curves.results[c][0]["params_m"] <= 4.5 for c in started)
+    told = [t for t in run.searcher.study.trials if t.constraints.get("params_m", 0) > 0]
+    assert run.searcher.infeasible == len(told) > 0 and 0 < run.infeasible_share < 1
+    assert all(t.values[1] > 4.5 for t in told if t.values)  # its exact cost objective
+    with pytest.raises(BadInput, match="constraints: expected METRIC:max=X"):
+        parse_constraints(["top1:max=3"], curves)
+
+
+@pytest.mark.timeout(120)
+def test_a_thousand_random_trials_take_seconds():
+    import time
+
+    df = table(1200, 3, crossing=False).rename(columns={"config_id": "config_a"}).drop(columns="config_lr")
+    curves = curves_from_frame(df, "t", TWO)
+    start = time.perf_counter()
+    run = simulate(curves, Setting("fifo"), concurrency=4, seed=0, num_trials=1000, searcher="random")
+    assert run.trials == 1000 and time.perf_counter() - start < 30
+
+
+def test_cli_simulate_with_searchers_and_constraints(tmp_path, capsys):
+    path = tmp_path / "grid.csv"
+    grid_table(3).to_csv(path, index=False)
+    rc = main(["simulate", str(path), "--searcher", "random", "tpe", "--schedulers", "fifo", "--trials", "8",
+               "--constraints", "params_m:max=4.5", "--out", str(tmp_path / "sim")])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "random fifo" in printed and "tpe fifo" in printed
+    assert "infeasible proposals (no trial slot): random fifo" in printed
+    assert main(["simulate", str(path), "--constraints", "gmacs:max=1", "--out", str(tmp_path / "s2")]) == 2
