@@ -22,6 +22,7 @@ import pytest
 from helpers.live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.records.layout import FINAL_STATUSES
+from qkvsearch.search.records.lease import LEASE_FILE, STALE_ENV, read_lease
 from qkvsearch.search.records.readers import read_trial_records
 
 pytestmark = pytest.mark.slow
@@ -31,6 +32,9 @@ NAME = "killed"
 TRIALS = 4
 TRAINED = ("completed", "stopped_early")
 LINGER_S = 5  # a killed driver's trials and Train workers end within seconds
+# The killed driver's hold on the campaign goes stale this long after its last heartbeat: long enough for a
+# second driver started at once to find it still held, short enough not to wait long for it.
+STALE_S = 12
 
 
 def _spec(storage: Path) -> dict:
@@ -48,7 +52,7 @@ class _Driver:
 
     def __init__(self, args: list[str], cwd: Path):
         self.ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
-        env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "PYTHONUNBUFFERED": "1", STALE_ENV: str(STALE_S)}
         env.pop("RAY_ADDRESS", None)
         self.err = cwd / f"{args[0]}.err"
         with open(cwd / f"{args[0]}.out", "wb") as out, open(self.err, "wb") as err:
@@ -158,6 +162,12 @@ def test_a_killed_driver_resumes_without_losing_or_retraining_anything(tmp_path)
         launch.proc.send_signal(signal.SIGKILL)
         launch.proc.wait()
     killed_at = time.time()
+    (tmp_path / "early").mkdir()
+    early = _Driver(["resume", str(exp)], tmp_path / "early")  # the dead driver's hold is still live
+    assert early.proc.wait(120) == 2, early.err.read_text()[-3000:]
+    said = early.err.read_text()
+    assert f"pid {launch.proc.pid}" in said and f"goes stale {STALE_S:g} s after" in said, said
+    early.gone()
     at_kill = tmp_path / "at_kill"  # what the driver had written: records and Tune's saved state
     shutil.copytree(exp, at_kill, ignore=shutil.ignore_patterns("train_runs"))
     launch.gone()
@@ -168,10 +178,13 @@ def test_a_killed_driver_resumes_without_losing_or_retraining_anything(tmp_path)
     counter, study = _searcher(at_kill)
     assert counter == len(before) == len(study), "Tune's saved state lacks a trial the driver had started"
 
+    wait_for(lambda: read_lease(exp).stale, 2 * STALE_S, "the killed driver's hold to go stale")
     started = time.time()
     resume = _Driver(["resume", str(exp)], tmp_path)
     assert resume.proc.wait(400) == 0, resume.err.read_text()[-3000:]
     resume.gone()
+    assert "took over the stale hold" in resume.err.read_text()
+    assert not (exp / LEASE_FILE).exists()  # released at the end
 
     after = _records(exp)
     assert len(after) == TRIALS and set(before) <= set(after)  # none lost, no more than planned
