@@ -20,7 +20,9 @@ QKVSEARCH = [sys.executable, "-m", "qkvsearch.search.cli"]
 TINY_MODEL = "xcit_nano_12_p8_224"
 
 
-def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: list[dict], steps: int = 4) -> dict:
+def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: list[dict], steps: int = 4,
+              keep: str = "all") -> dict:
+    """keep: what ended trials keep of their checkpoints (default here: all, as training leaves them)."""
     return {
         "name": name,
         "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
@@ -32,6 +34,7 @@ def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: 
         "search": {"algorithm": "grid"},
         "scheduler": {"type": "fifo"},
         "resources": {"workers_per_trial": workers, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+        "checkpoints": {"keep": keep},
         "storage": str(storage),
     }
 
@@ -115,13 +118,41 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
         time.sleep(every)
 
 
-def token_file() -> str:
-    """Where Ray keeps the dashboard's token (RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token)."""
-    return os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray's processes look first, in this order
 
 
-def auth_token() -> str:
-    return os.environ.get("RAY_AUTH_TOKEN") or Path(token_file()).read_text().strip()
+def token_file(env: dict | None = None) -> str:
+    """Where the processes started with `env` (default: this one's) find the dashboard's token:
+    RAY_AUTH_TOKEN_PATH, else Ray's default ~/.ray/auth_token (of that environment's HOME)."""
+    env = os.environ if env is None else env
+    home = env.get("HOME") or os.path.expanduser("~")
+    return env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(home, ".ray", "auth_token")
+
+
+def auth_token(env: dict | None = None) -> str:
+    """The token the processes started with `env` (default: this one's) use."""
+    env = os.environ if env is None else env
+    if env.get("RAY_AUTH_TOKEN"):
+        return env["RAY_AUTH_TOKEN"]
+    path = Path(token_file(env))
+    if not path.is_file():  # a local ray.init() writes one; `ray start` never does
+        raise AssertionError(f"no Ray token at {path}: the test must make its own (own_token)")
+    return path.read_text().strip()
+
+
+def own_token(env: dict, folder: Path | str) -> dict:
+    """`env` with token auth on and a new token of its own, for the processes of a cluster a test starts
+    with `ray start` (which reads a token but never creates one). The token is made the way a user makes
+    one on a head, `ray get-auth-token --generate`, with HOME at `folder`, so it lands in
+    folder/.ray/auth_token and RAY_AUTH_TOKEN_PATH names it; nothing depends on the user's ~/.ray."""
+    folder = Path(folder)
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    clean = {k: v for k, v in env.items() if k not in TOKEN_VARS}
+    subprocess.run([ray_bin, "get-auth-token", "--generate"], env={**clean, "HOME": str(folder)},
+                   capture_output=True, check=True, timeout=120)
+    path = folder / ".ray" / "auth_token"
+    assert path.is_file(), f"`ray get-auth-token --generate` wrote no {path}"
+    return {**clean, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
 
 
 def get_json(url: str, token: str | None = None, timeout: float = 10):

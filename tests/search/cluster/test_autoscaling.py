@@ -25,6 +25,7 @@ from helpers.live_campaign import (
     auth_token,
     free_port,
     get_json,
+    own_token,
     ray_processes,
     tiny_spec,
     wait_for,
@@ -68,10 +69,11 @@ class FakeAutoscalingCluster:
         self.port, self.dash = free_port(), free_port()
         config = tmp / "autoscaling.json"
         config.write_text(json.dumps(_autoscaling_config(self.port)))
-        self.env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "RAY_AUTH_MODE": "token",
-                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_FAKE_CLUSTER": "1",
-                    "RAY_enable_autoscaler_v2": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-                    "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}
+        env = {**os.environ, "RAY_TMPDIR": self.ray_tmp,
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_FAKE_CLUSTER": "1",
+               "RAY_enable_autoscaler_v2": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+               "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID}
+        self.env = own_token(env, tmp)  # `ray start` creates none: the head, its nodes and drivers share this one
         self.env.pop("RAY_ADDRESS", None)
         ray_bin = str(Path(sys.executable).parent / "ray")
         self.head = subprocess.Popen(
@@ -87,7 +89,7 @@ class FakeAutoscalingCluster:
         if self.head.poll() is not None:
             raise AssertionError(f"ray start exited {self.head.returncode}")
         try:
-            get_json(f"{self.dashboard}/api/v0/nodes", auth_token(), timeout=5)
+            get_json(f"{self.dashboard}/api/v0/nodes", auth_token(self.env), timeout=5)
             return True
         except OSError:
             return False
@@ -100,7 +102,7 @@ class FakeAutoscalingCluster:
         return {**env, "RAY_ADDRESS": f"127.0.0.1:{self.port}", "PYTHONUNBUFFERED": "1"}
 
     def nodes(self) -> list[dict]:
-        return get_json(f"{self.dashboard}/api/v0/nodes?detail=1", auth_token())["data"]["result"]["result"]
+        return get_json(f"{self.dashboard}/api/v0/nodes?detail=1", auth_token(self.env))["data"]["result"]["result"]
 
     def stop(self) -> None:
         try:

@@ -1,8 +1,7 @@
 """What a cluster can hold, now or once its autoscaler adds node types (search.cluster.capacity), without Ray."""
 import pytest
 
-from qkvsearch.search.campaign.preflight import ResourceError
-from qkvsearch.search.cluster.capacity import Cluster, NodeType, plan_concurrency
+from qkvsearch.search.cluster.capacity import Cluster, NodeType, ResourceError, plan_concurrency
 from qkvsearch.spaces.schema import ResourcesSpec
 
 

@@ -14,6 +14,7 @@ import pytest
 from helpers.live_campaign import (
     free_port,
     named_checkpoint_epochs,
+    own_token,
     ray_processes,
     tiny_spec,
     wait_for,
@@ -43,7 +44,7 @@ SCRIPT = textwrap.dedent("""
     import ray
     from ray.util.state import list_actors
     from qkvsearch.search.cli import main
-    from qkvsearch.search.records import read_trial_records
+    from qkvsearch.search.records.readers import read_trial_records
 
     result = {}
     def launch():
@@ -81,7 +82,7 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
     import os
 
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp}
+    env = own_token({**os.environ, "RAY_TMPDIR": ray_tmp}, tmp_path)  # the cluster's own, not ~/.ray's
     env.pop("RAY_ADDRESS", None)
     run = subprocess.run([sys.executable, str(tmp_path / "cluster.py"), str(spec_file), exp, str(tmp_path / "out.json"),
                           str(free_port())],
@@ -95,7 +96,8 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
     assert result["rc"] == 0, run.stdout[-3000:]
     assert result["worker_nodes"] == sorted(result["nodes"].values())  # one worker on each node
     records, problems = read_trial_records(exp)
-    assert not problems and {r["status"] for r in records} == {"completed"}
+    assert not problems and {r["status"] for r in records} == {"completed"}, [
+        (r["trial_name"], r["status"], (r.get("error") or "")[-1500:]) for r in records]
     for r in records:
         assert [int(e["epoch"]) for e in r["epochs"]] == [1, 2, 3], r["trial_name"]
         assert r["checkpoint_path"].startswith(f"{exp}/train_runs/"), r["checkpoint_path"]  # a URI, not Train's bare path
