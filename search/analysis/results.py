@@ -11,23 +11,20 @@ search/RESULTS_SCHEMA.md.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from qkvsearch.search.records.layout import EPOCH, TRIALS_DIR, read_campaign
+from qkvsearch.search.records.layout import EPOCH, read_campaign
+from qkvsearch.search.records.outputs import check_output_dir
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import COST_METRICS, RESOLVED_KEYS
-from qkvsearch.storage import open_location, write_bytes
+from qkvsearch.spaces.keys import COST_METRICS, RESOLVED_KEYS, finite
+from qkvsearch.storage import write_bytes
 
 __all__ = [
     "collect",
-    "load_campaign_record",
     "resolve_out_dir",
     "parquet_files",
     "write_results",
@@ -40,7 +37,7 @@ EPOCHS_FILE = "epochs.parquet"
 
 # Per-epoch metrics every trainer reports (contract), in column order; other numeric keys follow sorted.
 KNOWN_METRICS = ("train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "epoch_s", "train_s")
-FINAL_SKIP = ("epoch", *COST_METRICS)  # constant per trial (older records carry them per epoch)
+FINAL_SKIP = (EPOCH, *COST_METRICS)  # constant per trial (older records carry them per epoch)
 BEST = {"top1": "max", "top5": "max", "val_loss": "min", "train_loss": "min"}
 
 ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(), "string": pa.string()}
@@ -73,9 +70,6 @@ TRIAL_TAIL: tuple[tuple[str, pa.DataType], ...] = (
 )
 
 
-load_campaign_record = read_campaign  # the parsed qs_campaign.json; CampaignFileError naming it otherwise
-
-
 # ---------------------------------------------------------------------------------------- coercion
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -86,7 +80,7 @@ def _to_float(v):
 
 
 def _to_int(v):
-    if _is_num(v) and math.isfinite(v) and float(v).is_integer():
+    if finite(v) is not None and float(v).is_integer():
         return int(v)
     return None
 
@@ -118,7 +112,8 @@ def _infer_type(values: list) -> pa.DataType:
 
 def _timestamp(v):
     """Unix seconds -> int microseconds (the storage of TS)."""
-    return int(round(v * 1e6)) if _is_num(v) and math.isfinite(v) else None
+    seconds = finite(v)
+    return None if seconds is None else int(round(seconds * 1e6))
 
 
 # ---------------------------------------------------------------------------------------- epochs
@@ -138,7 +133,7 @@ def _epochs_table(trial_ids: pa.Array, names: pa.Array, counts: np.ndarray, colu
     out = {
         "trial_id": trial_ids.take(take),
         "trial_name": names.take(take),
-        "epoch": pa.array(np.where(missing, 0, epoch).astype(np.int64), mask=missing),
+        EPOCH: pa.array(np.where(missing, 0, epoch).astype(np.int64), mask=missing),
     }
     for m in metric_names:
         out[m] = pa.array(columns[m], pa.float64(), from_pandas=True)  # NaN -> null
@@ -169,7 +164,7 @@ def _summaries(columns: dict[str, np.ndarray], counts: np.ndarray, metric_names:
     for m in metric_names:
         if m not in FINAL_SKIP:
             out[f"final_{m}"] = per_trial(column(m)[last])
-    epoch = column("epoch")
+    epoch = column(EPOCH)
     for m, mode in BEST.items():
         col = column(m)
         if starts.size == 0:
@@ -298,17 +293,11 @@ def _parquet_file(table: pa.Table) -> pa.Buffer:
 
 
 def resolve_out_dir(experiment_dir, out_dir, default: str) -> str:
-    """An output folder as a path or URI in the form given: ``out_dir``, else ``<exp>/<default>``.
-    BadInput when it is an existing file, the campaign folder itself or its record folder (the
-    campaign's files are never touched). Nothing is created here."""
-    exp_fs, root = open_location(experiment_dir)
-    text = os.fspath(experiment_dir).rstrip("/") + "/" + default if out_dir is None else os.fspath(out_dir).rstrip("/")
-    fs, path = open_location(text)
-    if type(fs) is type(exp_fs) and path.rstrip("/") in (root, f"{root}/{TRIALS_DIR}"):
-        raise BadInput(f"out: expected a folder other than the campaign's own ({root}), given {text}")
-    if fs.get_file_info(path).type == pafs.FileType.File:
-        raise BadInput(f"out: expected a folder, given {text}, which is a file")
-    return text
+    """An output folder as a path or URI in the form given: ``out_dir``, else ``<exp>/<default>``, once
+    search.records.outputs.check_output_dir accepts it as --out (no file, nothing of the campaign's
+    own: its files are never touched). Nothing is created here."""
+    text = os.fspath(experiment_dir).rstrip("/") + "/" + default if out_dir is None else out_dir
+    return check_output_dir(text, "--out", campaign=experiment_dir)
 
 
 def parquet_files(trials: pa.Table, epochs: pa.Table) -> dict[str, pa.Buffer]:

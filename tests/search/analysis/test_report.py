@@ -13,7 +13,7 @@ import pytest
 from helpers.browser import chromium_path, render
 from helpers.campaign_files import ALL_STATUSES, SPEC, tree_digest, write_campaign
 
-from qkvsearch.search.analysis import report
+from qkvsearch.search.analysis import figures
 from qkvsearch.search.analysis.report import build_report
 from qkvsearch.search.analysis.results import collect
 from qkvsearch.spaces.errors import BadInput
@@ -124,8 +124,8 @@ def test_hover_shows_errors_and_beyond_the_limit_the_config_of_front_points_only
     exp = tmp_path / "synth"
     records = write_campaign(exp, ALL_STATUSES * 2, seed=1)
     errors = {r["trial_id"]: r["error"] for r in records}
-    for limit, config_on in ((report.HOVER_CONFIG_LIMIT, "all"), (3, "front")):
-        monkeypatch.setattr(report, "HOVER_CONFIG_LIMIT", limit)
+    for limit, config_on in ((figures.HOVER_CONFIG_LIMIT, "all"), (3, "front")):
+        monkeypatch.setattr(figures, "HOVER_CONFIG_LIMIT", limit)
         paths = build_report(exp, static=False)
         page = Path(paths["html"]).read_text()
         front = _flagged(page, "front")[1]
@@ -138,6 +138,7 @@ def test_hover_shows_errors_and_beyond_the_limit_the_config_of_front_points_only
                 assert errors[tid] is None or not full or f"error: {errors[tid]}" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(chromium_path() is None, reason="needs a Chromium browser (apt-get install chromium)")
 def test_report_page_renders_in_headless_chromium_without_script_errors(tmp_path):
     exp = tmp_path / "paper"
@@ -159,6 +160,7 @@ def test_report_page_renders_in_headless_chromium_without_script_errors(tmp_path
     assert red.sum() > 30
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(chromium_path() is None, reason="needs a Chromium browser")
 def test_browser_helper_reports_script_errors(tmp_path):
     bad = tmp_path / "bad.html"
@@ -209,7 +211,7 @@ def test_out_pointing_at_a_file_fails_before_writing(tmp_path):
     target = tmp_path / "report.html"
     target.write_text("mine")
     before = sorted(os.listdir(tmp_path))
-    with pytest.raises(BadInput, match=f"out: expected a folder, given {re.escape(str(target))}, which is a file"):
+    with pytest.raises(BadInput, match=f'--out: expected a folder, given "{re.escape(str(target))}", which is a file'):
         build_report(exp, out_dir=target, static=False)
     assert target.read_text() == "mine" and sorted(os.listdir(tmp_path)) == before
     assert not (exp / "report").exists()

@@ -227,3 +227,42 @@ def test_an_interrupted_campaign_exits_130_saying_how_to_resume(monkeypatch, tmp
     assert main(["launch", str(spec)]) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert "stopped by SIGTERM; 1 running trial(s) marked interrupted; `qkvsearch resume /r/c1`" in err
+
+
+def test_a_grid_with_repeats_plans_points_times_repeats_trials(tmp_path, monkeypatch):
+    from qkvsearch.spaces import load_campaign
+
+    raw = {"name": "grid3", "model": {"name": "xcit_nano_12_p16_224"}, "data": {"dataset": "synthetic"},
+           "train": {"epochs": 6}, "space": {"embedding": {"grid": ["linear", "sne"]}},
+           "search": {"algorithm": "grid", "repeats": 3}}
+    spec = load_campaign(raw, check_names=False).to_dict()  # what launch stores
+    assert spec["search"]["num_trials"] == 6 and spec["search"]["repeats"] == 3
+    write_campaign(tmp_path, ["completed", "running"], spec=spec, name="grid3")
+    p = read_progress(tmp_path)
+    assert p.trials_planned == 6
+    assert p.epochs_planned == 6 + 6 + 4 * 6  # two recorded trials, four still to start
+    out = io.StringIO()
+    view = TerminalView(out, live=False)
+    view.show(p)
+    view.close()
+    assert "grid3: 1/6 trials done" in out.getvalue()
+    live = io.StringIO()
+    view = TerminalView(live, live=True)
+    view.show(p)
+    view.close()
+    assert "1/6" in live.getvalue() and "1/18" not in live.getvalue()
+    gauges = metrics.CampaignMetrics("grid3")
+    planned = gauges.gauges["qkvsearch_trials_planned"]
+    seen = []
+    set_value = planned.set
+    monkeypatch.setattr(planned, "set", lambda value, tags=None: (seen.append(value), set_value(value, tags)))
+    gauges.show(p)
+    assert seen == [6.0]
+
+
+def test_a_spec_without_objectives_shows_the_default_objective_front(tmp_path):
+    from helpers.campaign_files import SPEC
+
+    write_campaign(tmp_path, STATUSES, spec={k: v for k, v in SPEC.items() if k != "objectives"})
+    p = read_progress(tmp_path)
+    assert p.objectives == [("top1", "max")] and p.front and "top1" in p.best

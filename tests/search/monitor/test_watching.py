@@ -21,6 +21,7 @@ from helpers.live_campaign import (
     auth_token,
     free_port,
     get_json,
+    own_token,
     tiny_spec,
     token_file,
     wait_for,
@@ -189,13 +190,13 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
     import sys
     import tempfile
 
-    from live_campaign import ray_processes
+    from helpers.live_campaign import ray_processes
 
     spec = write_spec(tmp_path / "spec.yaml", tiny_spec(tmp_path / "results", "submitted", workers=1, epochs=1,
                                                       variants=[{"embedding": "linear"}], steps=2))
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
     dash = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = own_token({**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, tmp_path)  # `ray start` makes none
     env.pop("RAY_ADDRESS", None)
     ray_bin = str(Path(sys.executable).parent / "ray")
     # --block: the head's processes stop with this one (no `ray stop`, which stops every Ray on the machine)
@@ -218,7 +219,7 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
         submit = wait_for(submitted, 120, "the head's job agent", every=2)
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
         assert "next: qkvsearch report" in submit.stdout  # the campaign's own lines reach the job's log
-        (job,) = [j for j in get_json(f"{url}/api/jobs/", auth_token()) if j.get("submission_id") == "qs-submitted"]
+        (job,) = [j for j in get_json(f"{url}/api/jobs/", auth_token(env)) if j.get("submission_id") == "qs-submitted"]
         assert job["type"] == "SUBMISSION" and job["status"] == "SUCCEEDED"
         assert job["metadata"][f"{METADATA_PREFIX}campaign"] == "submitted"
         assert job["metadata"][f"{METADATA_PREFIX}results"] == str(tmp_path / "results" / "submitted")

@@ -1,0 +1,243 @@
+"""The report's plotly figures, each rendered from one FrontInfo (search.analysis.front), and the text
+helpers its tables share (escaping, number formats).
+
+Figures are plotly figure dicts ({"data": [trace, ...], "layout": {...}}) in the form plotly.py's graph
+objects serialise to: numbers as typed arrays, the template written out. Building them as dicts skips
+plotly.py's per-value validation, which at 10,000 trials costs about a second.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from qkvsearch.search.analysis.front import FrontInfo, rows
+from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.storage import loads_json
+
+AXIS_TITLES = {
+    "gmacs": "GMACs (multiply-accumulates; the papers' 'FLOPs')",
+    "params_m": "parameters (M)",
+    "top1": "top-1 accuracy (%)",
+    "top5": "top-5 accuracy (%)",
+    "val_loss": "validation loss",
+    "train_s_total": "training time (s)",
+}
+EMBED_COLORS = {"linear": "#7f7f7f", "sne": "#1f77b4", "psne": "#2ca02c", "fsne": "#d62728"}
+EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
+STATUS_SYMBOLS = {"completed": "circle", "stopped_early": "triangle-down", "running": "diamond-open",
+                  "interrupted": "diamond", "diverged": "x", "failed": "cross", "infeasible": "square-open", "pending": "circle-open"}
+SYMBOLS_3D = {"circle", "circle-open", "cross", "diamond", "diamond-open", "square", "square-open", "x"}
+HOVER_CONFIG_LIMIT = 2000  # above this many trials only front points carry the full config on hover
+
+
+# ---------------------------------------------------------------------------------------- text
+_HTML_SPECIAL = re.compile("[&<>\"']")  # what html.escape replaces
+
+
+def escaped(texts: list[str]) -> list[str]:
+    """html.escape of each text. Most columns hold nothing to escape (names, numbers): one scan of
+    them joined says so; otherwise each distinct text is escaped once."""
+    if not _HTML_SPECIAL.search("".join(texts)):
+        return texts
+    done = {t: html.escape(t) for t in set(texts)}
+    return [done[t] for t in texts]
+
+
+def g4(s: pd.Series, missing: str) -> list[str]:
+    """Values with 4 significant digits ({:.4g}), ``missing`` where NA."""
+    na = s.isna().to_numpy()
+    return [missing if m else f"{v:.4g}" for v, m in zip(s.tolist(), na)]
+
+
+def config_of(config_json: str) -> dict:
+    """A trial's config_json parsed (orjson where it can: a few times faster than json for thousands)."""
+    return loads_json(config_json.encode("utf-8"))
+
+
+def _hover_details(config_json: str, error) -> str:
+    """The config's set keys (sorted) and the error, as hover lines after the objectives."""
+    config = config_of(config_json)
+    lines = [f"{html.escape(str(k))} = {html.escape(json.dumps(v))}" for k, v in sorted(config.items()) if v is not None]
+    if isinstance(error, str) and error:  # a missing error is NaN here
+        lines.append("error: " + html.escape(error[:200]))
+    return "".join("<br>" + line for line in lines)
+
+
+def hover_texts(info: FrontInfo) -> list[str]:
+    """Per trial: name, status and objectives; up to HOVER_CONFIG_LIMIT trials every one, beyond it
+    front trials only, also its config and error."""
+    df = info.trials
+    names = escaped(df["trial_name"].astype(str).tolist())
+    out = [f"<b>{n}</b> ({s})" for n, s in zip(names, df["status"].astype(str).tolist())]
+    for m, c in zip(info.metrics, info.columns):
+        out = [f"{h}<br>{m} = {v}" for h, v in zip(out, g4(df[c], "n/a"))]
+    full = np.ones(len(df), dtype=bool) if len(df) <= HOVER_CONFIG_LIMIT else info.on_front
+    configs, errors = df["config_json"].to_numpy(dtype=object), df["error"].to_numpy(dtype=object)
+    for i in np.flatnonzero(full):
+        out[i] += _hover_details(configs[i], errors[i])
+    return out
+
+
+# ---------------------------------------------------------------------------------------- parts
+def _color(emb: str, order: list[str]) -> str:
+    return EMBED_COLORS.get(emb) or EXTRA_COLORS[order.index(emb) % len(EXTRA_COLORS)]
+
+
+def _title(metric: str) -> str:
+    return AXIS_TITLES.get(metric, metric)
+
+
+def _numbers(values) -> dict | list:
+    """(n,) numbers (Series, array) -> plotly.js typed array: float64, base64, missing -> NaN (a gap)."""
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype="float64", na_value=np.nan)
+    v = np.ascontiguousarray(values, dtype="<f8")
+    if v.size == 0:
+        return []  # as plotly.py sends an empty array
+    return {"dtype": "f8", "bdata": base64.b64encode(v).decode("ascii")}
+
+
+@lru_cache(maxsize=1)
+def _template() -> dict:
+    """The plotly_white template as the layout carries it (plotly.js knows no template names)."""
+    import plotly.io as pio
+
+    return pio.templates["plotly_white"].to_plotly_json()
+
+
+def _layout(title: str, height: int, **axes) -> dict:
+    """Layout with the report's template; ``axes``: xaxis=..., yaxis=... axis titles, or a scene."""
+    out = {"template": _template(), "title": {"text": title}, "height": height}
+    for name, value in axes.items():
+        out[name] = {"title": {"text": value}} if isinstance(value, str) else value
+    return out
+
+
+def _scatter_traces(df: pd.DataFrame, groups: dict, xcol: str, ycol: str, zcol: str | None = None) -> list[dict]:
+    """One trace per (embedding, status) of ``groups`` ({(emb, status): row positions}, sorted):
+    colour = embedding, symbol = status; rows missing a coordinate are left out."""
+    traces = []
+    embeds = sorted(df["embedding"].unique())
+    axes = {"x": xcol, "y": ycol, **({"z": zcol} if zcol else {})}
+    coords = {a: df[c].to_numpy(dtype="float64", na_value=np.nan) for a, c in axes.items()}
+    present = np.logical_and.reduce([~np.isnan(v) for v in coords.values()])  # (n,)
+    hover, ids = df["hover"].to_numpy(dtype=object), df["trial_id"].to_numpy(dtype=object)
+    for (emb, status), at in groups.items():
+        at = at[present[at]]
+        if at.size == 0:
+            continue
+        symbol = STATUS_SYMBOLS.get(status, "circle")
+        if zcol is not None and symbol not in SYMBOLS_3D:
+            symbol = "diamond"  # 3-D markers have fewer symbols
+        marker = {"color": _color(emb, embeds), "symbol": symbol, "size": 7 if zcol is None else 4, "opacity": 0.85}
+        trace = {"type": "scatter" if zcol is None else "scatter3d", "name": f"{emb} · {status}", "legendgroup": emb,
+                 "mode": "markers", "marker": marker, "hovertext": hover[at].tolist(), "hoverinfo": "text",
+                 "customdata": ids[at].tolist()}
+        traces.append(trace | {a: _numbers(v[at]) for a, v in coords.items()})
+    return traces
+
+
+def _trial_groups(df: pd.DataFrame) -> dict:
+    """{(embedding, status): (m,) row positions}, keys sorted: the traces of every scatter figure."""
+    groups = df.groupby(["embedding", "status"], sort=True).indices
+    return {k: groups[k] for k in sorted(groups)}
+
+
+# ---------------------------------------------------------------------------------------- figures
+def _pair_figure(info: FrontInfo, groups, j: int, paper: pd.DataFrame | None) -> dict:
+    """objectives[0] (y) against objectives[j] (x): all trials, the full front, the 2-D staircase."""
+    df, metrics, dirs = info.trials, info.metrics, info.directions
+    xcol, ycol = info.columns[j], info.columns[0]
+    data = _scatter_traces(df, groups, xcol, ycol)
+    front = rows(df, df["on_front"], [xcol, ycol, "hover", "trial_id"])
+    data.append({"type": "scatter", "x": _numbers(front[xcol]), "y": _numbers(front[ycol]), "mode": "markers",
+                 "name": "Pareto front (all objectives)",
+                 "marker": {"size": 14, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
+                 "hovertext": front["hover"].tolist(), "hoverinfo": "text", "customdata": front["trial_id"].tolist()})
+    stair = info.pair_fronts[j]
+    shape = "hv" if dirs[0] == "max" and dirs[j] == "min" else "linear"
+    data.append({"type": "scatter", "x": _numbers(stair[xcol]), "y": _numbers(stair[ycol]), "mode": "lines",
+                 "line": {"color": "black", "width": 1.5, "shape": shape},
+                 "name": f"front in this plane ({metrics[0]} vs {metrics[j]})", "hoverinfo": "skip"})
+    if paper is not None and metrics[j] in paper and metrics[0] in paper:
+        p = paper.dropna(subset=[metrics[j], metrics[0]])
+        data.append({"type": "scatter", "x": _numbers(p[metrics[j]]), "y": _numbers(p[metrics[0]]), "mode": "markers",
+                     "name": "paper (ImageNet-1k)",
+                     "marker": {"symbol": "star", "size": 12, "color": "#ff7f0e", "line": {"color": "black", "width": 1}},
+                     "hovertext": p["label"].tolist(), "hoverinfo": "text+x+y"})
+    layout = _layout(f"{metrics[0]} vs {metrics[j]}", 560, xaxis=_title(metrics[j]), yaxis=_title(metrics[0]))
+    layout["legend"] = {"font": {"size": 10}}
+    return {"data": data, "layout": layout}
+
+
+def _figure_3d(info: FrontInfo, groups) -> dict:
+    df, metrics, cols = info.trials, info.metrics, info.columns
+    data = _scatter_traces(df, groups, cols[1], cols[2], cols[0])
+    front = rows(df, df["on_front"], [*cols[:3], "hover"])
+    data.append({"type": "scatter3d", "x": _numbers(front[cols[1]]), "y": _numbers(front[cols[2]]),
+                 "z": _numbers(front[cols[0]]), "mode": "markers", "name": "Pareto front",
+                 "marker": {"size": 7, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 3}},
+                 "hovertext": front["hover"].tolist(), "hoverinfo": "text"})
+    scene = {f"{a}axis": {"title": {"text": _title(m)}} for a, m in zip("xyz", (metrics[1], metrics[2], metrics[0]))}
+    return {"data": data, "layout": _layout(f"{metrics[0]} vs {metrics[1]} and {metrics[2]}", 650, scene=scene)}
+
+
+def _curves_figure(info: FrontInfo, epochs: pa.Table, metric: str = "top1") -> dict:
+    """Per-epoch curves of the front's trials only (never every epoch of every trial)."""
+    df = info.trials
+    front = rows(df, df["on_front"], ["trial_id", "embedding"])
+    data = []
+    if metric in epochs.column_names and len(front):
+        sub = epochs.filter(pc.is_in(epochs["trial_id"], value_set=pa.array(front["trial_id"].tolist(), pa.string())))
+        sub = sub.select(["trial_id", "trial_name", EPOCH, metric]).to_pandas().sort_values(["trial_id", EPOCH])
+        embeds = sorted(df["embedding"].unique())
+        emb_of = dict(zip(front["trial_id"], front["embedding"]))
+        for tid, g in sub.groupby("trial_id", sort=True):
+            data.append({"type": "scatter", "x": _numbers(g[EPOCH]), "y": _numbers(g[metric]), "mode": "lines+markers",
+                         "name": str(g["trial_name"].iloc[0]), "line": {"color": _color(emb_of[tid], embeds)},
+                         "marker": {"size": 4}})
+    layout = _layout(f"Learning curves of the front ({metric} per epoch)", 480, xaxis="epoch", yaxis=_title(metric))
+    return {"data": data, "layout": layout}
+
+
+def _hv_figure(info: FrontInfo) -> dict:
+    hv, ref = info.hypervolume, info.reference
+    trace = {"type": "scatter", "x": _numbers(np.arange(1, len(hv) + 1)), "y": _numbers(hv["hypervolume"]),
+             "mode": "lines", "line": {"shape": "hv"}, "name": "hypervolume",
+             "customdata": hv["ended_at"].astype(str).tolist(),
+             "hovertemplate": "trial %{x} (ended %{customdata})<br>HV %{y:.4g}<extra></extra>"}
+    ref_txt = ", ".join(f"{m}={r:.4g}" for m, r in zip(info.metrics, ref)) if ref is not None else "n/a"
+    layout = _layout(f"Hypervolume over completed trials (reference: {ref_txt})", 420,
+                     xaxis="trials finished (completion order)", yaxis="hypervolume")
+    return {"data": [trace], "layout": layout}
+
+
+def figures(info: FrontInfo, epochs: pa.Table, paper: pd.DataFrame | None) -> dict[str, dict]:
+    """The page's figures in order: name -> figure dict (the names of the static files). Adds the
+    "hover" column to ``info.trials`` (what every scatter shows per trial)."""
+    info.trials["hover"] = hover_texts(info)
+    groups = _trial_groups(info.trials)
+    metrics = info.metrics
+    out = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(info, groups, j, paper) for j in range(1, len(metrics))}
+    if len(metrics) >= 3:
+        out["pareto_3d"] = _figure_3d(info, groups)
+    out["learning_curves"] = _curves_figure(info, epochs)
+    out["hypervolume"] = _hv_figure(info)
+    return out
+
+
+def figures_html(figs: dict[str, dict]) -> list[str]:
+    """Each figure as a <div>; plotly.js inlined once, in the first, so that the page loads offline.
+    The dicts are already in plotly.js form: no validation pass."""
+    import plotly.io as pio
+
+    return [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_width="100%", validate=False)
+            for i, fig in enumerate(figs.values())]
