@@ -7,6 +7,11 @@ All models are timed in every round, in a rotating order (interleaved A/B), afte
 
     python benchmarks/bench_model.py            # XCiT-N12 (size S), 224 px, batch 8
     python benchmarks/bench_model.py --quick    # fewer rounds, smaller batch: a smoke test
+    python benchmarks/bench_model.py --architecture   # attention and key choices at 65 and 1025 tokens
+
+``--architecture``: a ViT of the Vision X-formers size (d 128, depth 4, 4 heads, MLP 256) at 32 px with
+patch 4 (65 tokens) and patch 1 (1025 tokens); each attention over softmax (timm's SDPA) and the
+manifold key over the shared key, all timed side by side in one run per token count.
 """
 from __future__ import annotations
 
@@ -29,6 +34,20 @@ VARIANTS = {  # name -> model keys on top of the base config
 }
 
 
+ARCH_BASE = dict(model="vit_tiny_patch16_224", img_size=32, num_classes=10, embed_dim=128, depth=4, num_heads=4,
+                 mlp_ratio=2.0)
+ARCH_VARIANTS = {  # name -> architecture keys; compared with "softmax"
+    "softmax": dict(attention="softmax"),
+    "performer": dict(attention="performer", attn_features=64),
+    "linformer": dict(attention="linformer", attn_proj_len=64),
+    "nystrom": dict(attention="nystrom", attn_landmarks=32),
+    "fnet": dict(attention="fnet"),
+    "manifold": dict(key="manifold", key_charts=8),
+    "manifold-kua": dict(key="manifold", key_charts=8, key_aggregation="kua"),
+}
+ARCH_PATCHES = {65: 4, 1025: 1}   # tokens -> patch size at 32 px
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="xcit_nano_12_p16_224")
@@ -42,6 +61,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                    help="models to time (linear is always added: the others are compared with it)")
     p.add_argument("--quick", action="store_true", help="smoke-test size: batch 4, 3 rounds")
+    p.add_argument("--architecture", action="store_true",
+                   help="time the attention and key choices (trainers.attention) instead of the embeddings")
     args = p.parse_args()
     args.batch = args.batch or (4 if args.quick else 8)
     args.rounds = args.rounds or (3 if args.quick else 12)
@@ -100,11 +121,38 @@ def best_ratio(times: dict, a: str, b: str) -> float:
     return min(times[a]) / min(times[b])
 
 
+def architecture(args, device: torch.device) -> None:
+    """Each attention / key choice over softmax at 65 and 1025 tokens, next to its MAC ratio."""
+    print(f"{'tokens':>6} {'choice':<13} {'params':>8} {'GMACs':>7} {'ms/step':>9} {'time ratio':>10} "
+          f"{'best ratio':>10} {'MAC ratio':>10}")
+    for tokens, patch in ARCH_PATCHES.items():
+        base = {**ARCH_BASE, "patch_size": patch}
+        models = {}
+        for name, keys in ARCH_VARIANTS.items():
+            torch.manual_seed(0)
+            models[name] = build_model({**base, **keys}).to(device).train()
+        x = torch.randn(args.batch, 3, base["img_size"], base["img_size"], device=device)
+        times = measure(models, x, device, args.rounds, args.warmup)
+        costs = {n: model_cost({**base, **ARCH_VARIANTS[n]}) for n in models}
+        for n in models:
+            print(f"{tokens:>6} {n:<13} {costs[n]['params_m']:>7.3f}M {costs[n]['gmacs']:>7.3f} "
+                  f"{1e3 * statistics.median(times[n]):>9.1f} {paired_ratio(times, n, 'softmax'):>9.3f}x "
+                  f"{best_ratio(times, n, 'softmax'):>9.3f}x {costs[n]['gmacs'] / costs['softmax']['gmacs']:>9.3f}x")
+
+
 def main() -> None:
     args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
+    if args.architecture:
+        desc = f"{device.type} ({'bf16 autocast' if device.type == 'cuda' else f'fp32, {torch.get_num_threads()} threads'})"
+        print(f"ViT d128 depth 4 heads 4 MLP 256 @ 32px, batch {args.batch}, {desc}; {args.warmup} warm-up + "
+              f"{args.rounds} timed rounds, interleaved")
+        t0 = time.perf_counter()
+        architecture(args, device)
+        print(f"(measured in {time.perf_counter() - t0:.0f} s; ratios over softmax attention with the shared key)")
+        return
     base = dict(model=args.model, img_size=args.img_size, num_classes=1000)
     models = make_models(base, args.variants, device)
     x = torch.randn(args.batch, 3, args.img_size, args.img_size, device=device)

@@ -225,10 +225,10 @@ def _apply_conditions(dim: Dimension, dims, variants, c: Collector, path: str) -
             c.add(where, "unknown key: conditions name other space keys" + hint(key, keys - {dim.key}))
         else:
             _check_condition_values(key, allowed, dims, variants, c, where)
-    applies = APPLIES_WHEN.get(dim.key)
-    if applies is None:
+    if dim.key not in APPLIES_WHEN:
         return dim
-    return _implied_condition(dim, applies, dims, variants, c, path)
+    on, applies = APPLIES_WHEN[dim.key]
+    return _implied_condition(dim, on, applies, dims, variants, c, path)
 
 
 def _check_condition_values(key, allowed, dims, variants, c: Collector, where: str) -> None:
@@ -245,43 +245,44 @@ def _check_condition_values(key, allowed, dims, variants, c: Collector, where: s
             c.add(where, f"{key} never takes {_show(value)} in this space (it takes {shown})")
 
 
-def _implied_condition(dim: Dimension, applies, dims, variants, c: Collector, path: str) -> Dimension:
-    embeddings = possible_values("embedding", dims, variants)
+def _implied_condition(dim: Dimension, on: str, applies, dims, variants, c: Collector, path: str) -> Dimension:
+    """``dim`` with ``when: {on: applies}`` added where ``on`` (embedding, attention, key) may take other values."""
+    embeddings = possible_values(on, dims, variants)
     need = " or ".join(applies)
-    if "embedding" in dim.when:
-        wrong = [e for e in dim.when["embedding"] if e not in applies]
+    if on in dim.when:
+        wrong = [e for e in dim.when[on] if e not in applies]
         if wrong:
-            c.add(f"{path}.when.embedding", f"{dim.key} applies only to embedding {need}, "
-                                            f"given {', '.join(map(_show, wrong))}")
+            c.add(f"{path}.when.{on}", f"{dim.key} applies only to {on} {need}, "
+                                       f"given {', '.join(map(_show, wrong))}")
         return dim
     if embeddings == [ABSENT]:
-        c.add(path, f"{dim.key} applies only when embedding is {need}, but the space does not set "
-                    f"embedding (add e.g. embedding: {applies[-1]})")
+        c.add(path, f"{dim.key} applies only when {on} is {need}, but the space does not set "
+                    f"{on} (add e.g. {on}: {applies[-1]})")
         return dim
     if all(e in applies for e in embeddings):
         return dim
     keep = tuple(dict.fromkeys(e for e in embeddings if e is not ABSENT and e in applies))
     if not keep:
-        c.add(path, f"{dim.key} applies only when embedding is {need}, which this space never searches")
+        c.add(path, f"{dim.key} applies only when {on} is {need}, which this space never searches")
         return dim
     when = dict(dim.when)
-    when["embedding"] = keep
+    when[on] = keep
     return Dimension(dim.key, dim.kind, dim.values, dim.low, dim.high, dim.log, FrozenMap(when))
 
 
 def _check_variant_applicability(variants, dims, c: Collector, path: str) -> None:
-    emb_dim = next((d for d in dims if d.key == "embedding"), None)
     for i, variant in enumerate(variants):
-        for key, applies in APPLIES_WHEN.items():
+        for key, (on, applies) in APPLIES_WHEN.items():
             if key not in variant:
                 continue
-            if "embedding" in variant:
-                ok = variant["embedding"] in applies
+            on_dim = next((d for d in dims if d.key == on), None)
+            if on in variant:
+                ok = variant[on] in applies
             else:
-                ok = emb_dim is not None and emb_dim.enumerable and all(e in applies for e in emb_dim.values)
+                ok = on_dim is not None and on_dim.enumerable and all(e in applies for e in on_dim.values)
             if not ok:
-                got = _show(variant["embedding"]) if "embedding" in variant else "no embedding"
-                c.add(f"{path}[{i}].{key}", f"applies only when embedding is {' or '.join(applies)}, "
+                got = _show(variant[on]) if on in variant else f"no {on}"
+                c.add(f"{path}[{i}].{key}", f"applies only when {on} is {' or '.join(applies)}, "
                                            f"but this variant has {got}")
 
 

@@ -11,9 +11,11 @@ A check normalises a value (ints given for float keys become floats) or raises `
 """
 from __future__ import annotations
 
+import contextvars
 import difflib
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +28,14 @@ ACTIVATIONS = ("relu", "gelu")          # the embedding's sigma (trainers.embedd
 LR_SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "constant", "none")
 AUTO_AUGMENT_PREFIXES = ("rand", "augmix", "trivial", "original", "v0", "3a")
 MAX_WIDTH_RATIO = 4.0
+ATTENTIONS = ("softmax", "performer", "linformer", "nystrom", "fnet")   # trainers.attention
+POS_EMBEDS = ("learned", "rope", "none")
+PATCH_EMBEDS = ("linear", "conv")
+KEY_KINDS = ("shared", "manifold")
+KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
+# the size key of each attention that has one
+ATTENTION_SIZE_KEY = {"performer": "attn_features", "linformer": "attn_proj_len", "nystrom": "attn_landmarks"}
+VIT, XCIT = "vit", "xcit"   # model families: XCiT keeps its own attention, conv stem and positions
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,18 @@ def is_int(v) -> bool:
 
 def is_number(v) -> bool:
     return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def finite(v, default=None):
+    """A reported or recorded value as a float when it is a finite real number (numpy scalars too; never
+    a bool or a string), else ``default``: the one test every reader of metrics applies."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return default
+    v = float(v)
+    return v if math.isfinite(v) else default
+
+
+EPOCH = "epoch"   # the epoch number's key: in a trial's results (Tune's time attribute), its epochs file and tables
 
 
 def integer(low: int) -> Check:
@@ -180,13 +202,20 @@ HIDDEN_WIDTH = Check(WIDTH_TEXT, 'widths (positive ints, ratios in (0, 4], "matc
                      _hidden_width, "int+float")   # Parquet: string (ints, ratios and words in one column)
 
 
+# False while a spec is read back from a campaign file (names were checked when it was launched): model and
+# optimizer names are then taken as given, so that reading a campaign never imports timm (nor torch).
+CHECK_NAMES: contextvars.ContextVar[bool] = contextvars.ContextVar("CHECK_NAMES", default=True)
+
+
 def _timm_model(v):
     """A timm model name; ``qkv_<name>`` (our registered variants) means ``<name>``."""
     if not isinstance(v, str) or not v.strip():
         raise Bad
+    name = v[len(REGISTERED_PREFIX):] if v.startswith(REGISTERED_PREFIX) else v
+    if not CHECK_NAMES.get():
+        return name
     import timm  # lazy: importing the spec layer stays free of torch and timm
 
-    name = v[len(REGISTERED_PREFIX):] if v.startswith(REGISTERED_PREFIX) else v
     if timm.is_model(name):
         return name
     close = difflib.get_close_matches(name, timm.list_models(exclude_filters=[REGISTERED_PREFIX + "*"]), n=3, cutoff=0.7)
@@ -197,6 +226,8 @@ def _timm_model(v):
 def _timm_optimizer(v):
     if not isinstance(v, str) or not v.strip():
         raise Bad
+    if not CHECK_NAMES.get():
+        return v.lower()
     from timm.optim import list_optimizers  # lazy, as above
 
     known = list_optimizers()
@@ -229,7 +260,9 @@ class Key:
     section: str | None = None      # campaign-file section that sets it; None: only the space does
     section_key: str | None = None  # its name there (default: name)
     searchable: bool = True         # a space may search over it
-    applies_to: tuple[str, ...] = ()  # embeddings it means something for (empty: all); else it is null
+    applies_to: tuple[str, ...] = ()  # values of applies_key it means something for (empty: all); else null
+    applies_key: str = "embedding"    # the key whose value decides whether this one applies
+    families: tuple[str, ...] = ()    # model families it applies to (empty: all); else it is null
     report: bool = False            # a column of the report's trial tables
     required: bool = False
 
@@ -248,12 +281,42 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="model", section_key="name", required=True),
     _k("img_size", "model", integer(8).or_none(), None,
        "input size; null: the dataset's (32, imagefolder 224), or timm's for a bare model",
-       unit="px", section="model", searchable=False),
+       unit="px", section="model"),
     _k("num_classes", "model", integer(2).or_none(), None,
        "classes; null: the dataset's (imagefolder: its class folders), or timm's for a bare model",
        section="model", searchable=False),
     _k("in_chans", "model", POS_INT, 3, "input channels", section="model", searchable=False),
     _k("drop_path_rate", "model", FRACTION, 0.0, "stochastic depth rate", section="model"),
+    # macro shape (timm constructor arguments; the space sets them)
+    _k("depth", "model", POS_INT.or_none(), None, "transformer blocks; null: timm's for the model",
+       unit="blocks"),
+    _k("embed_dim", "model", POS_INT.or_none(), None, "token dim d; null: timm's for the model",
+       unit="channels"),
+    _k("num_heads", "model", POS_INT.or_none(), None, "attention heads; null: timm's for the model"),
+    _k("mlp_ratio", "model", POS_NUM.or_none(), None, "MLP hidden width / d; null: timm's for the model"),
+    _k("patch_size", "model", POS_INT.or_none(), None, "patch side; null: timm's for the model", unit="px"),
+    # attention design (trainers.attention): ViT/DeiT only, except key
+    _k("attention", "model", one_of(*ATTENTIONS), "softmax",
+       "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True),
+    _k("attn_features", "model", POS_INT, 64, "Performer random features m", unit="features",
+       applies_key="attention", applies_to=("performer",), report=True),
+    _k("attn_proj_len", "model", POS_INT, 64, "Linformer projected length k", unit="tokens",
+       applies_key="attention", applies_to=("linformer",), report=True),
+    _k("attn_landmarks", "model", POS_INT, 32, "Nystromformer landmarks m", unit="tokens",
+       applies_key="attention", applies_to=("nystrom",), report=True),
+    _k("pos_embed", "model", one_of(*POS_EMBEDS), "learned", "positions: learned table | rope | none (ViT/DeiT)",
+       families=(VIT,), report=True),
+    _k("patch_embed", "model", one_of(*PATCH_EMBEDS), "linear",
+       "patch embedding: linear (timm PatchEmbed) | conv (3-conv stem) (ViT/DeiT)", families=(VIT,), report=True),
+    _k("key", "model", one_of(*KEY_KINDS), "shared",
+       "key: shared (from the q/k/v embedding) | manifold (charts, apart from q and v)", report=True),
+    _k("key_charts", "model", POS_INT, 8, "manifold key: charts H", applies_key="key", applies_to=("manifold",),
+       report=True),
+    _k("key_aggregation", "model", one_of(*KEY_AGGREGATIONS), "vanilla",
+       "manifold key: chart aggregation " + " | ".join(KEY_AGGREGATIONS), applies_key="key",
+       applies_to=("manifold",), report=True),
+    _k("key_context", "model", FLAG, False, "manifold key: add the token mean (context broadcasting)",
+       applies_key="key", applies_to=("manifold",)),
     # embedding (the space sets them; the model section also sets embed_class_attn and activation)
     _k("embedding", "embedding", one_of(*EMBEDDINGS), "linear", "q/k/v embedding: linear | sne | psne | fsne",
        report=True),
@@ -315,6 +378,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="train"),
 )}
 
+# The architecture keys (trainers.attention): the macro shape, then the attention design.
+MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size")
+DESIGN_KEYS = ("attention", "attn_features", "attn_proj_len", "attn_landmarks", "pos_embed", "patch_embed",
+               "key", "key_charts", "key_aggregation", "key_context")
+ARCHITECTURE_KEYS = MACRO_KEYS + DESIGN_KEYS
+
 # Derived, not settable: the hidden width the embedding really has (hidden_width solved; 0 for linear).
 WIDTH = Key("width", "embedding", NONNEG_INT, None, "hidden units h the embedding uses (hidden_width solved; "
             "0 for linear)", searchable=False, report=True)
@@ -336,7 +405,9 @@ def section_keys(section: str) -> dict[str, Key]:
 
 
 SEARCHABLE: dict[str, Check] = {k.name: k.check for k in KEYS.values() if k.searchable}
-APPLIES_WHEN: dict[str, tuple[str, ...]] = {k.name: k.applies_to for k in KEYS.values() if k.applies_to}
+# key -> (the key deciding it, the values it applies for)
+APPLIES_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    k.name: (k.applies_key, k.applies_to) for k in KEYS.values() if k.applies_to}
 REQUIRED_TRAIN_KEYS = tuple(k.section_key or k.name for k in KEYS.values() if k.section == "train" and k.required)
 
 # metric -> natural optimisation mode
@@ -376,15 +447,14 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
             known = list(RESOLVED_KEYS)
             raise _fail(str(key), "a trial key" + hint(str(key), known, list_known=False), key)
     out = dict(cfg)
-    embedding = out.get("embedding") or "linear"
     for key in KEYS.values():
         if key.group not in groups:
             continue
         value = out.get(key.name)
-        if key.applies_to and embedding not in key.applies_to:
+        unless = _not_applicable(key, out, groups)
+        if unless:
             if value is not None:
-                raise _fail(key.name, f"null unless embedding is {' or '.join(key.applies_to)} "
-                                      f"(embedding is {embedding})", value)
+                raise _fail(key.name, f"null unless {unless}", value)
             out[key.name] = None
             continue
         if value is None:
@@ -402,9 +472,48 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
             WIDTH.check(out["width"])
         except Bad:
             raise _fail("width", WIDTH.check.expected, out["width"]) from None
+    if "model" in groups and "embedding" in groups:
+        check_combinations(out)
     if "data" in groups:
         fill_from_dataset(out)
     return out
+
+
+def model_family(model) -> str:
+    return XCIT if isinstance(model, str) and model.removeprefix(REGISTERED_PREFIX).startswith("xcit") else VIT
+
+
+def _not_applicable(key: Key, out: Mapping, groups) -> str:
+    """Why ``key`` is null for this config ('' when it applies); reads keys filled before it."""
+    if key.families and model_family(out.get("model")) not in key.families:
+        return (f"the model is a ViT or DeiT ({out.get('model')} keeps its cross-covariance attention, "
+                f"conv stem and Fourier positions)")
+    if not key.applies_to:
+        return ""
+    ak = KEYS[key.applies_key]
+    cond = out.get(ak.name)
+    if cond is None and (ak.group not in groups or ak.name not in out):
+        cond = ak.default
+    if cond in key.applies_to:
+        return ""
+    return f"{ak.name} is {' or '.join(key.applies_to)} ({ak.name} is {cond})"
+
+
+def check_combinations(cfg: Mapping) -> None:
+    """Model keys that cannot work together (rules needing the resolved shape: trainers.attention)."""
+    if cfg.get("attention") == "fnet":
+        if cfg.get("embedding") != "linear":
+            raise _fail("embedding", "linear with attention fnet (FNet mixes tokens by Fourier transforms: "
+                                     "there is no q/k/v to embed)", cfg.get("embedding"))
+        if cfg.get("key") != "shared":
+            raise _fail("key", "shared with attention fnet (FNet has no key)", cfg.get("key"))
+        if cfg.get("pos_embed") == "rope":
+            raise _fail("pos_embed", "learned or none with attention fnet (RoPE rotates q and k, which FNet "
+                                     "has not)", "rope")
+    if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") != "linear":
+        raise _fail("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
+                                        "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)",
+                    True)
 
 
 def fill_from_dataset(cfg: dict) -> None:

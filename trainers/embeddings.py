@@ -69,20 +69,21 @@ class SNE(nn.Module):
     (weight (3, h, d_out), bias (3, d_out)), one batched matmul. Parameters: 3·(d·h + h + h·d_out + d_out).
     """
 
-    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = DEFAULT_ACTIVATION):
+    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = DEFAULT_ACTIVATION,
+                 parts: int = 3):
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
-        self.dim, self.hidden, self.dim_out = dim, hidden, dim_out
-        self.fc1 = nn.Linear(dim, 3 * hidden)  # [Wq1; Wk1; Wv1]
+        self.dim, self.hidden, self.dim_out, self.parts = dim, hidden, dim_out, parts
+        self.fc1 = nn.Linear(dim, parts * hidden)  # [Wq1; Wk1; Wv1]
         self.act = make_activation(activation)
-        self.fc2 = GroupedLinear(3, hidden, dim_out)  # Wq2, Wk2, Wv2
+        self.fc2 = GroupedLinear(parts, hidden, dim_out)  # Wq2, Wk2, Wv2
         _init_linear(self.fc1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
-        hid = self.act(self.fc1(x)).view(B * N, 3, self.hidden)  # (BN, 3, h)
+        hid = self.act(self.fc1(x)).view(B * N, self.parts, self.hidden)  # (BN, 3, h)
         out = self.fc2(hid.transpose(0, 1))  # (3, BN, d_out)
-        return out.transpose(0, 1).reshape(B, N, 3 * self.dim_out)  # (B, N, [q | k | v])
+        return out.transpose(0, 1).reshape(B, N, self.parts * self.dim_out)  # (B, N, [q | k | v])
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden={self.hidden}, dim_out={self.dim_out}"
@@ -94,11 +95,12 @@ class PSNE(nn.Module):
     Parameter count: 3·(d·h + h) + h·d_out + d_out.
     """
 
-    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = DEFAULT_ACTIVATION):
+    def __init__(self, dim: int, hidden: int, dim_out: int | None = None, activation: str = DEFAULT_ACTIVATION,
+                 parts: int = 3):
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
-        self.dim, self.hidden, self.dim_out = dim, hidden, dim_out
-        self.fc1 = nn.Linear(dim, 3 * hidden)  # [Wq1; Wk1; Wv1]
+        self.dim, self.hidden, self.dim_out, self.parts = dim, hidden, dim_out, parts
+        self.fc1 = nn.Linear(dim, parts * hidden)  # [Wq1; Wk1; Wv1]
         self.act = make_activation(activation)
         self.fc2 = nn.Linear(hidden, dim_out)  # Ws2
         _init_linear(self.fc1)
@@ -106,18 +108,18 @@ class PSNE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
-        hid = self.act(self.fc1(x)).view(B, N, 3, self.hidden)  # (B, N, 3, h)
-        return self.fc2(hid).view(B, N, 3 * self.dim_out)  # one matmul for Q, K, V -> (B, N, 3 d_out)
+        hid = self.act(self.fc1(x)).view(B, N, self.parts, self.hidden)  # (B, N, 3, h)
+        return self.fc2(hid).view(B, N, self.parts * self.dim_out)  # one matmul for Q, K, V -> (B, N, 3 d_out)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden={self.hidden}, dim_out={self.dim_out}"
 
 
-def make_codes(code_size: int) -> nn.Parameter:
-    """Trainable codes (Cq, Ck, Cv) as one (3, n) Parameter, N(0, 1) initialised."""
+def make_codes(code_size: int, parts: int = 3) -> nn.Parameter:
+    """Trainable codes (Cq, Ck, Cv) as one (3, n) Parameter, N(0, 1) initialised ((2, n): Cq, Cv)."""
     if code_size < 1:
         raise ValueError(f"code_size: expected an integer >= 1, given {code_size!r}")
-    return nn.Parameter(torch.randn(3, code_size))
+    return nn.Parameter(torch.randn(parts, code_size))
 
 
 class FSNE(nn.Module):
@@ -138,13 +140,14 @@ class FSNE(nn.Module):
         dim_out: int | None = None,
         activation: str = DEFAULT_ACTIVATION,
         codes: nn.Parameter | None = None,
+        parts: int = 3,
     ):
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
-        self.dim, self.hidden, self.dim_out = dim, hidden, dim_out
-        self.codes = make_codes(code_size) if codes is None else codes  # (3, n): Cq, Ck, Cv
-        if self.codes.shape != (3, code_size):
-            raise ValueError(f"codes must have shape (3, {code_size}), given {tuple(self.codes.shape)}")
+        self.dim, self.hidden, self.dim_out, self.parts = dim, hidden, dim_out, parts
+        self.codes = make_codes(code_size, parts) if codes is None else codes  # (3, n): Cq, Ck, Cv
+        if self.codes.shape != (parts, code_size):
+            raise ValueError(f"codes must have shape ({parts}, {code_size}), given {tuple(self.codes.shape)}")
         self.code_size = code_size
         self.fc1 = nn.Linear(dim + code_size, hidden)  # Ws1ᵀ
         self.act = make_activation(activation)
@@ -158,7 +161,7 @@ class FSNE(nn.Module):
         hx = F.linear(x, w_x, self.fc1.bias)  # (B, N, h), once for Q, K and V
         hc = F.linear(self.codes, w_c)  # (3, h): Cq, Ck, Cv projected
         hid = self.act(hx.unsqueeze(2) + hc)  # (B, N, 3, h)
-        return self.fc2(hid).view(B, N, 3 * self.dim_out)  # (B, N, [q | k | v])
+        return self.fc2(hid).view(B, N, self.parts * self.dim_out)  # (B, N, [q | k | v])
 
     def forward_literal(self, x: torch.Tensor) -> torch.Tensor:
         """Reference form: concatenate each code to every token, then run the MLP (3x the first matmul)."""
@@ -181,42 +184,47 @@ def build_embedding(
     activation: str = DEFAULT_ACTIVATION,
     code_size: int = DEFAULT_CODE_SIZE,
     codes: nn.Parameter | None = None,
+    parts: int = 3,
 ) -> nn.Module:
-    """One non-linear embedding module (``sne``, ``psne`` or ``fsne``); ``linear`` stays timm's own."""
+    """One non-linear embedding module (``sne``, ``psne`` or ``fsne``); ``linear`` stays timm's own.
+
+    ``parts``: 3 embeds ``[q | k | v]``; 2 embeds ``[q | v]`` (the key is computed apart, see
+    trainers.attention.manifold)."""
     if kind == "sne":
-        return SNE(dim, hidden, dim_out, activation)
+        return SNE(dim, hidden, dim_out, activation, parts)
     if kind == "psne":
-        return PSNE(dim, hidden, dim_out, activation)
+        return PSNE(dim, hidden, dim_out, activation, parts)
     if kind == "fsne":
-        return FSNE(dim, hidden, code_size, dim_out, activation, codes)
+        return FSNE(dim, hidden, code_size, dim_out, activation, codes, parts)
     raise ValueError(f"embedding: expected one of {EMBEDDINGS[1:]} here, given {kind!r}")
 
 
-def embedding_params(kind: str, dim: int, hidden: int, dim_out: int | None = None, code_size: int = 0) -> int:
+def embedding_params(kind: str, dim: int, hidden: int, dim_out: int | None = None, code_size: int = 0,
+                     parts: int = 3) -> int:
     """Parameters of one module, without codes (count shared codes once, per-block codes per module)."""
-    o = dim if dim_out is None else dim_out
+    o, p = (dim if dim_out is None else dim_out), parts
     if kind == "linear":
-        return dim * 3 * o + 3 * o
+        return dim * p * o + p * o
     if kind == "sne":
-        return 3 * (dim * hidden + hidden + hidden * o + o)
+        return p * (dim * hidden + hidden + hidden * o + o)
     if kind == "psne":
-        return 3 * (dim * hidden + hidden) + hidden * o + o
+        return p * (dim * hidden + hidden) + hidden * o + o
     if kind == "fsne":
         return (dim + code_size) * hidden + hidden + hidden * o + o
     raise ValueError(f"embedding: expected one of {EMBEDDINGS}, given {kind!r}")
 
 
 def embedding_macs(kind: str, dim: int, hidden: int, tokens: int, dim_out: int | None = None,
-                   code_size: int = 0) -> int:
+                   code_size: int = 0, parts: int = 3) -> int:
     """Multiply-accumulates of one forward over ``tokens`` tokens (batch 1), as the module computes them.
 
     F-SNE is counted in its factored form: N·d·h (tokens, once) + 3·n·h (codes) + 3·N·h·d_out.
     """
-    o = dim if dim_out is None else dim_out
+    o, p = (dim if dim_out is None else dim_out), parts
     if kind == "linear":
-        return tokens * dim * 3 * o
+        return tokens * dim * p * o
     if kind in ("sne", "psne"):
-        return tokens * (3 * dim * hidden + 3 * hidden * o)
+        return tokens * (p * dim * hidden + p * hidden * o)
     if kind == "fsne":
-        return tokens * dim * hidden + 3 * code_size * hidden + tokens * 3 * hidden * o
+        return tokens * dim * hidden + p * code_size * hidden + tokens * p * hidden * o
     raise ValueError(f"embedding: expected one of {EMBEDDINGS}, given {kind!r}")

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
+from qkvsearch.spaces.errors import reason
+from qkvsearch.spaces.keys import EPOCH, MODEL_GROUPS, batch_plan, names, require_filled
 from qkvsearch.storage import read_bytes, write_bytes
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
@@ -237,7 +238,7 @@ class Run:
         t2 = time.perf_counter()
         self.epoch += 1
         metrics = {
-            "epoch": float(self.epoch), "step": float(self.updates),
+            EPOCH: float(self.epoch), "step": float(self.updates),
             "train_loss": train["loss"], **val, "lr": self.lr(),
             "images_per_s": train["images"] / (t1 - t0), "epoch_s": t2 - t0,
             "train_s": t1 - t0, "eval_s": t2 - t1,
@@ -360,9 +361,8 @@ def load_state(directory: str) -> dict:
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (a damaged file fails in many ways inside torch.load)
-        raise CheckpointError(f"checkpoint {path}: damaged, torch.load failed ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); remove its folder to resume "
-                              f"from the one before") from err
+        raise CheckpointError(f"checkpoint {path}: damaged, torch.load failed ({reason(err)}); remove its "
+                              f"folder to resume from the one before") from err
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         given = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"checkpoint {path}: expected checkpoint format {STATE_FORMAT}, given {given!r}")

@@ -11,6 +11,11 @@ with their defaults, in qkvsearch.spaces.keys.KEYS; other keys are ignored). Wid
 
 ``linear`` leaves timm's model untouched (its state_dict loads strictly, outputs are bitwise equal).
 
+The architecture keys (attention, pos_embed, patch_embed, key, the macro shape; trainers.attention) decide
+the host: timm's model built with them (``ModelConfig.create_host``); the embedding is then applied to the
+host's q/k/v sites (with ``key: manifold``, to its q and v only). timm's own model is untouched unless an
+architecture key differs from its default.
+
 The variants are also registered with timm as ``qkv_<timm name>`` (every ``xcit_*`` model plus ViT/DeiT
 tiny/small/base at patch 16, 224; ``register_qkv_model(name)`` adds others), taking the model keys as
 keyword arguments::
@@ -29,12 +34,16 @@ from timm.models.cait import ClassAttn
 from torch import nn
 
 from qkvsearch.spaces.errors import show
-from qkvsearch.spaces.keys import MODEL_GROUPS, PAPER_WIDTH, ConfigError, fill
+from qkvsearch.spaces.keys import MODEL_GROUPS, PAPER_WIDTH, VIT, ConfigError, fill, model_family
+from qkvsearch.trainers.attention import Arch, add_manifold_keys
+from qkvsearch.trainers.attention.manifold import KeyedQKV
+from qkvsearch.trainers.attention.mixers import FNetMixer
 from qkvsearch.trainers.embeddings import build_embedding, embedding_params, make_codes
 from qkvsearch.trainers.registry import register_qkv_model  # noqa: F401  (public re-export)
 
 __all__ = [
     "EmbeddingSpec",
+    "create_host",
     "ModelConfig",
     "Site",
     "apply_embedding",
@@ -80,24 +89,20 @@ class ModelConfig:
     img_size: int | None
     in_chans: int
     drop_path_rate: float
+    arch: Arch = Arch()
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> ModelConfig:
         cfg = fill(cfg, MODEL_GROUPS)
         return cls(model=cfg["model"], emb=EmbeddingSpec.from_cfg(cfg), num_classes=cfg["num_classes"],
-                   img_size=cfg["img_size"], in_chans=cfg["in_chans"], drop_path_rate=cfg["drop_path_rate"])
+                   img_size=cfg["img_size"], in_chans=cfg["in_chans"], drop_path_rate=cfg["drop_path_rate"],
+                   arch=Arch.from_cfg(cfg))
 
     def create_host(self) -> nn.Module:
-        """timm's own model (no pretrained weights) on the current default device."""
+        """timm's model (no pretrained weights) with the architecture keys, on the current default device."""
         kwargs = dict(num_classes=self.num_classes, img_size=self.img_size, in_chans=self.in_chans,
                       drop_path_rate=self.drop_path_rate)  # timm drops the None values itself
-        try:
-            host = timm.create_model(self.model, pretrained=False, **kwargs)
-        except TypeError as err:  # e.g. a CNN: "__init__() got an unexpected keyword argument 'img_size'"
-            raise _bad("model", f"a timm vision transformer with a fused qkv (XCiT, ViT, DeiT) accepting "
-                                f"{sorted(kwargs)} ({err})", self.model) from err
-        except AssertionError as err:  # XCiT: "`patch_size` should divide image dimensions evenly"
-            raise _bad("img_size", f"a multiple of {self.model}'s patch size ({err})", self.img_size) from err
+        host = create_host(self.model, self.arch, kwargs)
         self._check_patches(host)
         return host
 
@@ -107,6 +112,34 @@ class ModelConfig:
         patch = patch[0] if isinstance(patch, (tuple, list)) else patch
         if self.img_size is not None and isinstance(patch, int) and self.img_size % patch:
             raise _bad("img_size", f"a multiple of {self.model}'s patch size {patch}", self.img_size)
+
+
+def create_host(model: str, arch: Arch, kwargs: dict) -> nn.Module:
+    """timm's ``model`` built with ``kwargs`` and the architecture ``arch`` (macro shape as timm's keyword
+    arguments; on a ViT/DeiT the mixer, positions and stem as attn_layer / pos_embed / embed_layer,
+    found from a meta-device probe of the macro shape), then the manifold keys put in."""
+    kwargs = {**kwargs, **arch.macro_kwargs()}
+    if model_family(model) == VIT and not arch.timm_default:
+        with torch.device("meta"):
+            probe = _create(model, arch, {**kwargs, "depth": 1})   # token count, grid, heads: one block is enough
+        kwargs.update(arch.vit_kwargs(probe))
+    host = _create(model, arch, kwargs)
+    add_manifold_keys(host, arch)
+    return host
+
+
+def _create(model: str, arch: Arch, kwargs: dict) -> nn.Module:
+    try:
+        return timm.create_model(model, pretrained=False, **kwargs)
+    except TypeError as err:  # e.g. a CNN: "__init__() got an unexpected keyword argument 'img_size'"
+        raise _bad("model", f"a timm vision transformer with a fused qkv (XCiT, ViT, DeiT) accepting "
+                            f"{sorted(kwargs)} ({err})", model) from err
+    except AssertionError as err:  # "`patch_size` should divide image dimensions evenly", "dim % heads"
+        text = str(err)
+        if "patch_size" in text or not text:
+            raise _bad("img_size", f"a multiple of {model}'s patch size ({err})", kwargs.get("img_size")) from err
+        raise _bad("num_heads", f"a number of heads that divides embed_dim for {model} ({text})",
+                   arch.num_heads) from err
 
 
 # ---------------------------------------------------------------------------------------------- sites
@@ -121,6 +154,7 @@ class Site:
     dim: int  # token dim d
     dim_out: int  # width of each of q, k, v
     linear_params: int  # parameters of the host's own q/k/v projections here
+    parts: int = 3  # 3: the site embeds q, k, v; 2: q and v (the key is a manifold key)
 
 
 def _params(*modules: nn.Module) -> int:
@@ -132,7 +166,12 @@ def find_sites(model: nn.Module) -> tuple[Site, ...]:
     sites = []
     for path, m in model.named_modules():
         qkv = getattr(m, "qkv", None)
-        if isinstance(qkv, nn.Linear) and qkv.out_features % 3 == 0:
+        if isinstance(qkv, KeyedQKV):  # a manifold key: q and v only
+            qv = qkv.qv
+            dim = qv.in_features if isinstance(qv, nn.Linear) else qv.dim
+            dim_out = qv.out_features // 2 if isinstance(qv, nn.Linear) else qv.dim_out
+            sites.append(Site(path, False, dim, dim_out, _params(qv), parts=2))
+        elif isinstance(qkv, nn.Linear) and qkv.out_features % 3 == 0:
             sites.append(Site(path, False, qkv.in_features, qkv.out_features // 3, _params(qkv)))
         elif isinstance(m, ClassAttn):
             sites.append(Site(path, True, m.k.in_features, m.k.out_features, _params(m.q, m.k, m.v)))
@@ -163,29 +202,34 @@ def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int)
     if w != "match":
         return w
     n = emb.code_size or 0
-    b = sum(embedding_params(emb.kind, s.dim, 0, s.dim_out, n) for s in sites)  # params at h = 0
-    a = sum(embedding_params(emb.kind, s.dim, 1, s.dim_out, n) for s in sites) - b  # params per unit of h
-    budget = sum(s.linear_params for s in sites) - b - codes_params(emb, len(sites))
+    b = sum(embedding_params(emb.kind, s.dim, 0, s.dim_out, n, s.parts) for s in sites)  # params at h = 0
+    a = sum(embedding_params(emb.kind, s.dim, 1, s.dim_out, n, s.parts) for s in sites) - b  # per unit of h
+    budget = sum(s.linear_params for s in sites) - b - codes_params(emb, sites)
     h = budget // a
     if h < 1:
         raise _bad("hidden_width", f"'match' only where a width >= 1 fits the baseline ({emb.kind})", w)
     return h
 
 
-def codes_params(emb: EmbeddingSpec, n_sites: int) -> int:
-    """Code parameters of the whole network: 3·n once (shared) or per site (per_block); 0 unless fsne."""
-    if emb.kind != "fsne":
+def codes_params(emb: EmbeddingSpec, sites: tuple[Site, ...]) -> int:
+    """Code parameters of the whole network: 3·n once (shared) or per site (per_block); 0 unless fsne.
+    (2·n with a manifold key: codes for q and v only.)"""
+    if emb.kind != "fsne" or not sites:
         return 0
-    return 3 * emb.code_size * (1 if emb.code_sharing == "shared" else n_sites)
+    return sites[0].parts * emb.code_size * (1 if emb.code_sharing == "shared" else len(sites))
 
 
-def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str) -> tuple[Site, ...]:
-    """The sites ``emb`` replaces: every fused-qkv site, plus class attention if ``class_attn``."""
+def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str,
+                   mixer: str | None = None) -> tuple[Site, ...]:
+    """The sites ``emb`` replaces: every fused-qkv site, plus class attention if ``class_attn``
+    (none with ``mixer`` fnet, which has no q/k/v)."""
     inc = tuple(s for s in sites if emb.class_attn or not s.class_attn)
+    if not inc and mixer == "fnet":
+        return inc
     if not inc:
         raise _bad("model", "a timm model whose attention has a fused qkv nn.Linear (XCiT, ViT, DeiT)",
                    model_name)
-    if len({(s.dim, s.dim_out) for s in inc}) > 1:
+    if len({(s.dim, s.dim_out) for s in inc}) > 1:  # (mixed parts: only linear, see keys.check_combinations)
         raise _bad("model", "a model whose q/k/v sites all share one token dim", model_name)
     return inc
 
@@ -232,7 +276,8 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     """
     emb = EmbeddingSpec.from_cfg({k: v for k, v in embedding_keys.items() if v is not None})
     name = getattr(model, "default_cfg", {}).get("architecture", type(model).__name__)
-    sites = embedded_sites(emb, find_sites(model), name)
+    mixer = "fnet" if any(isinstance(m, FNetMixer) for m in model.modules()) else None
+    sites = embedded_sites(emb, find_sites(model), name, mixer)
     h = resolve_width(emb, sites, _params(model))
     model.qkv_config = dict(embedding=emb.kind, hidden_width=emb.hidden_width, width=h,
                             code_size=emb.code_size, code_sharing=emb.code_sharing,
@@ -242,14 +287,16 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     codes = None
     for site in sites:
         attn = model.get_submodule(site.path)
-        ref = attn.k.weight if site.class_attn else attn.qkv.weight
+        ref = attn.k.weight if site.class_attn else (attn.qkv.qv if site.parts == 2 else attn.qkv).weight
         with torch.device(ref.device):
             if emb.kind == "fsne" and (codes is None or emb.code_sharing == "per_block"):
-                codes = make_codes(emb.code_size)  # (3, n); one Parameter object for every shared site
+                codes = make_codes(emb.code_size, site.parts)  # (3, n); one Parameter for every shared site
             new = build_embedding(emb.kind, site.dim, h, site.dim_out, emb.activation,
-                                  emb.code_size, codes).to(ref.dtype)
+                                  emb.code_size, codes, site.parts).to(ref.dtype)
         if site.class_attn:
             _set_submodule(model, site.path, EmbeddedClassAttn(attn, new))
+        elif site.parts == 2:
+            attn.qkv.qv = new
         else:
             attn.qkv = new
     if codes is not None:

@@ -19,17 +19,26 @@ def register_qkv_model(name: str) -> str:
 
     Keyword arguments of ``timm.create_model("qkv_<name>", ...)`` that are embedding keys (embedding,
     hidden_width, code_size, code_sharing, activation, embed_class_attn, width) choose the embedding;
-    the others go to timm's ``<name>``.
+    the attention-design keys (attention, attn_features, attn_proj_len, attn_landmarks, pos_embed,
+    patch_embed, key, key_charts, key_aggregation, key_context) the architecture (trainers.attention);
+    the others (depth, embed_dim, num_heads, mlp_ratio, patch_size included) go to timm's ``<name>``.
     """
     reg = REGISTERED_PREFIX + name
     if reg in globals() and timm.is_model(reg):
         return reg
 
     def entrypoint(pretrained: bool = False, **kwargs):
-        from qkvsearch.trainers.models import apply_embedding
+        from qkvsearch.spaces.keys import DESIGN_KEYS, fill
+        from qkvsearch.trainers.attention import Arch
+        from qkvsearch.trainers.models import apply_embedding, create_host
 
         embedding_keys = {k: kwargs.pop(k) for k in (*names("embedding"), "width") if k in kwargs}
-        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+        design = {k: kwargs.pop(k) for k in DESIGN_KEYS if k in kwargs}
+        if pretrained or not design:
+            model = timm.create_model(name, pretrained=pretrained, **kwargs)
+        else:
+            arch = Arch.from_cfg(fill({"model": name, **design, **embedding_keys}, ("model", "embedding")))
+            model = create_host(name, arch, kwargs)
         return apply_embedding(model, **embedding_keys)
 
     entrypoint.__name__ = entrypoint.__qualname__ = reg

@@ -14,7 +14,7 @@ import logging
 
 from qkvsearch.spaces import SpecError, base_config, dimensions
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import MODEL_GROUPS, fill, identity, names
+from qkvsearch.spaces.keys import ARCHITECTURE_KEYS, KEYS, MODEL_GROUPS, fill, identity, names
 from qkvsearch.spaces.loader import section_path
 from qkvsearch.trainers.cost import model_cost, resolve_trial
 
@@ -50,7 +50,7 @@ def model_configs(spec) -> list[dict]:
 
 
 def _label(cfg: dict) -> str:
-    keys = ("embedding", "hidden_width", "code_size", "code_sharing")
+    keys = ("embedding", "hidden_width", "code_size", "code_sharing", *ARCHITECTURE_KEYS)
     return " ".join(f"{k}={cfg[k]}" for k in ("model", *keys) if cfg.get(k) is not None)
 
 
@@ -114,22 +114,33 @@ def cost_table(spec) -> list[dict]:
             "width": cfg["width"], "code_size": cfg["code_size"], "code_sharing": cfg["code_sharing"],
             "params": cost["params"], "params_m": cost["params_m"], "embed_params": cost["embed_params"],
             "gmacs": cost["gmacs"], "feasible": "yes" if not broken else "no: " + "; ".join(broken),
+            **{k: cfg[k] for k in ARCHITECTURE_KEYS},
         })
     return rows
+
+
+def _architecture(row: dict) -> str:
+    """The architecture keys that differ from the default (null ones: timm's), e.g. attention=nystrom."""
+    return " ".join(f"{k}={row[k]}" for k in ARCHITECTURE_KEYS
+                    if row.get(k) is not None and row[k] != KEYS[k].default) or "-"
 
 
 def format_table(rows: list[dict], as_csv: bool = False) -> str:
     if as_csv:
         return _as_csv(rows)
     header = (f"{'model':<24} {'embedding':<9} {'width (asked)':>15} {'code':>5} {'sharing':<9} "
-              f"{'params M':>9} {'embed params':>12} {'GMACs':>8}  feasible")
+              f"{'params M':>9} {'embed params':>12} {'GMACs':>8}  {'feasible':<9} architecture")
     lines = [header, "-" * len(header)]
     for r in rows:
         width = "-" if r["embedding"] == "linear" else f"{r['width']} ({r['hidden_width']})"
         lines.append(f"{r['model']:<24} {r['embedding']:<9} {width:>15} {r['code_size'] or '-':>5} "
                      f"{r['code_sharing'] or '-':<9} {r['params_m']:>9.3f} {r['embed_params']:>12,} "
-                     f"{r['gmacs']:>8.4f}  {r['feasible']}")
-    lines.append(f"{len(rows)} distinct model(s); GMACs = multiply-accumulates per image (the papers' 'FLOPs')")
+                     f"{r['gmacs']:>8.4f}  {r['feasible']:<9} {_architecture(r)}")
+    lines.append(f"{len(rows)} distinct model(s); GMACs = multiply-accumulates per image (the papers' 'FLOPs'; "
+                 f"FFTs at 2.5·L·log2 L a transform)")
+    if any(r.get("key") == "manifold" for r in rows):
+        lines.append("key=manifold follows the paper's description (arXiv 2402.00534, no public code); the shapes "
+                     "it leaves open are chosen in qkvsearch.trainers.attention.manifold")
     return "\n".join(lines)
 
 

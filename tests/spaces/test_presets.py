@@ -99,7 +99,10 @@ def test_pareto_s_is_an_open_constrained_search():
 def test_quickstart_fits_a_laptop():
     spec = load_campaign("quickstart")
     assert spec.data.dataset == "digits" and spec.model.img_size == 32
-    assert spec.search.algorithm in ("nsga2", "tpe") and len(spec.objectives) >= 2
+    assert len(spec.objectives) >= 2
+    variants = [dict(v) for v in spec.space.variants]
+    assert variants[0] == {"embedding": "linear"}  # the baseline: the first result at each rung goes on
+    assert {v["embedding"] for v in variants} == {"linear", "sne", "psne", "fsne"}
     assert spec.resources.gpus_per_worker == 0 and spec.resources.max_concurrent_trials == 1
     assert spec.resources.workers_per_trial * spec.resources.cpus_per_worker <= 2
     steps = spec.search.num_trials * spec.train.epochs * spec.train.max_steps_per_epoch
@@ -116,3 +119,36 @@ def test_quickstart_model_is_small():
     with torch.no_grad():
         out = model(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10)
+
+
+# The Vision X-formers paper's CIFAR-10 counts (dim 128, depth 4, 4 heads of 32, MLP 256, patch 1).
+XFORMERS_PAPER = {"softmax": 530_442, "performer": 531_978, "linformer": 415_754, "nystrom": 530_970,
+                  "fnet": 267_786}
+
+
+def test_xformers_counts_differ_from_the_papers_only_by_what_is_explained():
+    """Its counter (torchsummary) skips bare Parameters: the 1025 x 128 position table and the class token.
+    Its ViT and Nystromformer have no qkv bias (timm's has, 3d a block); Performer's has one, as timm's.
+    Its Linformer shares one k/v head of 32 (to_q d x d, to_k d x 32) and its E (1025 x 64) goes uncounted;
+    here K and V are full (timm's fused qkv) and E, F (1025 x 64 each) are counted."""
+    from qkvsearch.trainers.cost import model_cost
+
+    d, depth, tokens, k = 128, 4, 32 * 32 + 1, 64
+    skipped = tokens * d + d
+    qkv_bias = depth * 3 * d
+    linformer = depth * ((d * 3 * d + 3 * d) - (d * d + d * 32) + 2 * tokens * k)
+    explained = {"softmax": skipped + qkv_bias, "performer": skipped, "nystrom": skipped + qkv_bias,
+                 "fnet": skipped, "linformer": skipped + linformer}
+    spec = load_campaign("xformers-cifar10")
+    for t in expand_space(spec):
+        if t["patch_embed"] == "linear" and t.get("pos_embed", "learned") == "learned":
+            got = model_cost(t)["params"]
+            assert got - XFORMERS_PAPER[t["attention"]] == explained[t["attention"]], t["attention"]
+
+
+def test_architecture_open_is_an_nsga2_search_over_the_design_under_a_budget():
+    spec = load_campaign("architecture-open")
+    assert spec.search.algorithm == "nsga2" and [(c.metric, c.max) for c in spec.constraints] == [("params_m", 3.0)]
+    keys = {d.key for d in spec.space.dimensions if d.kind != "choice" or len(d.values) > 1}
+    assert {"key", "attention", "pos_embed", "patch_embed", "depth", "embed_dim"} <= keys
+    assert dict(spec.space.dimension("key_charts").when) == {"key": ("manifold",)}
