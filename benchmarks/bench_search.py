@@ -29,6 +29,9 @@ configuration trained to the end), once 25% and 50% of the full grid's epochs we
 minimum over seeds. Targets (the last column, on means): at 50%, >= 0.97 on order and >= 0.95 on
 crossing; at 25% and 50%, never more than 0.02 below random search at the same budget.
 Last: the simulator's wall time per 1,000 trials (a 1,053-curve table, 8 at a time).
+
+``--searchers``: the searchers compared instead (random, TPE, NSGA-II, GP on NAS-Bench-201 and the
+synthetic tables, with and without cost constraints): see benchmarks/bench_searchers.py.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qkvsearch.search.analysis.pareto import nondominated_mask  # noqa: E402
 from qkvsearch.search.simulation.curves import curves_from_frame, load_source
 from qkvsearch.search.simulation.replay import Setting, simulate
+from qkvsearch.spaces.schema import SchedulerSpec
 
 EPOCHS = 27
 OBJECTIVES = (("top1", "max"), ("params_m", "min"))
@@ -169,6 +173,13 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", type=int, nargs="+", default=[81, 243], choices=[81, 243])
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--startup-s", type=float, default=30.0)
+    ap.add_argument("--searchers", action="store_true",
+                    help="the searcher comparison instead (benchmarks/bench_searchers.py; its options follow)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--searchers" in argv:
+        from bench_searchers import main as searchers_main
+
+        return searchers_main([a for a in argv if a != "--searchers"])
     args = ap.parse_args(argv)
 
     head = f"{'benchmark':<10} {'configs':>7}  {'method':<{METHOD_W}} {'HV@25% mean (min)':>18} {'HV@50% mean (min)':>18}  {'epochs':>6}  target@50%"
@@ -202,10 +213,7 @@ def main(argv=None) -> int:
 
 
 def _fit(grace, rf, max_t) -> int:
-    n, m = 0, grace
-    while m < max_t:
-        n, m = n + 1, m * rf
-    return max(1, n)
+    return max(1, len(SchedulerSpec.rung_epochs(grace, rf, max_t)))
 
 
 def _print_rows(bench: str, n: int, scores: dict[str, np.ndarray]) -> None:

