@@ -31,6 +31,10 @@ _EPILOG = textwrap.dedent("""\
     """)
 
 
+_TRACK_HELP = ("also log the campaign to a tracker: mlflow, wandb, tensorboard or optuna (repeatable; settings: "
+               "the campaign file's tracking section)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qkvsearch", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
@@ -51,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--overwrite", action="store_true",
                         help="replace an existing campaign of the same name instead of refusing")
     launch.add_argument("--verbose", action="store_true", help="print Ray Tune's trial tables as well")
+    launch.add_argument("--track", action="append", default=[], metavar="NAME", help=_TRACK_HELP)
     with_spec("validate", "check a spec and summarise it, without starting anything")
     cost = with_spec("cost", "params and MACs of every configuration in the space, without training")
     cost.add_argument("--csv", action="store_true", help="print CSV instead of a table")
@@ -58,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue an interrupted campaign from its folder")
     resume.add_argument("dir", metavar="DIR", help="the campaign's results folder, e.g. results/quickstart")
     resume.add_argument("--verbose", action="store_true", help="print Ray Tune's trial tables as well")
+    resume.add_argument("--track", action="append", default=[], metavar="NAME", help=_TRACK_HELP)
     status = sub.add_parser("status", help="one line per trial of a campaign (running or finished)")
     status.add_argument("dir", metavar="DIR")
     watch = sub.add_parser("watch", help="follow a campaign's trials, front and hypervolume until it ends",
@@ -94,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--seed", type=int, default=0, metavar="K", help="orders the trials (default 0)")
     simulate.add_argument("--trials", type=int, default=None, metavar="N",
                           help="trials per setting (default: every recorded curve once)")
+    simulate.add_argument("--searcher", nargs="+", default=["shuffle"], metavar="NAME",
+                          choices=("shuffle", "random", "tpe", "nsga2", "gp"),
+                          help="the campaign's searchers over the table's configurations: random, tpe, nsga2, "
+                               "gp; shuffle (default): every recorded curve once, in an order drawn from the seed. "
+                               "Several: each x each scheduler setting")
+    simulate.add_argument("--constraints", nargs="+", default=None, metavar="METRIC:max=X",
+                          help="cost constraints (METRIC:max=X, METRIC:min=X) on the table's cost columns: an "
+                               "infeasible proposal takes no trial slot and the searcher learns it")
     simulate.add_argument("--objectives", default=None, metavar="METRIC:MODE,...",
                           help="e.g. top1:max,params_m:min (default: the campaign's; for a table those of "
                                "top1:max, gmacs:min, params_m:min it has)")
@@ -169,6 +183,10 @@ def _load(args):
 
 def cmd_launch(args) -> int:
     spec = _load(args)
+    if args.track:
+        from qkvsearch.spaces.tracking import add_trackers
+
+        spec = add_trackers(spec, args.track)
     from qkvsearch.search.campaign.launch import launch
     from qkvsearch.search.monitor.terminal import TerminalView
 
@@ -182,7 +200,7 @@ def cmd_resume(args) -> int:
     from qkvsearch.search.monitor.terminal import TerminalView
 
     view = TerminalView()
-    return _closing(resume(args.dir, verbose=args.verbose, view=view), view)
+    return _closing(resume(args.dir, verbose=args.verbose, view=view, track=args.track), view)
 
 
 def _closing(exp: str, view) -> int:
@@ -207,7 +225,21 @@ def cmd_validate(args) -> int:
           f"  configurations: {_distinct(spec)}\n"
           f"  models: {len(models)} distinct, {_span(c['params_m'] for _, c in models)} M params, "
           f"{_span(c['gmacs'] for _, c in models)} GMACs")
+    if spec.constraints and spec.search.algorithm != "grid":
+        print(f"  infeasible proposals (estimated, no trial slot): {_infeasible_shares(spec)}")
     return EXIT_OK
+
+
+def _infeasible_shares(spec) -> str:
+    """Per searcher, the share of proposals that break the constraints (searchers.infeasible_share)."""
+    from qkvsearch.search.campaign.searchers import ESTIMATE_TRIALS, infeasible_share
+
+    shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS)
+              for a in ("random", "tpe", "nsga2", "gp")}
+    return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
+
+
+GP_ESTIMATE_TRIALS = 12  # a GP suggestion costs about a second here
 
 
 def _distinct(spec) -> str:
@@ -266,13 +298,16 @@ def cmd_watch(args) -> int:
 
 def cmd_grafana_dashboard(args) -> int:
     from qkvsearch.search.monitor.grafana import write_dashboard
+    from qkvsearch.search.records.outputs import check_output_dir
 
-    print(f"grafana dashboard: {write_dashboard(args.out)}")
+    print(f"grafana dashboard: {write_dashboard(check_output_dir(args.out, '--out', uris=False))}")
     return EXIT_OK
 
 
 def cmd_simulate(args) -> int:
     from qkvsearch.search import simulation as sim
+    from qkvsearch.search.simulation.output import checked_out_dir
+    from qkvsearch.search.simulation.replay import DEFAULT_CONCURRENCY
     from qkvsearch.spaces import BadInput
 
     for name in ("concurrency", "trials"):
@@ -280,18 +315,28 @@ def cmd_simulate(args) -> int:
         if value is not None and value < 1:
             raise BadInput(f"--{name}: expected an int >= 1, given {value}")
     objectives = sim.parse_objectives(args.objectives) if args.objectives is not None else None
-    curves = sim.load_source(args.source, objectives)
+    from qkvsearch.search.simulation import nasbench
+    from qkvsearch.search.simulation.searchers import parse_constraints
+
+    if nasbench.is_nb201(args.source):  # NAS-Bench-201's table; output next to the current folder
+        curves = nasbench.load_nb201(args.source, objectives)
+        out = checked_out_dir(args.source.replace(":", "-") + ".parquet", args.out)
+    else:
+        curves = sim.load_source(args.source, objectives)
+        out = checked_out_dir(args.source, args.out)  # before the replays: a refused --out costs nothing
     settings = sim.parse_settings(args.schedulers, curves)
-    out = args.out if args.out is not None else sim.default_out_dir(args.source)
+    constraints = parse_constraints(args.constraints, curves)
     runs = sim.compare(curves, settings, concurrency=args.concurrency, startup_s=args.startup_s,
-                       seed=args.seed, num_trials=args.trials)
+                       seed=args.seed, num_trials=args.trials, searchers=args.searcher, constraints=constraints)
     startup = curves.startup_s if args.startup_s is None else args.startup_s
     print(f"{args.source}: {len(curves)} curves, {curves.max_t} planned epochs, objectives "
           f"{', '.join(f'{d} {m}' for m, d in curves.objectives)}; full grid: {curves.grid_epochs} epochs, "
-          f"hypervolume {curves.grid_hv:.4g}\n{args.concurrency or curves.concurrency or sim.DEFAULT_CONCURRENCY} "
+          f"hypervolume {curves.grid_hv:.4g}\n{args.concurrency or curves.concurrency or DEFAULT_CONCURRENCY} "
           f"trial(s) at a time, {startup:.3g} s start-up each, seed {args.seed}; HV@x%: the completed front's "
           f"hypervolume / the full grid's once x% of its epochs were spent\n")
     print(sim.format_table(curves, runs))
+    if constraints:
+        print("infeasible proposals (no trial slot): " + ", ".join(f"{r.label} {r.infeasible_share:.0%}" for r in runs))
     for kind, path in sim.write_outputs(curves, runs, out).items():
         print(f"{kind}: {path}")
     return EXIT_OK

@@ -20,7 +20,8 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
     objectives: [{metric: top1, mode: max}, {metric: gmacs, mode: min}]   # mode defaults per metric
     constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs)
     search: {algorithm: nsga2, num_trials: 64, seed: 0, population_size: 16}
-          # grid | random | tpe | nsga2; grid: num_trials = grid size x repeats (repeats: n)
+          # grid | random | tpe | nsga2 | gp (n_startup_trials: n); grid: num_trials = grid size x repeats
+          # (repeats: n); warm_start: <earlier campaign folder or URI>: its results are known, not retrained
     scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3, brackets: 3}   # fifo | asha (metric, mode) | moasha
           # brackets: asynchronous Hyperband (default: 3 for moasha, fewer when fewer rungs fit; 1 for asha)
     resources: {workers_per_trial: 8, cpus_per_worker: 8, gpus_per_worker: 1,
@@ -36,7 +37,9 @@ Hidden widths: a positive int is absolute, a float in (0, 4] is a ratio of the t
 raises the width until the model has the linear baseline's parameter count, "paper" (the default,
 also written null) = the paper's Table 1 width.
 
-API: load_campaign(path | preset name | dict, overrides=["train.epochs=10", ...]) -> CampaignSpec;
+API: load_campaign(path | preset name | dict, overrides=["train.epochs=10", ...], check_names=True) -> CampaignSpec
+(check_names=False: timm model and optimizer names taken as given, so that validation imports neither timm nor
+torch; loader.read_stored_spec reads a campaign file's stored spec as far as it goes);
 spec.to_dict(); base_config(spec); expand_space(spec); suggest_config(spec, optuna_trial);
 smoke_test(spec); list_presets();
 preset_path(name). Errors: SpecError (a ValueError) listing every problem, one per line.

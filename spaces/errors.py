@@ -42,6 +42,17 @@ def clip(text: str, limit: int = SHOW_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def reason(exc: BaseException) -> str:
+    """An exception as the reason a message gives, never empty: "<type>: <first non-blank line of its
+    text>". One without text names the exception it was raised from (or while handling), else gives its
+    repr: ``RuntimeError()`` says more than "RuntimeError: "."""
+    line = next((part.strip() for part in str(exc).splitlines() if part.strip()), "")
+    if line:
+        return clip(f"{type(exc).__name__}: {line}")
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return f"{type(exc).__name__}, from {reason(cause)}" if cause is not None else repr(exc)
+
+
 def show(value, limit: int = SHOW_LIMIT) -> str:
     """A given value as the user wrote it (JSON-like: strings in double quotes), at most limit characters.
 

@@ -177,18 +177,21 @@ class Constraint:
 
 @dataclass(frozen=True)
 class SearchSpec:
-    algorithm: str                      # grid | random | tpe | nsga2
+    algorithm: str                      # grid | random | tpe | nsga2 | gp
     num_trials: int                     # grid: grid size x repeats
     seed: int = 0
     population_size: int | None = None  # nsga2 only
     repeats: int = 1                    # grid only: each grid point runs this many times
+    n_startup_trials: int | None = None  # gp only: random trials before the Gaussian process leads
+    warm_start: str | None = None       # an earlier campaign folder (or URI) whose results the searcher learns first
 
     def to_dict(self) -> dict:
         out = vars_of(self)
         if self.algorithm != "grid":
             out.pop("repeats")
-        if self.population_size is None:
-            out.pop("population_size")
+        for key in ("population_size", "n_startup_trials", "warm_start"):
+            if out[key] is None:
+                out.pop(key)
         return out
 
 
@@ -205,11 +208,13 @@ class SchedulerSpec:
     DEFAULT_BRACKETS = FrozenMap({"moasha": 3, "asha": 1})
 
     @staticmethod
-    def rung_epochs(grace_epochs: int, reduction_factor: int, epochs: int) -> list[int]:
-        """The rungs of bracket 0: grace * rf**k below the planned epochs (trials at ``epochs`` are done)."""
+    def rung_epochs(grace_epochs: float, reduction_factor: float, epochs: float) -> list:
+        """The rungs of bracket 0: grace * rf**k, k = 0, 1, ..., below the planned epochs (trials at
+        ``epochs`` are done); whole numbers as ints. The one ladder of the spec checks, the MO-ASHA
+        scheduler and the simulator."""
         out, m = [], grace_epochs
         while m < epochs:
-            out.append(m)
+            out.append(int(m) if float(m).is_integer() else float(m))
             m *= reduction_factor
         return out
 
@@ -219,7 +224,7 @@ class SchedulerSpec:
 
         Default for moasha: 3, chosen with benchmarks/bench_search.py (replays of 81 and 243
         configurations x 27 epochs, grace 1, rf 3, where 3 is every rung: 1, 3, 9; MO-ASHA deals
-        bracket s rf**(2 s) shares of the trials, see search/schedulers.py). At half the full grid's
+        bracket s rf**(2 s) shares of the trials, see search/scheduling/moasha.py and benchmarks/README.md). At half the full grid's
         epochs, MO-ASHA with 3 brackets keeps 0.98 / 0.99 of the grid's hypervolume when curves keep
         their order and 0.97 / 0.97 when larger models learn slower and overtake, where 1 bracket keeps
         0.97 / 0.99 and 0.70 / 0.81, and 2 brackets 0.99 / 1.00 and 0.85 / 0.93. On curves that keep
@@ -248,8 +253,31 @@ class ResourcesSpec:
     max_failures: int = 3               # recoveries of a trial from a lost process (worker, trial driver)
 
 
+# What an ended trial keeps of its checkpoints (search.campaign.retention). front: the weights, without
+# optimizer or scheduler state, of the completed trials on the Pareto front of the objectives, nothing for
+# the rest; all: every checkpoint as training left it (resumable); none: nothing. A trial that may still run
+# (running, interrupted, one Tune may restart) keeps what resuming it needs under every policy.
+KEEP_POLICIES = ("front", "all", "none")
+
+
+@dataclass(frozen=True)
+class CheckpointsSpec:
+    keep: str = "front"                 # one of KEEP_POLICIES
+
+
+# Experiment trackers a campaign can feed (search.campaign.tracking): tracker -> its settings and their
+# defaults. None: decided at launch (a location inside the campaign folder; the campaign's name as experiment,
+# project or study). wandb.mode: one of WANDB_MODES (offline writes run folders, nothing leaves the machine).
+TRACKERS = FrozenMap({
+    "mlflow": FrozenMap({"tracking_uri": None, "experiment": None}),
+    "wandb": FrozenMap({"project": None, "entity": None, "mode": "offline"}),
+    "tensorboard": FrozenMap(),
+    "optuna": FrozenMap({"storage": None}),
+})
+WANDB_MODES = ("offline", "online", "disabled")
+
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
-            "search", "scheduler", "resources", "storage")
+            "search", "scheduler", "resources", "checkpoints", "storage", "tracking")
 
 
 @dataclass(frozen=True)
@@ -267,6 +295,8 @@ class CampaignSpec:
     storage: str = "results/"
     description: str = ""
     source: str | None = field(default=None, compare=False)   # the file it came from, for messages
+    checkpoints: CheckpointsSpec = field(default_factory=CheckpointsSpec)
+    tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> FrozenMap of its settings (TRACKERS)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
@@ -282,7 +312,9 @@ class CampaignSpec:
             "search": self.search.to_dict(),
             "scheduler": vars_of(self.scheduler),
             "resources": vars_of(self.resources),
+            "checkpoints": vars_of(self.checkpoints),
             "storage": self.storage,
+            **({"tracking": plain(self.tracking)} if self.tracking else {}),
         }
 
     def violations(self, cost: Mapping[str, float]) -> list[str]:

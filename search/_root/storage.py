@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "open_location", "write_bytes", "append_bytes", "can_append", "read_bytes", "list_files", "read_many",
-    "write_json", "read_json", "loads_json", "exists", "remove_tree",
+    "write_json", "read_json", "loads_json", "exists", "remove_tree", "sizes_by_entry",
 ]
 
 REMOTE_READ_THREADS = 16  # concurrent reads on a remote filesystem (each one mostly waits)
@@ -172,6 +172,36 @@ def _read_remote(fs: pafs.FileSystem, path: str) -> bytes | None | OSError:
         return None
     except OSError as exc:
         return exc
+
+
+def sizes_by_entry(uri) -> dict[str, int]:
+    """Bytes of the files under the folder at ``uri``, summed per entry directly in it (a file: its
+    own size; a folder: everything below it); {} when there is no such folder. Locally a walk of
+    lstat calls (links are not followed); on an object store one recursive listing."""
+    fs, root = open_location(uri)
+    out: dict[str, int] = {}
+    if can_append(fs):  # local
+        try:
+            entries = list(os.scandir(root))
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        for entry in entries:  # a file removed while this walks (a running campaign prunes) counts 0
+            paths = ([os.path.join(d, f) for d, _, files in os.walk(entry.path) for f in files]
+                     if entry.is_dir(follow_symlinks=False) else [entry.path])
+            out[entry.name] = sum(map(_local_size, paths))
+        return out
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            name = info.path[len(root):].lstrip("/").split("/", 1)[0]
+            out[name] = out.get(name, 0) + (info.size or 0)
+    return out
+
+
+def _local_size(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def write_json(uri, obj) -> None:

@@ -34,10 +34,10 @@ from qkvsearch.search.records.layout import (
 )
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.keys import EPOCH, fill, finite
 from qkvsearch.spaces.schema import violations
 
-# Tune's iteration counter restarts at 1 when a trial is restored; `epoch` does not.
-TIME_ATTR = "epoch"
+# Tune's time attribute is EPOCH: its iteration counter restarts at 1 when a trial is restored; the epoch does not.
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,8 @@ def outcome_of_result(result: dict | None, error: bool) -> dict:
     status = result.get(STATUS_KEY) or ("failed" if error else None)
     if status is None:
         planned = result.get(PLANNED_KEY)
-        status = "stopped_early" if planned is not None and result.get(TIME_ATTR, 0) < planned else "completed"
-    metrics = {k: float(v) for k, v in result.items() if not k.startswith("qs_") and isinstance(v, (int, float))
-               and not isinstance(v, bool) and math.isfinite(v)}
+        status = "stopped_early" if planned is not None and result.get(EPOCH, 0) < planned else "completed"
+    metrics = {k: finite(v) for k, v in result.items() if not k.startswith("qs_") and finite(v) is not None}
     return {"status": status, "metrics": metrics}
 
 
@@ -122,7 +121,7 @@ def _report_duplicate(settings: TrialSettings, trial: dict) -> None:
         if known is None:
             time.sleep(WAIT_POLL_S)
     result = {**known["metrics"], **trial["cost"], STATUS_KEY: "duplicate", DUPLICATE_OF_KEY: trial["duplicate_of"],
-              ORIGINAL_STATUS_KEY: known["status"], TIME_ATTR: 0.0}  # epoch 0: no scheduler rung counts it twice
+              ORIGINAL_STATUS_KEY: known["status"], EPOCH: 0.0}  # epoch 0: no scheduler rung counts it twice
     for metric, _ in settings.objectives:
         result.setdefault(metric, math.nan)
     tune.report(result)
@@ -130,7 +129,7 @@ def _report_duplicate(settings: TrialSettings, trial: dict) -> None:
 
 def _terminal_report(settings: TrialSettings, status: str, error: str, cost: dict) -> dict:
     """A final result for a trial without a score: objectives absent from the cost are NaN."""
-    result = {STATUS_KEY: status, ERROR_KEY: error, TIME_ATTR: 0.0, **cost}
+    result = {STATUS_KEY: status, ERROR_KEY: error, EPOCH: 0.0, **cost}
     for metric, _ in settings.objectives:
         result.setdefault(metric, math.nan)
     return result
@@ -168,7 +167,7 @@ def _report_to_tune(epochs_planned: int, cost: dict, run_dir: str):
         if checkpoint_path:  # named the way the campaign's storage is (Train's path drops a bucket's scheme)
             path = f"{run_dir}/{checkpoint_path.rstrip('/').rsplit('/', 1)[-1]}"
         else:
-            path = epoch_checkpoint(run_dir, metrics[TIME_ATTR]) if TIME_ATTR in metrics else None
+            path = epoch_checkpoint(run_dir, metrics[EPOCH]) if EPOCH in metrics else None
         if path:
             result[CHECKPOINT_PATH_KEY] = path
         tune.report(result)
@@ -180,7 +179,8 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     """Tune function trainable (bound to `settings` with `tune.with_parameters`)."""
     from qkvsearch.trainers.loop import find_divergence, run_trainer
 
-    cfg, cost = trial["config"], trial["cost"]
+    # A trial restored from a campaign launched before some keys were declared lacks them: their defaults.
+    cfg, cost = fill(trial["config"]), trial["cost"]
     if trial.get("duplicate_of"):
         _report_duplicate(settings, trial)
         return

@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 
 # First: it sets Ray's environment for a local cluster, which Ray reads when it is imported.
@@ -17,8 +20,8 @@ from qkvsearch.search.cluster.local_ray import TRIAL_SLOT, ray_env, start_local_
 import ray
 from ray import tune
 
+from qkvsearch import ray_private
 from qkvsearch.search.campaign.driver import (
-    TIME_ATTR,
     TrialSettings,
     run_trial,
     trains_in_trial_process,
@@ -29,6 +32,7 @@ from qkvsearch.search.campaign.interrupts import CampaignInterrupted, StopSignal
 from qkvsearch.search.campaign.preflight import check_local_resources, check_shared_storage, check_spec
 from qkvsearch.search.campaign.recording import TrialRecorder
 from qkvsearch.search.campaign.searchers import build_search
+from qkvsearch.search.campaign.tracking import check_trackers, study_storage, track_more, tracking_callbacks
 from qkvsearch.search.cluster.capacity import (
     Cluster,
     autoscaler,
@@ -37,17 +41,27 @@ from qkvsearch.search.cluster.capacity import (
     outgrows,
     plan_concurrency,
 )
-from qkvsearch.search.cluster.jobs import dashboard_lines, job_config, job_metadata, tag_submission
+from qkvsearch.search.cluster.jobs import (
+    dashboard_lines,
+    job_config,
+    job_metadata,
+    submission_id,
+    tag_submission,
+)
 from qkvsearch.search.monitor.grafana import install_dashboard
 from qkvsearch.search.records.layout import (
     CAMPAIGN_FILE,
     ENDED_KEY,
     INTERRUPTED_KEY,
+    TRAIN_RUNS_DIR,
     code_version,
+    open_campaign,
     read_campaign,
 )
+from qkvsearch.search.records.lease import DriverLease
 from qkvsearch.spaces import SpecError, smoke_test
-from qkvsearch.storage import exists, remove_tree, write_json
+from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.storage import exists, write_json
 from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
@@ -76,10 +90,7 @@ def connect(max_concurrent: int, metadata: dict | None = None) -> Cluster:
 
 
 def _dashboard_url() -> str | None:
-    try:
-        return ray._private.worker.global_worker.node.address_info.get("webui_url")
-    except AttributeError:
-        return None
+    return ray_private.dashboard_url()
 
 
 def _node_hosts() -> set[str]:
@@ -109,7 +120,7 @@ def _scheduler(spec, exp: str):
     sched, objectives = spec.scheduler, spec.objectives
     if sched.type == "fifo":
         return CampaignFIFOScheduler()
-    common = dict(time_attr=TIME_ATTR, grace_period=sched.grace_epochs,
+    common = dict(time_attr=EPOCH, grace_period=sched.grace_epochs,
                   reduction_factor=sched.reduction_factor, max_t=spec.train.epochs,
                   brackets=sched.bracket_count(spec.train.epochs))
     if sched.type == "asha":  # the loader resolved metric and mode (first objective by default)
@@ -144,7 +155,7 @@ def _settings(spec, exp: str) -> TrialSettings:
         objectives=tuple((o.metric, o.mode) for o in spec.objectives),
         constraints=tuple(spec.constraints), workers=res.workers_per_trial,
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
-        placement_strategy=res.placement_strategy, train_storage=f"{exp}/train_runs", experiment=exp,
+        placement_strategy=res.placement_strategy, train_storage=f"{exp}/{TRAIN_RUNS_DIR}", experiment=exp,
         faults=tuple(read_faults()),  # trial processes do not see this process's environment
         campaign=spec.name, max_failures=res.max_failures)
 
@@ -153,19 +164,47 @@ def _check_launchable(spec, exp: str, overwrite: bool) -> None:
     """Every check that needs no Ray: storage, models of the space, dataset, an existing campaign, and
     the resources of a local machine. Writes nothing."""
     check_spec(spec, launching=True)
+    _refuse_existing(exp, overwrite)
+    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        check_local_resources(spec.resources)
+
+
+def _refuse_existing(exp: str, overwrite: bool) -> None:
     if not overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
         raise SpecError([f"name: a campaign already exists at {exp}; resume it with `qkvsearch resume "
                          f"{exp}`, pick another name (--set name=...), or pass --overwrite"])
-    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
-        check_local_resources(spec.resources)
+
+
+@contextlib.contextmanager
+def _holding(exp: str):
+    """This driver's hold on the campaign (search.records.lease: CampaignHeld when another live driver has
+    it), released however the driver ends. Until Tune's handlers are in place (search.campaign.interrupts),
+    SIGTERM raises KeyboardInterrupt: without that, a SIGTERM while Ray starts would end the process at
+    once and leave the hold to go stale."""
+    command = " ".join(["qkvsearch" if sys.argv[0].endswith(("qkvsearch", "cli.py")) else sys.argv[0],
+                        *sys.argv[1:]])
+    with DriverLease.acquire(exp, command, job=submission_id()) as lease:
+        main = threading.current_thread() is threading.main_thread()  # only it can set signal handlers
+        before = signal.signal(signal.SIGTERM, _sigterm_interrupts) if main else None
+        try:
+            yield lease
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, before)
+
+
+def _sigterm_interrupts(signum, frame):
+    raise KeyboardInterrupt
 
 
 def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool = False, view=None) -> str:
     """Run a campaign to the end; returns its experiment dir.
 
     Every check that can run before Ray starts runs first (spec, models, dataset, storage, resources of
-    a local machine); nothing is written, and no existing campaign removed, until they pass. Bad input
-    raises a BadInput (SpecError, DatasetError, ResourceError); a stop signal, CampaignInterrupted.
+    a local machine); nothing is written, and no existing campaign removed, until they pass. Then this
+    driver takes the campaign's lease (search.records.lease; CampaignHeld while another live driver holds
+    it) and keeps it until it ends. Bad input raises a BadInput (SpecError, DatasetError, ResourceError,
+    CampaignHeld); a stop signal, CampaignInterrupted.
     view: shows the campaign's progress while it runs (search.monitor.terminal.TerminalView; None: nothing);
     verbose: Tune's own trial tables as well.
     """
@@ -173,7 +212,14 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
         spec = smoke_test(spec)
     exp = experiment_dir(spec)
     _check_launchable(spec, exp, overwrite)
-    searcher, num_samples = build_search(spec)
+    searcher, num_samples = build_search(spec, exp)
+    with _holding(exp) as lease:
+        _refuse_existing(exp, overwrite)  # again under the hold: another driver may have written one since
+        return _launch_held(spec, exp, lease, searcher, num_samples, overwrite=overwrite, verbose=verbose, view=view)
+
+
+def _launch_held(spec, exp: str, lease, searcher, num_samples: int, *, overwrite: bool, verbose: bool, view) -> str:
+    """launch() once this driver holds the campaign (search.records.lease)."""
     version = code_version()
     cluster = connect(_wanted_slots(spec.resources), job_metadata(spec, exp, num_samples, version))
     try:
@@ -181,7 +227,7 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
                                        ask=autoscaler_can_hold if cluster.autoscaler == "v2" else None)
         check_shared_storage(exp, _node_hosts(), can_grow=outgrows(spec.resources, cluster, concurrency))
         if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
-            remove_tree(exp)  # only now: the new spec passed every check
+            lease.clear_folder()  # only now: the new spec passed every check; the lease stays
         _announce(spec, exp, cluster, f"{num_samples} trial(s), up to {concurrency} at a time")
         if cluster.waiting_for:
             log.info(cluster.waiting_for)
@@ -189,6 +235,10 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
                                                 "code_version": version, "created_at": time.time()})
         describe = _Describe()
         recorder = TrialRecorder(exp, spec.name, describe)
+        storage = study_storage(spec, exp)  # only now: after an overwrite cleared the folder
+        if storage is not None:  # the searcher's study lives in the optuna tracker's storage
+            searcher, _ = build_search(spec, exp, storage)
+        tracking = tracking_callbacks(spec, exp, recorder, version, study_in_storage=storage is not None)
         with StopSignals() as stop:
             tuner = tune.Tuner(
                 _trainable(spec, exp, cluster),
@@ -199,7 +249,8 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
                     # timm imported already): Tune's stop reaches every trial inside tune.report.
                     reuse_actors=True,
                     trial_name_creator=describe.name, trial_dirname_creator=describe.name),
-                run_config=_run_config(spec, exp, [recorder, stop], verbose),
+                run_config=_run_config(spec, exp, [recorder, *tracking, stop, _retention(spec, exp, recorder)],
+                                       verbose),
             )
             _fit(tuner, exp, recorder, stop, view, verbose)
     finally:
@@ -270,6 +321,13 @@ def _trainable(spec, exp: str, cluster: Cluster):
     return tune.with_resources(tune.with_parameters(run_trial, settings=settings), trial_resources(settings, slot))
 
 
+def _retention(spec, exp: str, recorder):
+    """What ended trials keep of their checkpoints (spec.checkpoints): after the recorder, which it reads."""
+    from qkvsearch.search.campaign.retention import retention_callback
+
+    return retention_callback(exp, spec, recorder, _settings(spec, exp))
+
+
 def _wanted_slots(resources) -> int:
     wanted = resources.max_concurrent_trials
     return int(wanted) if isinstance(wanted, int) else max(1, os.cpu_count() or 1)
@@ -289,19 +347,25 @@ def _tune_verbosity(verbose: bool) -> int:
     return 1 if verbose else 0  # 1: Tune's trial tables; 0: only the campaign's own lines (search.monitor.terminal)
 
 
-def resume(exp: str, *, verbose: bool = False, view=None) -> str:
+def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
     """Continue an interrupted campaign: finished trials stay, unfinished ones resume from checkpoints.
-    view, verbose and the signals: as for `launch`."""
-    from qkvsearch.spaces import load_campaign
-
+    view, verbose and the signals: as for `launch`; track: trackers to add (`--track`, kept for later resumes)."""
     exp = exp.rstrip("/")
     if "://" not in exp:
         exp = os.path.abspath(exp)
-    campaign = read_campaign(exp)
-    spec = load_campaign(campaign["spec"])
+    open_campaign(exp, validate=True)  # not a campaign: refused before this driver writes its lease there
+    with _holding(exp):
+        return _resume_held(exp, verbose, view, track)
+
+
+def _resume_held(exp: str, verbose: bool, view, track=()) -> str:
+    """resume() once this driver holds the campaign (search.records.lease)."""
+    campaign = open_campaign(exp, validate=True)
+    spec = track_more(exp, campaign.spec, track)
+    check_trackers(spec)
     _, num_samples = build_search(spec)
     cluster = connect(_wanted_slots(spec.resources),
-                      job_metadata(spec, exp, num_samples, campaign.get("code_version") or code_version()))
+                      job_metadata(spec, exp, num_samples, campaign.code_version or code_version()))
     try:
         check_shared_storage(exp, _node_hosts())
         _announce(spec, exp, cluster, f"resuming, {num_samples} trial(s) planned")
@@ -313,8 +377,9 @@ def resume(exp: str, *, verbose: bool = False, view=None) -> str:
         recorder = TrialRecorder(exp, spec.name, _Describe())
         with StopSignals() as stop:
             # Tune restores the run config pickled at launch; this driver's callbacks replace its copies.
-            run_config = tuner._local_tuner.get_run_config()
-            run_config.callbacks = [recorder, stop]
+            run_config = ray_private.restored_run_config(tuner)
+            tracking = tracking_callbacks(spec, exp, recorder, campaign.code_version or code_version())
+            run_config.callbacks = [recorder, *tracking, stop, _retention(spec, exp, recorder)]
             run_config.verbose = _tune_verbosity(verbose)
             _fit(tuner, exp, recorder, stop, view, verbose)
     finally:

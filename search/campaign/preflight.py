@@ -13,14 +13,11 @@ import stat
 import sys
 from collections.abc import Mapping
 
+from qkvsearch.search.cluster.capacity import ResourceError
 from qkvsearch.spaces.errors import BadInput, show
 
 log = logging.getLogger(__name__)
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-class ResourceError(BadInput):
-    """The campaign asks for more per trial than the machine (or the cluster) has."""
 
 
 def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
@@ -31,11 +28,13 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     the spec may be meant for a cluster whose nodes hold the data. A folder that exists is checked whole.
     """
     from qkvsearch.search.campaign.costs import check_models
+    from qkvsearch.search.campaign.tracking import check_trackers
     from qkvsearch.spaces import base_config
     from qkvsearch.spaces.keys import fill
     from qkvsearch.trainers.data import check_dataset
 
     check_storage(spec.storage)
+    check_trackers(spec)  # the trackers' packages (search.campaign.tracking)
     models = check_models(spec)
     config = fill(base_config(spec))
     path = config["data_path"]

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
-from qkvsearch.search.records.layout import ENDED_KEY, FINAL_STATUSES, INTERRUPTED_KEY, read_campaign
+from qkvsearch.search.records.layout import FINAL_STATUSES, UNTRAINED_STATUSES, open_campaign
+from qkvsearch.search.records.lease import DriverState, read_lease
 from qkvsearch.search.records.readers import read_trials
+from qkvsearch.spaces.keys import finite as _finite
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Progress:
     ended: bool = False
     interrupted: bool = False  # its driver was stopped before the end (resume continues it)
     read_at: float = 0.0
+    driver: DriverState | None = None  # the driver holding it (search.records.lease); None: not read
 
     @property
     def trials_recorded(self) -> int:
@@ -80,26 +83,28 @@ class Progress:
 
 def read_progress(exp) -> Progress:
     """The campaign at ``exp`` now. CampaignFileError when ``exp`` is not a campaign folder."""
-    campaign = read_campaign(exp)
-    spec = campaign["spec"]
+    campaign = open_campaign(exp)
     read = read_trials(exp)
     records, counts, lasts = read.records, read.epoch_counts(), read.last_epochs()
-    search = spec.get("search") or {}
-    planned = int(search.get("num_trials") or len(records)) * int(search.get("repeats") or 1)
-    planned = max(planned, len(records))
-    epochs_each = int((spec.get("train") or {}).get("epochs") or 0)
-    objectives = [(o["metric"], o["mode"]) for o in spec.get("objectives") or []]
+    # search.num_trials counts every planned trial already (grid: points x repeats)
+    planned = max(campaign.trials_planned or len(records), len(records))
+    epochs_each = campaign.epochs_planned or 0
+    objectives = campaign.objectives
     status = Counter(str(r.get("status")) for r in records)
     running = [RunningTrial(_name(r), n, int(r.get("epochs_planned") or epochs_each), _finite(last.get("top1")))
                for r, n, last in zip(records, counts, lasts) if r.get("status") == "running"]
     progress = Progress(
-        name=str(campaign.get("name") or spec.get("name")), trials_planned=planned, counts=status,
+        name=campaign.name, trials_planned=planned, counts=status,
         epochs_done=int(sum(counts)),
         epochs_planned=sum(_epochs_to_train(r, epochs_each) for r in records) + (planned - len(records)) * epochs_each,
         running=running, objectives=objectives, best={}, read_at=time.time())
     # ended: the driver recorded its end, or (a campaign recorded before drivers did) every trial is final
-    progress.ended = campaign.get(ENDED_KEY) is not None or (len(records) >= planned and progress.trials_done >= planned)
-    progress.interrupted = campaign.get(INTERRUPTED_KEY) is not None and not progress.ended
+    progress.ended = campaign.ended or (len(records) >= planned and progress.trials_done >= planned)
+    progress.interrupted = campaign.interrupted_at is not None and not progress.ended
+    try:
+        progress.driver = read_lease(exp)
+    except OSError:  # storage away for a moment: the next snapshot reads it
+        progress.driver = None
     progress.finished = [_finished(r, n, last, epochs_each) for r, n, last in zip(records, counts, lasts)
                          if r.get("status") in FINAL_STATUSES]
     for r, last in zip(records, lasts):
@@ -144,17 +149,13 @@ def _add_front(progress: Progress, done: list[tuple[dict, dict]]) -> None:
 def _objective(record: dict, last: dict, metric: str) -> float:
     """An objective's value: the trial's last epoch metric, else its cost (params_m, gmacs...)."""
     v = last.get(metric, (record.get("cost") or {}).get(metric))
-    return _finite(v) if _finite(v) is not None else math.nan
+    return _finite(v, math.nan)
 
 
 def _epochs_to_train(record: dict, default: int) -> int:
     """Epochs a trial will train: none for one that never trains (a duplicate, an infeasible one)."""
-    return 0 if record.get("status") in ("duplicate", "infeasible") else int(record.get("epochs_planned") or default)
+    return 0 if record.get("status") in UNTRAINED_STATUSES else int(record.get("epochs_planned") or default)
 
 
 def _name(record: dict) -> str:
     return str(record.get("trial_name") or record["trial_id"])
-
-
-def _finite(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from qkvsearch.search.monitor.progress import FinishedTrial, Progress, read_progress
+from qkvsearch.search.records.proposals import count_proposals
 
 
 class TerminalView:
@@ -19,6 +20,7 @@ class TerminalView:
         self.live = self.stream.isatty() if live is None else live
         self._seen: dict[str, str] = {}  # trial -> terminal status already printed
         self.last_line = ""  # the last summary line printed (plain output)
+        self._driver_key: tuple | None = None  # the driver state last printed (plain output)
         self._live = None
 
     def show(self, progress: Progress) -> None:
@@ -27,6 +29,10 @@ class TerminalView:
         if self.live:
             self._redraw(progress)
         else:
+            driver = driver_line(progress)
+            if driver is not None and _driver_key(progress) != self._driver_key:  # a new driver, or it died
+                self._print(driver)
+                self._driver_key = _driver_key(progress)
             line = progress.summary()
             if line != self.last_line:  # plain output: a line when something changed, no redraw
                 self._print(line)
@@ -92,6 +98,11 @@ def closing_summary(progress: Progress, exp: str, shown: str = "") -> str:
         lines.append("  " + "  ".join([f"{'trial':<{width}}", *(f"{m:>10}" for m in metrics)]))
         for f in sorted(progress.front, key=lambda f: [f[m] for m in metrics]):
             lines.append("  " + "  ".join([f"{f['trial']:<{width}}", *(f"{f[m]:>10.4g}" for m in metrics)]))
+    proposals = count_proposals(exp)
+    if proposals:  # infeasible proposals took no trial slot (search.records.proposals)
+        total = proposals + sum(progress.counts.values())
+        lines.append(f"infeasible proposals: {proposals} of {total} ({proposals / total:.0%}) broke a cost "
+                     "constraint and took no trial slot")
     failed = progress.counts.get("failed", 0)
     if failed:
         lines.append(f"{failed} trial(s) failed; `qkvsearch status {exp}` shows their errors")
@@ -117,4 +128,23 @@ def live_block(progress: Progress):
     front = f"front: {len(progress.front)} trial(s), hypervolume {hv}"
     if progress.best:
         front += "; best " + ", ".join(f"{m} {v:.4g}" for m, v in progress.best.items())
-    return Group(bars, running if progress.running else "no trial running", front)
+    driver = driver_line(progress)
+    return Group(bars, running if progress.running else "no trial running", front, *([driver] if driver else []))
+
+
+def driver_line(progress: Progress) -> str | None:
+    """`driver: live, host ..., pid ..., last heartbeat 4 s ago` (search.records.lease.DriverState.line), or
+    None: not read, this process's own hold (a driver's view of itself), an ended campaign without driver."""
+    state = progress.driver
+    if state is None or (state.holder is not None and state.holder.is_this_process()):
+        return None
+    if progress.ended and state.holder is None:
+        return None
+    return state.line()
+
+
+def _driver_key(progress: Progress) -> tuple:
+    """What a plain view reprints on change: live / stale / none and which driver (not its heartbeat age)."""
+    state = progress.driver
+    holder = state.holder if state else None
+    return state.live if state else None, state.stale if state else None, holder and (holder.host, holder.pid)

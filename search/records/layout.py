@@ -4,12 +4,15 @@ Tune's `result.json` is overwritten when a trial restarts, and it cannot say *wh
 (completed, stopped early, diverged, infeasible). These records can. Layout, under the experiment dir:
 
     qs_campaign.json                          the validated spec, code version, creation time
+    qs_driver.lease                           the live driver's hold, while one runs (search.records.lease)
     qs_trials/<trial_id>.json                 config, cost, status, timings, error; "epochs_file" names
                                               the epochs file (older records hold "epochs" here instead)
     qs_trials/<trial_id>.epochs.csv           per-epoch metrics (search.records.epochs_csv)
     qs_trials/<name>.damaged[.<n>]            a record or epochs file that could not be read, moved aside
+    qs_weights/<trial_id>.pt                  the weights an ended trial keeps (search.campaign.retention)
+    train_runs/<run name>/                    each trial's Train run: its checkpoints
 
-`read_campaign` (here) and `readers.read_trials` are the only readers of these files;
+`read_campaign` (here; `open_campaign` reads its spec) and `readers.read_trials` are the only readers of these files;
 `recorder.Recorder` is their only writer.
 
 The `qs_` prefix means one thing across the project: a name qkvsearch reserves where it shares a
@@ -21,13 +24,17 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from qkvsearch.spaces.errors import BadInput, show
-from qkvsearch.storage import loads_json, open_location
+from qkvsearch.spaces.errors import BadInput, SpecError, reason, show
+from qkvsearch.spaces.keys import EPOCH, finite  # noqa: F401  (EPOCH: the epochs files' first column)
+from qkvsearch.spaces.loader import load_campaign, read_stored_spec, section_failed
+from qkvsearch.spaces.schema import CampaignSpec
+from qkvsearch.storage import loads_json, open_location, sizes_by_entry
 
 # Reserved result keys: how a trial ended without a score, and the epochs it plans (schedulers and
 # searchers tell a stopped trial from a finished one by it). Other reserved keys: trainers.engine.
@@ -51,6 +58,8 @@ STATUSES = ("pending", "running", "interrupted", "completed", "stopped_early", "
 
 
 FINAL_STATUSES = STATUSES[3:]
+UNSCORED_STATUSES = ("diverged", "failed", "infeasible")   # final, and ended without a score
+UNTRAINED_STATUSES = ("duplicate", "infeasible")          # final, and never trained an epoch
 
 
 # qs_campaign.json: unix times the campaign's driver finished, or was stopped before the end (absent: running)
@@ -63,13 +72,26 @@ CAMPAIGN_FILE = "qs_campaign.json"
 TRIALS_DIR = "qs_trials"
 
 
+TRAIN_RUNS_DIR = "train_runs"  # <exp>/train_runs/<run name>/: each trial's Train run (checkpoints)
+
+
+WEIGHTS_DIR = "qs_weights"  # <exp>/qs_weights/<trial_id>.pt: the weights an ended trial keeps (campaign.retention)
+
+
+def storage_use(exp) -> tuple[int, int]:
+    """(bytes under the campaign folder, of them its checkpoints: Train runs and kept weights), local path
+    or URI alike."""
+    sizes = sizes_by_entry(exp)
+    return sum(sizes.values()), sizes.get(TRAIN_RUNS_DIR, 0) + sizes.get(WEIGHTS_DIR, 0)
+
+
+TUNE_TRIAL_FILE = "params.json"  # Tune's (ray.air.constants.EXPR_PARAM_FILE): in every Tune trial folder of <exp>
+
+
 DAMAGED_SUFFIX = ".damaged"
 
 
 EPOCHS_SUFFIX = ".epochs.csv"  # <trial_id>.epochs.csv beside <trial_id>.json
-
-
-EPOCH = "epoch"
 
 
 # Keys a trial may report that are Tune's bookkeeping, not metrics of ours.
@@ -113,10 +135,13 @@ def read_campaign(exp) -> dict:
     Raises CampaignFileError naming the file when it is missing, unreadable, not a JSON object or
     lacks its spec."""
     shown = f"{_display(exp)}/{CAMPAIGN_FILE}"
-    fs, root = open_location(exp)
     try:
+        fs, root = open_location(exp)
         with fs.open_input_stream(f"{root}/{CAMPAIGN_FILE}") as f:
             data = f.read()
+    except ValueError as exc:  # pyarrow's ArrowInvalid: no filesystem for the scheme, a URI without a bucket
+        raise CampaignFileError(f"{shown}: expected a campaign folder (a local path, or a URI such as s3://, "
+                                f"gs://, file://), given {_display(exp)} ({reason(exc)})") from None
     except OSError as exc:
         kind = fs.get_file_info(root).type
         if kind == pafs.FileType.NotFound:
@@ -134,6 +159,79 @@ def read_campaign(exp) -> dict:
     if problem is not None:
         raise CampaignFileError(f"{shown}: {problem}")
     return campaign
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """qs_campaign.json as its readers use it: the spec (a CampaignSpec, by the spec loader's rules and
+    defaults) and what the driver recorded. ``problems``: what the loader found wrong in a stored spec that
+    another version of qkvsearch wrote, or a partial one (those keys hold their defaults); empty for a spec
+    written at launch."""
+
+    name: str
+    spec: CampaignSpec
+    stored_spec: dict           # the spec as the file holds it (reports print it)
+    code_version: str | None = None
+    created_at: float | None = None
+    ended_at: float | None = None       # ENDED_KEY
+    interrupted_at: float | None = None  # INTERRUPTED_KEY
+    problems: tuple[str, ...] = ()
+
+    @property
+    def objectives(self) -> list[tuple[str, str]]:
+        """(metric, "min" | "max") of each objective; the loader's default when the spec states none."""
+        return [(o.metric, o.mode) for o in self.spec.objectives]
+
+    @property
+    def trials_planned(self) -> int | None:
+        """search.num_trials: the trials the campaign plans (grid: points x repeats, as the loader counts
+        them); None when the stored spec holds no readable search section."""
+        if not isinstance(self.stored_spec.get("search"), dict) or section_failed(self.problems, "search"):
+            return None
+        return self.spec.search.num_trials
+
+    @property
+    def epochs_planned(self) -> int | None:
+        """train.epochs: the epochs each trial plans; None when the stored spec holds none."""
+        return None if section_failed(self.problems, "train.epochs") else self.spec.train.epochs
+
+    @property
+    def max_concurrent_trials(self) -> int | None:
+        wanted = self.spec.resources.max_concurrent_trials
+        return wanted if isinstance(wanted, int) else None
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at is not None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupted_at is not None and self.ended_at is None
+
+
+def open_campaign(exp, *, validate: bool = False) -> Campaign:
+    """``<exp>/qs_campaign.json`` (local path or URI) read through ``read_campaign`` and its spec through
+    the spec loader. Default: light (timm and torch stay unloaded, model and optimizer names are taken as
+    given, a partial or older spec reads as far as it goes: see Campaign.problems), for the readers that
+    report on a campaign. ``validate=True`` (resume): the spec fully validated, timm names included, as
+    ``spaces.load_campaign``; CampaignFileError naming the file and listing the problems otherwise."""
+    raw = read_campaign(exp)
+    stored = raw["spec"]
+    if validate:
+        try:
+            spec, problems = load_campaign(stored), ()
+        except SpecError as exc:
+            raise CampaignFileError(str(SpecError(exc.errors, f"{_display(exp)}/{CAMPAIGN_FILE}"))) from None
+    else:
+        spec, problems = read_stored_spec(stored)
+    name = raw.get("name") if isinstance(raw.get("name"), str) and raw.get("name") else spec.name
+    return Campaign(name or _display(exp).rsplit("/", 1)[-1], spec, stored, _text_or_none(raw.get("code_version")),
+                    finite(raw.get("created_at")), finite(raw.get(ENDED_KEY)), finite(raw.get(INTERRUPTED_KEY)),
+                    problems)
+
+
+def _text_or_none(value) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _parse_object(data: bytes) -> tuple[dict | None, str | None]:

@@ -11,7 +11,6 @@ Ray stays out: the campaign layer subclasses it as a Tune callback (search.campa
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -35,10 +34,12 @@ from qkvsearch.search.records.layout import (
     ERROR_KEY,
     STATUS_KEY,
     TRIALS_DIR,
+    UNSCORED_STATUSES,
+    UNTRAINED_STATUSES,
     code_version,
 )
 from qkvsearch.search.records.readers import TrialRecords, _read_record
-from qkvsearch.spaces.keys import COST_METRICS
+from qkvsearch.spaces.keys import COST_METRICS, finite
 from qkvsearch.storage import append_bytes, open_location, read_many, write_bytes, write_json
 
 logger = logging.getLogger(__name__)
@@ -51,8 +52,8 @@ def _metrics_of(result: dict) -> dict:
     for key, value in result.items():
         if key in _TUNE_KEYS or key in COST_METRICS or key.startswith("qs_") or isinstance(value, bool):
             continue  # cost metrics ride along each result for the schedulers; the record holds them once
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            out[key] = float(value)
+        if finite(value) is not None:
+            out[key] = finite(value)
     return out
 
 
@@ -220,7 +221,7 @@ class Recorder:
     def on_trial_result(self, iteration, trials, trial, result, **info):
         rec = self._record(trial)
         status = result.get(STATUS_KEY)
-        if status in ("infeasible", "diverged", "failed"):
+        if status in UNSCORED_STATUSES:
             rec["status"] = status
             rec["error"] = result.get(ERROR_KEY)
         elif status == "duplicate":  # trained nothing: its outcome is its original's, recorded there
@@ -239,8 +240,8 @@ class Recorder:
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rec = self._record(trial)
-        if rec["status"] not in ("infeasible", "diverged", "failed", "duplicate"):
-            done = max((e.get("epoch", 0) for e in rec["epochs"]), default=0)
+        if rec["status"] not in (*UNSCORED_STATUSES, *UNTRAINED_STATUSES):
+            done = max((e.get(EPOCH, 0) for e in rec["epochs"]), default=0)
             rec["status"] = "completed" if done >= rec["epochs_planned"] else "stopped_early"
         self._finish(rec)
 
@@ -252,6 +253,21 @@ class Recorder:
 
     def _finish(self, rec: dict) -> None:
         rec["ended_at"] = time.time()
+        self._save(rec)
+
+    def note_checkpoint(self, trial_id: str, path: str | None, kept: str, note: str) -> None:
+        """What an ended trial keeps of its checkpoints (search.campaign.retention): ``path`` its
+        checkpoint_path from now on (None: nothing kept), ``kept`` what that is ("state": resumable
+        training state, "weights", "none") and ``note`` why. A trial no driver has recorded yet (it ended
+        before a resume) has its record read first; one without a record is left alone."""
+        rec = self.records.get(trial_id)
+        if rec is None:
+            rec = self._load_existing(trial_id)
+            if rec is None:
+                return
+            rec.setdefault("epochs", [])
+            self.records[trial_id] = rec
+        rec.update(checkpoint_path=path, checkpoint_kept=kept, checkpoint_note=note)
         self._save(rec)
 
     def mark_interrupted(self) -> list[str]:

@@ -49,6 +49,8 @@ import numpy as np
 
 from qkvsearch.search.analysis.pareto import NAN_RANK, nondominated_ranks, to_minimise
 from qkvsearch.search.records.readers import read_trials
+from qkvsearch.spaces.keys import finite
+from qkvsearch.spaces.schema import SchedulerSpec
 
 __all__ = ["candidate_position", "crowding_distance", "default_shares", "next_bracket", "promotable",
            "recorded_progress", "rung_positions"]
@@ -160,14 +162,8 @@ def next_bracket(counts: Sequence[int], shares: Sequence) -> int:
 
 
 def as_float(x) -> float:
-    """A reported value as a float; NaN when absent, not a number, or non-finite."""
-    if isinstance(x, bool) or x is None:
-        return math.nan
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return math.nan
-    return v if math.isfinite(v) else math.nan
+    """A reported value as a float; NaN when absent, not a number, or non-finite (spaces.keys.finite)."""
+    return finite(x, math.nan)
 
 
 def recorded_progress(experiment: str, metrics: Sequence[str], time_attr: str) -> dict[str, tuple]:
@@ -221,10 +217,6 @@ def _check_positive(name: str, x) -> None:
 
 
 def _milestones(grace_period: float, rf: float, max_t: float) -> list[float]:
-    """grace_period * rf**k for k = 0, 1, ... while < max_t (ints kept as ints)."""
-    out, m = [], grace_period
-    while m < max_t:
-        out.append(int(m) if float(m).is_integer() else float(m))
-        m = m * rf
-    return out
+    """grace_period * rf**k for k = 0, 1, ... while < max_t (ints kept as ints): the spec's rung ladder."""
+    return SchedulerSpec.rung_epochs(grace_period, rf, max_t)
 

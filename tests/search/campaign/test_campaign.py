@@ -13,6 +13,7 @@ from helpers.live_campaign import named_checkpoint_epochs
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.cli import main
 from qkvsearch.search.monitor.status import load_records
+from qkvsearch.search.records.proposals import PROPOSALS_DIR
 from qkvsearch.spaces import load_campaign
 from qkvsearch.spaces.keys import identity, require_filled
 
@@ -48,6 +49,7 @@ def _spec(tmp: Path) -> dict:
         # no restarts: the injected crash after epoch 1 must end its trial as failed (a restart from the
         # epoch-1 checkpoint would not crash again; tests/test_failures.py covers restarts)
         "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1, "max_failures": 0},
+        "checkpoints": {"keep": "all"},  # the tests read the checkpoints as training leaves them
         "storage": str(tmp),
     }
 
@@ -75,7 +77,7 @@ def campaign(ray_local, tmp_path_factory):
 
 def test_every_trial_is_recorded_with_config_status_metrics_and_cost(campaign):
     exp, records = campaign
-    assert len(records) == 8
+    assert len(records) == 7  # the configuration that breaks a constraint never became a trial
     for rec in records:
         assert require_filled(rec["config"]) and rec["config"]["model"] == TINY_MODEL  # resolved once
         assert isinstance(rec["config"]["width"], int)
@@ -92,7 +94,7 @@ def test_every_trial_is_recorded_with_config_status_metrics_and_cost(campaign):
         else:
             assert rec["config"]["code_size"] is None and rec["config"]["code_sharing"] is None
     statuses = sorted(r["status"] for r in records)
-    assert statuses.count("infeasible") == 1
+    assert statuses.count("infeasible") == 0  # recorded as a proposal (test_infeasible_configuration_...)
     assert statuses.count("diverged") == 1
     assert statuses.count("failed") == 1
 
@@ -145,15 +147,12 @@ def test_a_trial_stopped_early_hands_its_process_to_the_next_trial(campaign):
 
 def test_infeasible_configuration_never_starts_a_trainer(campaign):
     exp, records = campaign
-    (infeasible,) = [r for r in records if r["status"] == "infeasible"]
-    assert infeasible["cost"]["params_m"] > 3.5
-    assert "params_m" in infeasible["error"]
-    assert infeasible["epochs"] == []
-    train_runs = exp / "train_runs"
-    assert train_runs.is_dir()
-    started = {p.name for p in train_runs.iterdir()}
-    assert _run_name(infeasible) not in started
-    assert any(_run_name(r) in started for r in records if r["status"] == "completed")
+    assert not [r for r in records if r["status"] == "infeasible"]
+    (infeasible,) = [json.loads(p.read_text()) for p in (exp / PROPOSALS_DIR).glob("*.json")]
+    assert infeasible["status"] == "infeasible" and infeasible["cost"]["params_m"] > 3.5
+    assert "params_m" in infeasible["error"] and infeasible["config"]["hidden_width"] == 4.0
+    started = {p.name for p in (exp / "train_runs").iterdir()}
+    assert started == {_run_name(r) for r in records}  # every trial trained; the proposal never started
 
 
 def test_diverged_and_failed_trials_do_not_stop_the_campaign(campaign):
@@ -172,7 +171,7 @@ def test_status_command_lists_every_trial(campaign, capsys):
     out = capsys.readouterr().out
     for rec in records:
         assert rec["trial_name"] in out
-    assert "8 trial(s)" in out
+    assert "7 trial(s)" in out
 
 
 def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
@@ -201,7 +200,7 @@ def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
     html = Path(written["html"]).read_text()
     assert all(r["trial_name"] in html for r in records)
 
-    from browser import chromium_path, render
+    from helpers.browser import chromium_path, render
 
     if chromium_path() is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
@@ -232,7 +231,7 @@ def _small(tmp: Path, name: str, space: dict, search: dict) -> dict:
             "train": {"epochs": 1, "batch_size": 32, "warmup_epochs": 0, "max_steps_per_epoch": 2},
             "space": space, "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
             "search": search, "resources": {"workers_per_trial": 1, "max_concurrent_trials": 1},
-            "storage": str(tmp)}
+            "checkpoints": {"keep": "all"}, "storage": str(tmp)}
 
 
 def test_no_configuration_trains_twice(ray_local, tmp_path):

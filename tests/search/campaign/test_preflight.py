@@ -129,10 +129,12 @@ def _write(tmp_path, d) -> str:
 
 
 def test_validate_and_cost_count_distinct_configurations(capsys):
-    widths = ["--set", "space.hidden_width={choice: [0.5, 64, match]}"]  # at d = 128, 0.5 and 64 are one model
-    assert main(["validate", "quickstart", *widths]) == 0
+    space = ["--set", "space={embedding: {choice: [linear, sne, psne, fsne]}, code_size: {choice: [8, 16]},"
+                      " hidden_width: {choice: [0.5, 64, match]}}", "--set", "search={algorithm: random, num_trials: 6}"]
+    # at d = 128, 0.5 and 64 are one model: 1 + 3 + 3 + 3 x 2 = 13 points, 1 + 2 + 2 + 2 x 2 = 9 models
+    assert main(["validate", "quickstart", *space]) == 0
     assert "configurations: 13 in the space, 9 distinct" in capsys.readouterr().out
-    assert main(["cost", "quickstart", *widths]) == 0
+    assert main(["cost", "quickstart", *space]) == 0
     assert "9 distinct model(s)" in capsys.readouterr().out
 
 
