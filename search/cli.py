@@ -41,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Search the query/key/value embedding of vision transformers (linear, SNE, P-SNE, "
                     "F-SNE) with Ray Tune; every trial trains with PyTorch DDP on a Ray Train worker group.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_spec_commands(sub)
+    _add_campaign_commands(sub)
+    _add_simulate(sub)
+    return p
+
+
+def _add_spec_commands(sub) -> None:
+    """Commands that take a campaign file: launch, validate, cost."""
 
     def with_spec(name, help_):
         cmd = sub.add_parser(name, help=help_, description=help_)
@@ -60,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     cost = with_spec("cost", "params and MACs of every configuration in the space, without training")
     cost.add_argument("--csv", action="store_true", help="print CSV instead of a table")
 
+
+def _add_campaign_commands(sub) -> None:
+    """Commands that take a campaign's folder (resume, status, watch, report) and grafana-dashboard."""
     resume = sub.add_parser("resume", help="continue an interrupted campaign from its folder")
     resume.add_argument("dir", metavar="DIR", help="the campaign's results folder, e.g. results/quickstart")
     resume.add_argument("--verbose", action="store_true", help="print Ray Tune's trial tables as well")
@@ -81,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write the Pareto report (HTML, CSV, Markdown, Parquet, figures)")
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--out", metavar="OUT", default=None, help="output folder (default DIR/report)")
+
+
+def _add_simulate(sub) -> None:
     simulate = sub.add_parser(
         "simulate", help="replay scheduler settings on recorded learning curves, without training",
         description="Replay a campaign's searcher and scheduler settings side by side on recorded learning "
@@ -113,7 +127,6 @@ def _parser() -> argparse.ArgumentParser:
                                "top1:max, gmacs:min, params_m:min it has)")
     simulate.add_argument("--out", metavar="OUT", default=None,
                           help="output folder (default DIR/simulate, or <file>-simulate next to a table)")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,13 +150,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
         raise BadInput(f"{name}: {EPOCH}: expected ints >= 1, given {df[EPOCH][bad].iloc[0]!r}")
     df = df.assign(**{EPOCH: epoch.astype("int64")})
     config_cols = [c for c in df.columns if str(c).startswith(CONFIG_PREFIX)]
-    if "trial_id" in df.columns:
-        keys = ["trial_id"]
-    elif config_cols:
-        keys = config_cols
-    else:
-        raise BadInput(f"{name}: expected config_<key> columns (or a trial_id column) naming each curve, "
-                       f"given columns {', '.join(map(str, df.columns))}")
+    keys = _curve_keys(df, config_cols, name)
     skip = {EPOCH, "epoch_s", "trial_id", "trial_name", *config_cols}
     metric_cols = [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
                    and not pd.api.types.is_bool_dtype(df[c])]
@@ -175,17 +169,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
         _refuse_gaps(groups, epochs, keys, name)
     for i, (key, idx) in enumerate(groups.items()):
         idx = idx[np.argsort(epochs[idx], kind="stable")]
-        ep = epochs[idx]
-        run = 0  # length of the gapless prefix 1..run (a repeated epoch keeps its last row)
-        keep = []
-        for j, e in enumerate(ep):
-            if e == run:
-                keep[-1] = idx[j]
-            elif e == run + 1:
-                run += 1
-                keep.append(idx[j])
-            else:
-                break
+        keep = _gapless(idx, epochs[idx])
         dropped += len(idx) - len(keep)
         rows = []
         for r in keep:
@@ -205,6 +189,31 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     planned = max(len(r) for r in results) if max_t is None else int(max_t)
     return Curves(name, ids, configs, results, epoch_s, planned, objectives, startup_s, concurrency,
                   dict(scheduler or {}))
+
+
+def _curve_keys(df, config_cols: list[str], name: str) -> list[str]:
+    """The columns that name a curve: trial_id where the table has it, else the config columns."""
+    if "trial_id" in df.columns:
+        return ["trial_id"]
+    if config_cols:
+        return config_cols
+    raise BadInput(f"{name}: expected config_<key> columns (or a trial_id column) naming each curve, "
+                   f"given columns {', '.join(map(str, df.columns))}")
+
+
+def _gapless(idx: np.ndarray, ep: np.ndarray) -> list:
+    """Of a curve's rows ``idx`` (sorted by their epochs ``ep``), those of the gapless prefix 1..n; a
+    repeated epoch keeps its last row."""
+    run, keep = 0, []
+    for j, e in enumerate(ep):
+        if e == run:
+            keep[-1] = idx[j]
+        elif e == run + 1:
+            run += 1
+            keep.append(idx[j])
+        else:
+            break
+    return keep
 
 
 def _refuse_gaps(groups: dict, epochs: np.ndarray, keys: list[str], name: str) -> None:

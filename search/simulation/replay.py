@@ -260,82 +260,92 @@ def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CON
         raise BadInput(f"startup_s: expected a number >= 0, given {startup_s!r}")
     scheduler = build_scheduler(setting, curves)
     name, searcher = searcher, make_searcher(searcher, curves, seed, num_trials, constraints)
-    max_t = curves.max_t
-    stop = TrialScheduler.STOP
-
-    events: list[tuple[float, int, int, int]] = []  # (time, seq, trial number, epoch reached)
-    trials: list[SimTrial] = []
-    curve_of: list[int] = []
-    ends: list[tuple[float, int, int, bool]] = []  # (time, epochs spent, curve, complete)
-    seq = 0
-    spent = 0
-    stopped = truncated = 0
-    finished = False
-
-    def start(now: float) -> None:
-        nonlocal seq, finished
-        if finished:
-            return
-        k = len(trials)
-        trial_id = f"sim_{k:05d}"
-        suggestion = searcher.suggest(trial_id)
-        if suggestion is None:
-            finished = True
-            return
-        c = suggestion["curve"]
-        trial = SimTrial(trial_id, suggestion)
-        trials.append(trial)
-        curve_of.append(c)
-        scheduler.on_trial_add(None, trial)
-        if not curves.results[c]:  # nothing recorded: it ends at once
-            ends.append((now + startup, spent, c, False))
-            searcher.on_trial_complete(trial_id, None)
-            start(now + startup)
-            return
-        heapq.heappush(events, (now + startup + float(curves.epoch_s[c][0]), seq, k, 1))
-        seq += 1
-
+    replay = _Replay(curves, scheduler, searcher, startup)
     saved = np.random.get_state()  # Ray's ASHA draws brackets from numpy's global generator
     np.random.seed(seed)
     try:
         for _ in range(concurrency):
-            start(0.0)
-        while events:
-            now, _, k, epoch = heapq.heappop(events)
-            trial, c = trials[k], curve_of[k]
-            spent += 1
-            result = dict(curves.results[c][epoch - 1])
-            decision = scheduler.on_trial_result(None, trial, result)
-            last = epoch >= len(curves.results[c]) or epoch >= max_t
-            if decision != stop and not last:
-                searcher.on_trial_result(trial.trial_id, result)
-                heapq.heappush(events, (now + float(curves.epoch_s[c][epoch]), seq, k, epoch + 1))
-                seq += 1
-                continue
-            complete = epoch >= max_t
-            if not complete:
-                if decision == stop:
-                    stopped += 1
-                else:
-                    truncated += 1
-            scheduler.on_trial_complete(None, trial, result)
-            searcher.on_trial_complete(trial.trial_id, result)
-            ends.append((now, spent, c, complete))
-            start(now)
+            replay.start(0.0)
+        while replay.events:
+            replay.step(TrialScheduler.STOP)
     finally:
         np.random.set_state(saved)
+    return replay.scored(setting, seed, name)
 
-    end = np.array(ends, dtype=[("t", "f8"), ("e", "i8"), ("c", "i8"), ("done", "?")]) if ends else None
-    if end is None:
-        end = np.zeros(0, dtype=[("t", "f8"), ("e", "i8"), ("c", "i8"), ("done", "?")])
-    order = np.argsort(end["t"], kind="stable")  # trials without epochs may end out of order
-    end = end[order]
-    done = end["done"]
-    hv = (hypervolume_trace(curves.finals, curves.directions, curves.reference, order=end["c"][done])
-          if done.any() else np.zeros(0))
-    return Run(setting, seed, len(trials), int(done.sum()), stopped, truncated, spent,
-               float(end["t"].max()) if end.size else 0.0, end["t"], end["e"], end["c"], done,
-               hv, end["t"][done], end["e"][done], scheduler, searcher, name)
+
+class _Replay:
+    """One replay's state: the simulated clock's events, the trials started, and how each ended."""
+
+    def __init__(self, curves: Curves, scheduler, searcher, startup: float):
+        self.curves, self.scheduler, self.searcher, self.startup = curves, scheduler, searcher, startup
+        self.events: list[tuple[float, int, int, int]] = []  # (time, seq, trial number, epoch reached)
+        self.trials: list[SimTrial] = []
+        self.curve_of: list[int] = []
+        self.ends: list[tuple[float, int, int, bool]] = []  # (time, epochs spent, curve, complete)
+        self.seq = self.spent = self.stopped = self.truncated = 0
+        self.finished = False
+
+    def _push(self, when: float, k: int, epoch: int) -> None:
+        heapq.heappush(self.events, (when, self.seq, k, epoch))
+        self.seq += 1
+
+    def start(self, now: float) -> None:
+        """A free slot asks the searcher for a trial; a curve with no epoch recorded ends at once and the
+        slot asks again."""
+        while not self.finished:
+            k = len(self.trials)
+            trial_id = f"sim_{k:05d}"
+            suggestion = self.searcher.suggest(trial_id)
+            if suggestion is None:
+                self.finished = True
+                return
+            c = suggestion["curve"]
+            trial = SimTrial(trial_id, suggestion)
+            self.trials.append(trial)
+            self.curve_of.append(c)
+            self.scheduler.on_trial_add(None, trial)
+            if self.curves.results[c]:
+                self._push(now + self.startup + float(self.curves.epoch_s[c][0]), k, 1)
+                return
+            now += self.startup
+            self.ends.append((now, self.spent, c, False))
+            self.searcher.on_trial_complete(trial_id, None)
+
+    def step(self, stop) -> None:
+        """The next event: a trial's epoch reaches the scheduler, which lets it go on or ends it."""
+        now, _, k, epoch = heapq.heappop(self.events)
+        trial, c = self.trials[k], self.curve_of[k]
+        self.spent += 1
+        result = dict(self.curves.results[c][epoch - 1])
+        decision = self.scheduler.on_trial_result(None, trial, result)
+        last = epoch >= len(self.curves.results[c]) or epoch >= self.curves.max_t
+        if decision != stop and not last:
+            self.searcher.on_trial_result(trial.trial_id, result)
+            self._push(now + float(self.curves.epoch_s[c][epoch]), k, epoch + 1)
+            return
+        complete = epoch >= self.curves.max_t
+        if not complete:
+            if decision == stop:
+                self.stopped += 1
+            else:
+                self.truncated += 1
+        self.scheduler.on_trial_complete(None, trial, result)
+        self.searcher.on_trial_complete(trial.trial_id, result)
+        self.ends.append((now, self.spent, c, complete))
+        self.start(now)
+
+    def scored(self, setting: Setting, seed: int, name: str) -> Run:
+        """The run: its trials' ends in time order and the completed front's hypervolume after each."""
+        kinds = [("t", "f8"), ("e", "i8"), ("c", "i8"), ("done", "?")]
+        end = np.array(self.ends, dtype=kinds) if self.ends else np.zeros(0, dtype=kinds)
+        end = end[np.argsort(end["t"], kind="stable")]  # trials without epochs may end out of order
+        done = end["done"]
+        curves = self.curves
+        hv = (hypervolume_trace(curves.finals, curves.directions, curves.reference, order=end["c"][done])
+              if done.any() else np.zeros(0))
+        return Run(setting, seed, len(self.trials), int(done.sum()), self.stopped, self.truncated, self.spent,
+                   float(end["t"].max()) if end.size else 0.0, end["t"], end["e"], end["c"], done,
+                   hv, end["t"][done], end["e"][done], self.scheduler, self.searcher, name)
 
 
 def compare(curves: Curves, settings: Sequence[Setting], *, concurrency: int | None = None,
