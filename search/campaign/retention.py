@@ -6,7 +6,7 @@ needs. Once a trial has ended for good, the policy (spaces.schema.KEEP_POLICIES)
 
     keep: front   the weights alone (``qs_weights/<trial_id>.pt``: the state less optimizer and scheduler)
                   of the completed trials on the Pareto front of the campaign's objectives, computed as
-                  the report computes it (search.analysis.report.objective_columns, search.analysis.pareto);
+                  the report computes it (search.analysis.front.objective_columns, search.analysis.pareto);
                   nothing of the others. A trial that a newer one dominates loses its weights then.
     keep: all     everything, as training left it.
     keep: none    nothing.
@@ -32,8 +32,8 @@ import numpy as np
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from qkvsearch.search.analysis.front import objective_columns
 from qkvsearch.search.analysis.pareto import nondominated_mask
-from qkvsearch.search.analysis.report import objective_columns
 from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.campaign.driver import TrialSettings, train_run_name
 from qkvsearch.search.records.layout import FINAL_STATUSES, WEIGHTS_DIR

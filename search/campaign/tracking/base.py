@@ -17,8 +17,10 @@ epoch twice. A tracker keeps it current; the fan-out saves it after each event.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
+
+from qkvsearch.search.records.layout import UNTRAINED_STATUSES
+from qkvsearch.spaces.keys import finite
 
 
 @dataclass(frozen=True)
@@ -100,13 +102,12 @@ def last_line(text, limit: int = 500) -> str:
 
 def trained(trial: dict) -> bool:
     """Whether a trial trains (duplicates and infeasible configurations do not)."""
-    return trial.get("status") not in ("duplicate", "infeasible")
+    return trial.get("status") not in UNTRAINED_STATUSES
 
 
 def numeric(values: dict) -> dict[str, float]:
     """The finite numbers of a flat dict (cost, an epoch row), as floats."""
-    return {k: float(v) for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {k: v for k, v in ((k, finite(v)) for k, v in values.items()) if v is not None}
 
 
 def param_text(value) -> str:
