@@ -52,6 +52,9 @@ DATASET_INFO: dict[str, Dataset] = {
     "cifar10": Dataset(10, 32, True, True),        # the authors' python-pickle folder
     "cifar100": Dataset(100, 32, True, True),
     "imagefolder": Dataset(None, 224, True, True),  # <path>/train/<class>/*.jpg and <path>/val/<class>/...
+    "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data_sources)
+    "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
+    "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
 }
 DATASETS = tuple(DATASET_INFO)
 
@@ -334,7 +337,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     # data (campaign section `data`)
     _k("dataset", "data", one_of(*DATASETS), "digits", "dataset: " + " | ".join(DATASETS),
        section="data", searchable=False),
-    _k("data_path", "data", TEXT.or_none(), None, "the dataset's root folder (cifar10, cifar100, imagefolder)",
+    _k("data_path", "data", TEXT.or_none(), None, "the dataset's root folder (cifar10, cifar100, imagefolder, "
+       "stl10, cars)",
        section="data", section_key="path", searchable=False),
     _k("val_fraction", "data", number(0, 1, low_open=True), 0.2,
        "digits and synthetic: share held out for validation", section="data", searchable=False),
@@ -418,6 +422,12 @@ METRICS: dict[str, str] = {
     "gmacs": "min", "params_m": "min", "params": "min", "embed_params": "min",  # cost, before training
 }
 COST_METRICS = ("params", "params_m", "embed_params", "gmacs")        # known before training
+# Metrics of the stages after training (spaces.stages, search.campaign.stages), percent: objectives and
+# constraints of the stages' final front and report columns, never learnt by the searcher. top1@<dataset>:
+# a finetune stage's top-1; transfer_avg: their mean; the rest: an ood stage's means over its OOD sets.
+STAGE_METRICS: dict[str, str] = {
+    "transfer_avg": "max", "fpr95": "min", "det_err": "min", "auroc": "max", "aupr_in": "max", "aupr_out": "max"}
+FINETUNE_METRIC = "top1@"                                             # + the stage's dataset: max
 SCHEDULER_METRICS = ("top1", "top5", "val_loss", "train_loss")        # change from epoch to epoch
 
 

@@ -13,12 +13,10 @@ range(rank, N, world_size), so the ranks cover the val set exactly once between 
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +28,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SYNTHETIC_SIZES = (1024, 256)   # (train, val) images of the synthetic dataset
 SYNTHETIC_RES = 32              # stored resolution; batches are resized to img_size
-DIGITS_SPLIT_SEED = 0           # the digits train/val split is the same for every trial
 CIFAR_FILES = {
     "cifar10": (["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"],
                 ["test_batch"], b"labels", "data_batch_1..5 and test_batch", "cifar-10-batches-py"),
@@ -50,14 +47,18 @@ class DatasetError(BadInput):
 def check_dataset(cfg: dict) -> None:
     """Raise DatasetError naming the path and what was expected there. cfg: filled (spaces.keys.fill,
     which requires data_path for the datasets read from files)."""
+    from qkvsearch.trainers import data_sources as more
+
     ds, path = cfg["dataset"], cfg["data_path"]
-    if ds in ("digits", "synthetic"):
+    if ds in ("digits", "digits_0to8", "synthetic"):
         return
     if not os.path.isdir(path):
         raise DatasetError(f"data_path: expected a folder holding {_expected(ds)}, "
                            f"given {path!r}, which {'is not a folder' if os.path.exists(path) else 'does not exist'}")
     if ds in CIFAR_FILES:
         _check_cifar(ds, path)
+    elif ds in ("stl10", "cars"):
+        {"stl10": more.check_stl10, "cars": more.check_cars}[ds](path)
     else:
         _check_imagefolder(cfg, path)
 
@@ -65,6 +66,8 @@ def check_dataset(cfg: dict) -> None:
 def _expected(ds):
     if ds in CIFAR_FILES:
         return f"{CIFAR_FILES[ds][3]} (the python pickle version of {ds.upper()})"
+    if ds in ("stl10", "cars"):
+        return {"stl10": "STL-10's binary files", "cars": "Stanford Cars' devkit and images"}[ds]
     return "train/ and val/ with one folder per class"
 
 
@@ -289,49 +292,20 @@ class PilSource:
 
 def load_data(cfg: dict):
     """-> (train source, val source) for a resolved config. Call check_dataset first."""
+    from qkvsearch.trainers import data_sources as more
+
     ds = cfg["dataset"]
     if ds == "imagefolder":
         return _load_imagefolder(cfg)
-    train, val = {"digits": _digits, "synthetic": _synthetic}.get(ds, _cifar)(cfg)
+    if ds == "cars":
+        return more.cars(cfg, train_transform(cfg) if (cfg["augment"] or cfg["randaugment"]) else eval_transform(cfg))
+    readers = {"digits": more.digits, "digits_0to8": more.digits_0to8, "synthetic": _synthetic, "stl10": more.stl10}
+    train, val = readers.get(ds, _cifar)(cfg)
     val_src = TensorSource(*val, cfg["img_size"], cfg["in_chans"])
     if cfg["augment"] or cfg["randaugment"]:
         tf = train_transform(cfg)
         return PilSource(_ArrayImages(*train, tf), cfg["loader_workers"]), val_src
     return TensorSource(*train, cfg["img_size"], cfg["in_chans"]), val_src
-
-
-def _digits(cfg):
-    """sklearn's 1,797 8x8 digits (values 0..16) as uint8 (N, 1, 8, 8), stratified split by val_fraction."""
-    pixels, labels = _digits_file()
-    images = np.round(pixels * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (1797, 1, 8, 8)
-    val = _stratified_pick(labels, cfg["val_fraction"], DIGITS_SPLIT_SEED)
-    return _tensors(images[~val], labels[~val]), _tensors(images[val], labels[val])
-
-
-def _digits_file():
-    """The digits file scikit-learn ships (what load_digits reads), read without importing sklearn:
-    its import costs seconds in every freshly started worker. -> (1797, 8, 8) float, (1797,) int64."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        raise DatasetError("dataset: 'digits' needs scikit-learn installed (it ships the images)")
-    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
-    table = np.loadtxt(path, delimiter=",", dtype=np.float64)  # (1797, 65): 64 pixels, then the label
-    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
-
-
-def _stratified_pick(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """Seeded boolean mask of ceil(fraction * N) items, shared among classes in proportion to their size
-    (largest remainders get the leftover items), as scikit-learn's stratified split sizes it."""
-    classes, counts = np.unique(labels, return_counts=True)
-    exact = fraction * counts
-    quota = np.floor(exact).astype(int)
-    leftover = int(np.ceil(fraction * len(labels))) - quota.sum()
-    quota[np.argsort(-(exact - quota), kind="stable")[:leftover]] += 1
-    rng = np.random.default_rng(seed)
-    mask = np.zeros(len(labels), dtype=bool)
-    for c, k in zip(classes, quota):
-        mask[rng.permutation(np.flatnonzero(labels == c))[:k]] = True
-    return mask
 
 
 def _synthetic(cfg):

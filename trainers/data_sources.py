@@ -1,0 +1,212 @@
+"""Dataset formats beside trainers.data's CIFAR and ImageFolder: the embedded digits (and their split
+for out-of-distribution tests), STL-10's binary files, Stanford Cars' devkit annotations, and the image
+sets an OOD stage scores (search.campaign.stages).
+
+Files, as their authors ship them (data_path is the folder holding them, or its parent):
+- STL-10 (``stl10_binary/``): train_X.bin / test_X.bin, uint8 (N, 3, 96, 96) with each channel stored
+  column-major; train_y.bin / test_y.bin, uint8 labels 1..10. The unlabelled split is not read.
+- Stanford Cars (torchvision's layout): devkit/cars_train_annos.mat and cars_test_annos_withlabels.mat,
+  MATLAB structs ``annotations`` with fields fname and class (1..196); images in cars_train/ and cars_test/.
+OOD sets (``stages.ood.datasets``, spaces.stages.OOD_FORMATS): a folder of images at any depth (LSUN,
+iSUN, DTD, SVHN as images), the test split of CIFAR-style or STL-10 files, or embedded: ``noise`` (uniform
+random images) and ``digits_heldout`` (the digit class kept out of ``digits_0to8``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkvsearch.trainers.data import (
+    IMAGE_EXTENSIONS,
+    DatasetError,
+    PilSource,
+    TensorSource,
+    _tensors,
+    eval_transform,
+)
+
+DIGITS_SPLIT_SEED = 0       # the digits train/val split is the same for every trial
+HELD_OUT_DIGIT = 9          # digits_0to8 leaves it out; the OOD set digits_heldout is made of it
+NOISE_IMAGES = 500          # images of the noise OOD set
+NOISE_SEED = 0
+STL10_DIR, STL10_SIDE = "stl10_binary", 96
+CARS_FILES = {"train": ("devkit/cars_train_annos.mat", "cars_train"),
+              "val": ("cars_test_annos_withlabels.mat", "cars_test")}
+
+
+# ---------------------------------------------------------------------------------------------- digits
+
+
+def digits(cfg):
+    """sklearn's 1,797 8x8 digits (values 0..16) as uint8 (N, 1, 8, 8), stratified split by val_fraction."""
+    images, labels = _digit_images()
+    val = _stratified_pick(labels, cfg["val_fraction"], DIGITS_SPLIT_SEED)
+    return _tensors(images[~val], labels[~val]), _tensors(images[val], labels[val])
+
+
+def digits_0to8(cfg):
+    """digits without HELD_OUT_DIGIT (9 classes, the same split as digits): an in-distribution set whose
+    out-of-distribution twin is digits_heldout."""
+    (xt, yt), (xv, yv) = digits(cfg)
+    keep_t, keep_v = yt != HELD_OUT_DIGIT, yv != HELD_OUT_DIGIT
+    return (xt[keep_t], yt[keep_t]), (xv[keep_v], yv[keep_v])
+
+
+def _digit_images():
+    pixels, labels = _digits_file()
+    return np.round(pixels * (255.0 / 16.0)).astype(np.uint8)[:, None], labels  # (1797, 1, 8, 8)
+
+
+def _digits_file():
+    """The digits file scikit-learn ships (what load_digits reads), read without importing sklearn:
+    its import costs seconds in every freshly started worker. -> (1797, 8, 8) float, (1797,) int64."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError("dataset: 'digits' needs scikit-learn installed (it ships the images)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    table = np.loadtxt(path, delimiter=",", dtype=np.float64)  # (1797, 65): 64 pixels, then the label
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+
+
+def _stratified_pick(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Seeded boolean mask of ceil(fraction * N) items, shared among classes in proportion to their size
+    (largest remainders get the leftover items), as scikit-learn's stratified split sizes it."""
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = fraction * counts
+    quota = np.floor(exact).astype(int)
+    leftover = int(np.ceil(fraction * len(labels))) - quota.sum()
+    quota[np.argsort(-(exact - quota), kind="stable")[:leftover]] += 1
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(labels), dtype=bool)
+    for c, k in zip(classes, quota):
+        mask[rng.permutation(np.flatnonzero(labels == c))[:k]] = True
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------- STL-10
+
+
+def _stl10_dir(path: str) -> str:
+    sub = os.path.join(path, STL10_DIR)
+    return sub if os.path.isdir(sub) else path
+
+
+def check_stl10(path: str) -> None:
+    folder = _stl10_dir(path)
+    names = [f"{s}_{k}.bin" for s in ("train", "test") for k in ("X", "y")]
+    missing = [f for f in names if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise DatasetError(f"data_path: expected {folder!r} to hold {', '.join(names)} (STL-10's binary "
+                           f"version); missing: {', '.join(missing)}")
+    _read_stl10(folder, "test")  # the sizes must agree: format check
+
+
+def _read_stl10(folder: str, split: str):
+    """-> (images uint8 (N, 3, 96, 96), labels int64 (N,) in 0..9) of one split."""
+    xf, yf = (os.path.join(folder, f"{split}_{k}.bin") for k in ("X", "y"))
+    raw = np.fromfile(xf, dtype=np.uint8)
+    labels = np.fromfile(yf, dtype=np.uint8).astype(np.int64) - 1
+    per_image = 3 * STL10_SIDE * STL10_SIDE
+    if raw.size % per_image or raw.size // per_image != len(labels) or (len(labels) and labels.min() < 0):
+        raise DatasetError(f"data_path: expected {xf!r} to hold N x {per_image} bytes and {yf!r} N labels "
+                           f"in 1..10, given {raw.size} bytes and {len(labels)} labels")
+    images = raw.reshape(-1, 3, STL10_SIDE, STL10_SIDE).transpose(0, 1, 3, 2)  # stored column-major
+    return np.ascontiguousarray(images), labels
+
+
+def stl10(cfg):
+    folder = _stl10_dir(cfg["data_path"])
+    return [_tensors(*_read_stl10(folder, split)) for split in ("train", "test")]
+
+
+# ---------------------------------------------------------------------------------------------- Stanford Cars
+
+
+def check_cars(path: str) -> None:
+    for annos, images in CARS_FILES.values():
+        for need in (annos, images):
+            if not os.path.exists(os.path.join(path, need)):
+                raise DatasetError(f"data_path: expected {path!r} to hold Stanford Cars' devkit layout "
+                                   f"({', '.join(a for a, _ in CARS_FILES.values())}, cars_train/, cars_test/); "
+                                   f"missing: {need}")
+    _read_cars_annotations(path, "val")
+
+
+def _read_cars_annotations(path: str, split: str) -> list[tuple[str, int]]:
+    """(image path, label 0..195) of one split, from its devkit .mat file."""
+    from scipy.io import loadmat
+
+    annos, images = CARS_FILES[split]
+    file = os.path.join(path, annos)
+    try:
+        table = loadmat(file, squeeze_me=True)["annotations"]
+        items = [(os.path.join(path, images, str(a["fname"])), int(a["class"]) - 1) for a in np.atleast_1d(table)]
+    except Exception as e:  # any failure here means "not the devkit's struct": say which file and why
+        raise DatasetError(f"data_path: expected {file!r} to be a MATLAB file with a struct array "
+                           f"'annotations' (fields fname, class), could not read it: {e}") from e
+    return items
+
+
+class _ImageList(torch.utils.data.Dataset):
+    """(path, label) items read as PIL RGB images through a transform."""
+
+    def __init__(self, items, transform):
+        self.items, self.transform = items, transform
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        path, label = self.items[i]
+        with Image.open(path) as img:
+            return self.transform(img.convert("RGB")), label
+
+
+def cars(cfg, train_transform):
+    """-> (train, val) PilSources over the devkit's images (the test split, labelled, as val)."""
+    root, workers = cfg["data_path"], cfg["loader_workers"]
+    return (PilSource(_ImageList(_read_cars_annotations(root, "train"), train_transform), workers),
+            PilSource(_ImageList(_read_cars_annotations(root, "val"), eval_transform(cfg)), workers))
+
+
+# ---------------------------------------------------------------------------------------------- OOD sets
+
+
+def image_files(folder: str) -> list[str]:
+    """Every image under folder, at any depth, in a stable order."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.join(root, f) for f in sorted(files) if f.lower().endswith(IMAGE_EXTENSIONS)]
+    return found
+
+
+def ood_source(fmt: str, path: str | None, cfg: dict):
+    """The images of one OOD set as a source (labels all -1), for a model fed cfg's img_size / in_chans.
+    fmt: one of spaces.stages.OOD_FORMATS."""
+    from qkvsearch.trainers.data import CIFAR_FILES, _cifar_dir, _read_cifar_file
+
+    size, chans = cfg["img_size"], cfg["in_chans"]
+    if fmt == "imagefolder":
+        files = image_files(path)
+        if not files:
+            raise DatasetError(f"stages.ood.datasets: expected images ({', '.join(IMAGE_EXTENSIONS)}) under "
+                               f"{path!r}, given a folder without any")
+        return PilSource(_ImageList([(f, -1) for f in files], eval_transform(cfg)), cfg["loader_workers"])
+    if fmt in CIFAR_FILES:
+        _, test, label_key, _, _ = CIFAR_FILES[fmt]
+        images, _ = _read_cifar_file(os.path.join(_cifar_dir(fmt, path), test[0]), label_key)
+    elif fmt == "stl10":
+        images, _ = _read_stl10(_stl10_dir(path), "test")
+    elif fmt == "noise":
+        images = np.random.default_rng(NOISE_SEED).integers(0, 256, (NOISE_IMAGES, chans, size, size), dtype=np.uint8)
+    else:  # digits_heldout
+        images, labels = _digit_images()
+        images = images[labels == HELD_OUT_DIGIT]
+    return TensorSource(*_tensors(images, np.full(len(images), -1)), size, chans)
