@@ -55,6 +55,7 @@ from qkvsearch.spaces.schema import (
     Space,
     TrainSpec,
 )
+from qkvsearch.spaces.stages import parse_stages
 from qkvsearch.spaces.tracking import parse_tracking
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -423,6 +424,7 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     checkpoints = _parse_checkpoints(raw.get("checkpoints"), c)
     storage = _parse_storage(raw.get("storage", "results/"), c)
     tracking = parse_tracking(raw.get("tracking"), storage, c)
+    stages = parse_stages(raw.get("stages"), c)
     given_name = isinstance(raw.get("model"), Mapping) and raw["model"].get("name") is not None
     if model.name is None and not given_name and "model" not in space.keys:
         c.add("model.name", "required (a timm model name, e.g. xcit_nano_12_p16_224)")
@@ -430,14 +432,14 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     if partial:
         return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
                             scheduler, resources, storage, description if isinstance(description, str) else "",
-                            checkpoints=checkpoints, tracking=tracking)
+                            checkpoints=checkpoints, tracking=tracking, stages=stages)
     if c.errors:
         return None
     _cross_check(train, space, resources, c)
     if c.errors:
         return None
     return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
-                        scheduler, resources, storage, description, source, checkpoints, tracking)
+                        scheduler, resources, storage, description, source, checkpoints, tracking, stages)
 
 
 # ---------------------------------------------------------------- sections

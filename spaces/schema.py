@@ -277,7 +277,7 @@ TRACKERS = FrozenMap({
 WANDB_MODES = ("offline", "online", "disabled")
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
-            "search", "scheduler", "resources", "checkpoints", "storage", "tracking")
+            "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages")
 
 
 @dataclass(frozen=True)
@@ -297,6 +297,7 @@ class CampaignSpec:
     source: str | None = field(default=None, compare=False)   # the file it came from, for messages
     checkpoints: CheckpointsSpec = field(default_factory=CheckpointsSpec)
     tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> FrozenMap of its settings (TRACKERS)
+    stages: Any = field(default_factory=lambda: _no_stages())  # spaces.stages.StagesSpec; empty: none
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
@@ -315,11 +316,18 @@ class CampaignSpec:
             "checkpoints": vars_of(self.checkpoints),
             "storage": self.storage,
             **({"tracking": plain(self.tracking)} if self.tracking else {}),
+            **({"stages": self.stages.to_dict()} if self.stages else {}),
         }
 
     def violations(self, cost: Mapping[str, float]) -> list[str]:
         """Constraint violations of one trial's cost (trainers.cost.model_cost output); [] = feasible."""
         return violations(self.constraints, cost)
+
+
+def _no_stages():
+    from qkvsearch.spaces.stages import StagesSpec  # it imports this module
+
+    return StagesSpec()
 
 
 def violations(constraints, cost: Mapping[str, float]) -> list[str]:

@@ -5,6 +5,7 @@ from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.errors import SpecError
 from qkvsearch.spaces.keys import flatten
 from qkvsearch.spaces.schema import CampaignSpec, FrozenMap
+from qkvsearch.spaces.stages import smoke_stages
 
 
 def base_config(spec: CampaignSpec) -> dict:
@@ -43,7 +44,8 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
       and batch keys dropped from the space), warmup_epochs 0, checkpoint_every 1;
     - search: at most max_trials trials; a larger grid keeps max_trials evenly spaced grid points
       (first and last included) as explicit variants; nsga2 population 2; repeats 1;
-    - scheduler: grace_epochs 1.
+    - scheduler: grace_epochs 1;
+    - stages: every fine-tuning 1 epoch of max_steps_per_epoch updates of batch_size images.
     Model, data, objectives, constraints, resources and storage are kept (the point is to exercise them).
     """
     from qkvsearch.spaces.loader import load_campaign
@@ -55,6 +57,8 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
                       batch_size=SMOKE_BATCH_PER_WORKER * workers, batch_per_worker=None,
                       warmup_epochs=0, checkpoint_every=1)
     d["space"] = _without_batch_keys(spec)
+    if "stages" in d:  # every stage runs, shrunk alike
+        d["stages"] = smoke_stages(d["stages"], SMOKE_BATCH_PER_WORKER * workers, SMOKE_STEPS)
     d["scheduler"].update(grace_epochs=1, brackets=None)  # brackets: as many as the shrunk epochs fit
     search = d["search"]
     if spec.search.algorithm == "grid":

@@ -1,0 +1,289 @@
+"""The campaign file's ``stages`` section: what the configurations that pretraining selects go on to do.
+
+    stages:
+      finetune:                              # one stage per dataset, each from the trial's final checkpoint
+        - {dataset: cifar10, path: /data/cifar10, epochs: 1000, lr: 5.0e-5, img_size: 224, batch_size: 512}
+      ood:                                   # scores a finetune stage's model on its test set and OOD sets
+        in_distribution: cifar10             # a finetune stage's dataset
+        datasets:
+          - {name: svhn, format: imagefolder, path: /data/svhn}   # format: OOD_FORMATS
+          - {name: noise, format: noise}
+        score: msp                           # msp | energy | max_logit
+      select: front                          # front (default) | top_k: configurations going on
+      top_k: 3                               # select top_k: that many, by non-dominated rank
+      objectives: [{metric: fpr95, mode: min}, {metric: gmacs, mode: min}]   # the final front
+      constraints: {fpr95: {max: 40}}        # bounds on stage metrics (the final front keeps what meets them)
+
+A finetune recipe sets train-section keys (spaces.keys.KEYS; ``epochs`` required) and ``img_size``; the
+rest comes from the trial's own config. Stage metrics are declared in spaces.keys (STAGE_METRICS,
+FINETUNE_METRIC); the campaign's own objectives stay those of pretraining, which the searcher learns.
+A campaign without the section has no stages (``StagesSpec()``, empty) and runs as it always did.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from qkvsearch.spaces.errors import Collector, hint, show
+from qkvsearch.spaces.keys import (
+    COST_METRICS,
+    DATASET_INFO,
+    FINETUNE_METRIC,
+    KEYS,
+    METRICS,
+    STAGE_METRICS,
+    TEXT,
+    Bad,
+    is_number,
+    section_keys,
+)
+from qkvsearch.spaces.schema import Constraint, FrozenMap, Objective, plain
+
+OOD_SCORES = ("msp", "energy", "max_logit")
+OOD_FORMATS = ("imagefolder", "cifar10", "cifar100", "stl10", "noise", "digits_heldout")
+OOD_EMBEDDED = ("noise", "digits_heldout")   # need no path
+SELECTIONS = ("front", "top_k")
+# A finetune recipe: train keys by their section names, and the input size.
+RECIPE_KEYS = {**section_keys("train"), "img_size": KEYS["img_size"]}
+FINETUNE_FIELDS = ("dataset", "path", *RECIPE_KEYS)
+
+
+@dataclass(frozen=True)
+class FinetuneStage:
+    dataset: str
+    path: str | None
+    recipe: FrozenMap                    # trial key -> value: what replaces the trial's own keys
+
+    @property
+    def name(self) -> str:
+        return f"finetune@{self.dataset}"
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, **({"path": self.path} if self.path else {}), **plain(self.recipe)}
+
+
+@dataclass(frozen=True)
+class OODSet:
+    name: str
+    format: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class OODStage:
+    in_distribution: str
+    datasets: tuple[OODSet, ...]
+    score: str = "msp"
+    name = "ood"
+
+    def to_dict(self) -> dict:
+        return {"in_distribution": self.in_distribution, "score": self.score,
+                "datasets": [{k: v for k, v in vars(s).items() if v is not None} for s in self.datasets]}
+
+
+@dataclass(frozen=True)
+class StagesSpec:
+    finetune: tuple[FinetuneStage, ...] = ()
+    ood: OODStage | None = None
+    select: str = "front"
+    top_k: int | None = None
+    objectives: tuple[Objective, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.finetune or self.ood)
+
+    def to_dict(self) -> dict:
+        out: dict = {"finetune": [f.to_dict() for f in self.finetune], "select": self.select,
+                     "objectives": [vars(o) for o in self.objectives],
+                     "constraints": {c.metric: c.to_dict() for c in self.constraints}}
+        if self.ood is not None:
+            out["ood"] = self.ood.to_dict()
+        if self.top_k is not None:
+            out["top_k"] = self.top_k
+        return out
+
+
+def stage_metric_mode(metric, finetune_datasets) -> str | None:
+    """A metric's natural mode when the stages can report it (or a pretraining metric), else None."""
+    if not isinstance(metric, str):
+        return None
+    if metric.startswith(FINETUNE_METRIC):
+        return "max" if metric[len(FINETUNE_METRIC):] in finetune_datasets else None
+    return STAGE_METRICS.get(metric) or METRICS.get(metric)
+
+
+def parse_stages(raw, c: Collector) -> StagesSpec:
+    """The stages section -> StagesSpec (empty when absent or null); problems go to ``c``, named by path."""
+    if raw is None:
+        return StagesSpec()
+    if not isinstance(raw, Mapping):
+        c.expected("stages", "a mapping (finetune, ood, select, top_k, objectives, constraints)", raw)
+        return StagesSpec()
+    c.unknown_keys("stages", raw, ("finetune", "ood", "select", "top_k", "objectives", "constraints"))
+    finetune = _parse_finetune(raw.get("finetune"), c)
+    datasets = [f.dataset for f in finetune]
+    ood = _parse_ood(raw.get("ood"), datasets, c) if raw.get("ood") is not None else None
+    select, top_k = _parse_selection(raw, c)
+    objectives = _parse_objectives(raw.get("objectives"), finetune, ood, c)
+    constraints = _parse_constraints(raw.get("constraints"), datasets, c)
+    if (objectives or constraints or "select" in raw) and not (finetune or ood):
+        c.add("stages", "expected a finetune or an ood stage for the stage objectives and selection, given none")
+    return StagesSpec(tuple(finetune), ood, select, top_k, tuple(objectives), tuple(constraints))
+
+
+def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        c.expected("stages.finetune", "a list of recipes {dataset, path, epochs, lr, ...}", raw)
+        return []
+    out, seen = [], set()
+    for i, item in enumerate(raw):
+        path = f"stages.finetune[{i}]"
+        if not isinstance(item, Mapping):
+            c.expected(path, "a mapping {dataset, path, epochs, lr, ...}", item)
+            continue
+        c.unknown_keys(path, item, FINETUNE_FIELDS)
+        dataset = item.get("dataset")
+        if dataset not in DATASET_INFO:
+            c.add(f"{path}.dataset", f"expected one of {', '.join(DATASET_INFO)}, given {show(dataset)}"
+                  + (hint(dataset, DATASET_INFO, list_known=False) if isinstance(dataset, str) else ""))
+            continue
+        if dataset in seen:
+            c.add(f"{path}.dataset", f"expected one finetune stage per dataset, given {dataset} twice")
+        seen.add(dataset)
+        data_path = _path(item.get("path"), DATASET_INFO[dataset].needs_path, f"{path}.path", dataset, c)
+        if item.get("epochs") is None:
+            c.add(f"{path}.epochs", "required (the epochs of this fine-tuning)")
+        recipe = {}
+        for name, key in RECIPE_KEYS.items():
+            if item.get(name) is not None:
+                try:
+                    recipe[key.name] = key.check(item[name])
+                except Bad as bad:
+                    c.expected(f"{path}.{name}", bad.expected or key.check.expected, item[name])
+        out.append(FinetuneStage(dataset, data_path, FrozenMap(recipe)))
+    return out
+
+
+def _path(value, needed: bool, where: str, what: str, c: Collector) -> str | None:
+    if value is None:
+        if needed:
+            c.add(where, f"required for {what} (the folder holding its files)")
+        return None
+    try:
+        return TEXT(value)
+    except Bad:
+        c.expected(where, "a folder path", value)
+        return None
+
+
+def _parse_ood(raw, finetune_datasets: list[str], c: Collector) -> OODStage | None:
+    if not isinstance(raw, Mapping):
+        c.expected("stages.ood", "a mapping (in_distribution, datasets, score)", raw)
+        return None
+    c.unknown_keys("stages.ood", raw, ("in_distribution", "datasets", "score"))
+    ind = raw.get("in_distribution")
+    if ind not in finetune_datasets:
+        given = ", ".join(finetune_datasets) or "no finetune stage"
+        c.add("stages.ood.in_distribution", f"expected the dataset of a finetune stage ({given}), given {show(ind)}")
+    score = raw.get("score", "msp")
+    if score not in OOD_SCORES:
+        c.expected("stages.ood.score", " | ".join(OOD_SCORES), score)
+    sets = raw.get("datasets")
+    if not isinstance(sets, list) or not sets:
+        c.expected("stages.ood.datasets", "a non-empty list of {name, format, path}", sets)
+        return None
+    out = []
+    for i, item in enumerate(sets):
+        path = f"stages.ood.datasets[{i}]"
+        if not isinstance(item, Mapping):
+            c.expected(path, "a mapping {name, format, path}", item)
+            continue
+        c.unknown_keys(path, item, ("name", "format", "path"))
+        fmt = item.get("format")
+        if fmt not in OOD_FORMATS:
+            c.expected(f"{path}.format", " | ".join(OOD_FORMATS), fmt)
+            continue
+        name = item.get("name", fmt)
+        if not isinstance(name, str) or not name.strip() or name in [s.name for s in out]:
+            c.expected(f"{path}.name", "a name no other OOD set has", name)
+            continue
+        out.append(OODSet(name, fmt, _path(item.get("path"), fmt not in OOD_EMBEDDED, f"{path}.path", fmt, c)))
+    return OODStage(str(ind), tuple(out), score)
+
+
+def _parse_selection(raw: Mapping, c: Collector) -> tuple[str, int | None]:
+    select, top_k = raw.get("select", "front"), raw.get("top_k")
+    if select not in SELECTIONS:
+        c.expected("stages.select", " | ".join(SELECTIONS), select)
+        return "front", None
+    if select == "top_k":
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            c.expected("stages.top_k", "a positive int (select top_k)", top_k)
+            return select, None
+    elif top_k is not None:
+        c.add("stages.top_k", f"expected null unless select is top_k, given {show(top_k)}")
+    return select, top_k
+
+
+def _parse_objectives(raw, finetune, ood, c: Collector) -> list[Objective]:
+    datasets = [f.dataset for f in finetune]
+    if raw is None:  # default: the stages' headline numbers
+        return ([Objective("transfer_avg", "max")] if finetune else []) + ([Objective("fpr95", "min")] if ood else [])
+    if not isinstance(raw, list) or not raw:
+        c.expected("stages.objectives", "a non-empty list of {metric, mode}", raw)
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        path = f"stages.objectives[{i}]"
+        item = {"metric": item} if isinstance(item, str) else item
+        if not isinstance(item, Mapping):
+            c.expected(path, "a mapping {metric, mode} or a metric name", item)
+            continue
+        c.unknown_keys(path, item, ("metric", "mode"))
+        metric = item.get("metric")
+        mode = stage_metric_mode(metric, datasets)
+        if mode is None:
+            known = [*STAGE_METRICS, *(FINETUNE_METRIC + d for d in datasets), *METRICS]
+            c.expected(f"{path}.metric", "one of " + ", ".join(known), metric)
+            continue
+        mode = item.get("mode", mode)
+        if mode not in ("max", "min"):
+            c.expected(f"{path}.mode", "max or min", mode)
+            continue
+        if metric in [o.metric for o in out]:
+            c.add(f"{path}.metric", f"duplicate objective {show(metric)}")
+        out.append(Objective(metric, mode))
+    return out
+
+
+def _parse_constraints(raw, datasets: list[str], c: Collector) -> list[Constraint]:
+    if raw is None:
+        return []
+    if not isinstance(raw, Mapping):
+        c.expected("stages.constraints", "a mapping {stage metric: {max: x} or {min: x}}", raw)
+        return []
+    out = []
+    for metric, bound in raw.items():
+        path = f"stages.constraints.{metric}"
+        if metric in COST_METRICS or stage_metric_mode(metric, datasets) is None or metric in METRICS:
+            c.expected(path, "a stage metric (" + ", ".join([*STAGE_METRICS, FINETUNE_METRIC + "<dataset>"])
+                       + "; cost bounds go in constraints)", metric)
+            continue
+        if not isinstance(bound, Mapping) or not bound or set(bound) - {"max", "min"} \
+                or not all(is_number(v) for v in bound.values()):
+            c.expected(path, "{max: number} and/or {min: number}", bound)
+            continue
+        out.append(Constraint(metric, *(float(bound[k]) if k in bound else None for k in ("max", "min"))))
+    return out
+
+
+def smoke_stages(stages: dict, batch_size: int, steps: int) -> dict:
+    """A stages section (StagesSpec.to_dict()) shrunk for a smoke test: every fine-tuning 1 epoch of
+    ``steps`` updates of ``batch_size`` images, no warm-up."""
+    out = dict(stages)
+    out["finetune"] = [{**f, "epochs": 1, "max_steps_per_epoch": steps, "batch_size": batch_size,
+                        "batch_per_worker": None, "warmup_epochs": 0} for f in stages.get("finetune", [])]
+    return out
