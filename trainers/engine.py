@@ -389,14 +389,15 @@ def _build_model(cfg):
     return build_model(cfg)
 
 
-def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=()) -> list[dict]:
+def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=(), init=None) -> list[dict]:
     """Train a filled config to cfg["epochs"], resuming from restore() -> state | None; returns every
     epoch's metrics.
 
     report(metrics, state_fn | None) runs after every epoch; state_fn builds the checkpoint state and is
     given every checkpoint_every epochs and at the last one. A resumed run first re-reports its
     checkpoint's epoch; one whose checkpoint had already finished does only that, without building the
-    model or loading data.
+    model or loading data. init: a checkpoint whose weights a fresh run starts from, with a new head
+    (trainers.transfer.load_pretrained: a fine-tuning); a resumed run restores its own state instead.
     """
     cfg = require_filled(cfg)
     state = restore() if restore else None
@@ -406,6 +407,10 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
             report(state["history"][-1], None)
         return list(state["history"])
     run = Run(cfg, dist, wrap_model, faults)
+    if state is None and init:
+        from qkvsearch.trainers.transfer import load_pretrained
+
+        load_pretrained(run.raw, init)  # the same file on every rank: the replicas stay identical
     if state is not None:
         run.load_state_dict(state)
         if report and state["history"]:

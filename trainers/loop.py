@@ -49,9 +49,10 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     torch.set_num_threads(loop_config["threads"])
     device = ray.train.torch.get_device()
     cfg, faults, local = loop_config["config"], loop_config["faults"], loop_config["local"]
+    init = loop_config.get("init")  # a fine-tuning's pretrained checkpoint
     if local is not None:  # world size 1; ray.train's context, report and checkpoint calls raise in a Tune trial
         return engine.fit(cfg, engine.Dist(0, 1, device), restore=_replaying(local.restore, local.report),
-                          report=local.report, faults=faults)
+                          report=local.report, faults=faults, init=init)
     import ray.train
 
     ctx = ray.train.get_context()
@@ -59,7 +60,7 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     dist = engine.Dist(rank, ctx.get_world_size(), device)
     report = _RayReporter(rank)
     history = engine.fit(cfg, dist, wrap_model=ray.train.torch.prepare_model,  # DDP if > 1
-                         restore=_replaying(_ray_restore, report), report=report, faults=faults)
+                         restore=_replaying(_ray_restore, report), report=report, faults=faults, init=init)
     return history if rank == 0 else None
 
 
@@ -197,13 +198,15 @@ class _LocalRun:
 
 def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
                 name: str, storage_path: str, callbacks=(), on_report=None, placement_strategy: str = "PACK",
-                num_to_keep: int | None = 2, faults: list | None = None, max_failures: int = 0):
+                num_to_keep: int | None = 2, faults: list | None = None, max_failures: int = 0,
+                init_from: str | None = None):
     """Check the batch plan and the dataset (no worker starts on bad input), then fit a TorchTrainer.
 
     config: a filled trial config. Returns the ray.train.Result. A run whose <storage_path>/<name> holds a
     checkpoint resumes from it. Worker errors raise ray.train.TrainingFailedError from fit();
     find_divergence(err) tells divergence. faults: trainers.faults rules (default: $QKVSEARCH_FAULTS here).
     max_failures: how often Train restarts a failed worker group from the run's latest checkpoint.
+    init_from: a checkpoint (folder or weights file) a fresh run starts from with a new head (fine-tuning).
 
     num_workers=0 is Train's local mode: the training runs in this process (world size 1, on the CPUs and
     GPUs this process holds: a Tune trial's resources), errors raise as they are, Train callbacks do not
@@ -231,7 +234,7 @@ def run_trainer(config: dict, *, num_workers: int, cpus_per_worker: float = 1, g
         train_worker,
         torch_config=ddp("nccl" if gpus_per_worker else "gloo") if ddp else None,
         train_loop_config={"config": cfg, "faults": read_faults() if faults is None else list(faults),
-                           "threads": max(1, int(cpus_per_worker)), "local": local},
+                           "threads": max(1, int(cpus_per_worker)), "local": local, "init": init_from},
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, use_gpu=gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=placement_strategy),

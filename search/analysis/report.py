@@ -38,6 +38,7 @@ from qkvsearch.search.analysis.results import (
     resolve_out_dir,
     write_results,
 )
+from qkvsearch.search.analysis.stages import stage_report
 from qkvsearch.search.records.layout import FINAL_STATUSES, Campaign, open_campaign
 from qkvsearch.spaces.errors import reason
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
@@ -321,6 +322,7 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
         parquet = encoder.submit(parquet_files, trials, epochs)
         info = front_info(trials, objectives, front_statuses)
         paths, figures = _write_page(out, campaign, info, epochs, reference_csv)
+        paths.update(stage_report(experiment_dir, out, campaign, trials, paths["md"]))  # spaces.stages
         paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))
     if static:
         paths.update(_export_static(figures, out))

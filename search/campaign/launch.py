@@ -253,6 +253,7 @@ def _launch_held(spec, exp: str, lease, searcher, num_samples: int, *, overwrite
                                        verbose),
             )
             _fit(tuner, exp, recorder, stop, view, verbose)
+        _stages(spec, exp, recorder)
     finally:
         if cluster.started_here:
             stop_local_ray()
@@ -382,7 +383,19 @@ def _resume_held(exp: str, verbose: bool, view, track=()) -> str:
             run_config.callbacks = [recorder, *tracking, stop, _retention(spec, exp, recorder)]
             run_config.verbose = _tune_verbosity(verbose)
             _fit(tuner, exp, recorder, stop, view, verbose)
+        _stages(spec, exp, recorder)
     finally:
         if cluster.started_here:
             stop_local_ray()
     return exp
+
+
+def _stages(spec, exp: str, recorder) -> None:
+    """The stages after the trials (search.campaign.stages); a stop signal there: the campaign is interrupted."""
+    from qkvsearch.search.campaign.stages import run_stages
+
+    try:
+        run_stages(spec, exp, _settings(spec, exp), _retention(spec, exp, recorder).retention)
+    except KeyboardInterrupt as err:
+        _mark_campaign(exp, INTERRUPTED_KEY)
+        raise CampaignInterrupted(exp, "a stop signal", []) from err

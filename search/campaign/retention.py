@@ -58,12 +58,25 @@ class Keep:
 MAY_RUN = Keep(STATE, "may still run: resuming it needs its checkpoint")
 
 
-def still_needed(spec, trials) -> set[str]:
-    """Ids of trials a later stage of the campaign may still need whole (e.g. fine-tuning from a trial's
-    checkpoint): they keep everything until this no longer names them. The one place to add such a stage's
-    choice; ``trials`` is the trials table (search.analysis.results.collect). Today no stage follows the
-    search: none."""
-    return set()
+def still_needed(spec, trials, exp: str | None = None) -> set[str]:
+    """Ids of trials a later stage of the campaign may still need whole (fine-tuning from a trial's
+    checkpoint, spaces.stages): they keep everything until this no longer names them. ``trials`` is the
+    trials table (search.analysis.results.collect). Until the stages' selection is written (every trial
+    ended), any completed trial may be chosen; then the chosen ones whose stages have not all completed."""
+    from qkvsearch.search.records.stages import latest_by_stage, read_selection, read_stages
+
+    if not getattr(spec, "stages", None) or exp is None:
+        return set()
+    completed = {t for t, s in zip(trials.column("trial_id").to_pylist(), trials.column("status").to_pylist())
+                 if s == "completed"}
+    selection = read_selection(exp)
+    if selection is None:
+        return completed
+    names = [f.name for f in spec.stages.finetune] + (["ood"] if spec.stages.ood else [])
+    latest = latest_by_stage(read_stages(exp))
+    done = {t for t in selection["trial_ids"]
+            if all(latest.get((t, n), {}).get("status") == "completed" for n in names)}
+    return (set(selection["trial_ids"]) & completed) - done
 
 
 def decide(trials, objectives, policy: str, *, restartable=frozenset(), needed=frozenset()) -> dict[str, Keep]:
@@ -136,7 +149,7 @@ class Retention:
         trials, _ = collect(self.exp)
         records = {r["trial_id"]: r for r in read_trials(self.exp).records}
         plan = decide(trials, self.spec.objectives, self.spec.checkpoints.keep, restartable=restartable,
-                      needed=still_needed(self.spec, trials))
+                      needed=still_needed(self.spec, trials, self.exp))
         for tid, keep in plan.items():
             if keep != MAY_RUN and tid in records:
                 self._apply(records[tid], keep, final)

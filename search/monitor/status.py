@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from qkvsearch.search.monitor.stage_status import stage_lines
 from qkvsearch.search.records.layout import open_campaign, storage_use
 from qkvsearch.search.records.lease import read_lease
 from qkvsearch.search.records.readers import read_trial_records, read_trials
@@ -45,6 +46,7 @@ def status_table(exp: str) -> str:
     if problems:
         summary += f"; {len(problems)} damaged record(s) skipped"
     lines.append(summary)
+    lines += stage_lines(exp, campaign.spec)
     return "\n".join(lines)
 
 

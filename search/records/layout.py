@@ -11,6 +11,9 @@ Tune's `result.json` is overwritten when a trial restarts, and it cannot say *wh
     qs_trials/<name>.damaged[.<n>]            a record or epochs file that could not be read, moved aside
     qs_weights/<trial_id>.pt                  the weights an ended trial keeps (search.campaign.retention)
     train_runs/<run name>/                    each trial's Train run: its checkpoints
+    qs_stages/<key>.json                      one stage of one selected configuration (search.records.stages)
+    qs_stages/selection.json                  the configurations the stages run for, once the trials ended
+    stage_runs/<run name>/                    each fine-tuning's Train run: its checkpoints
 
 `read_campaign` (here; `open_campaign` reads its spec) and `readers.read_trials` are the only readers of these files;
 `recorder.Recorder` is their only writer.
@@ -76,6 +79,10 @@ TRAIN_RUNS_DIR = "train_runs"  # <exp>/train_runs/<run name>/: each trial's Trai
 
 
 WEIGHTS_DIR = "qs_weights"  # <exp>/qs_weights/<trial_id>.pt: the weights an ended trial keeps (campaign.retention)
+
+
+STAGES_DIR, STAGE_RUNS_DIR = "qs_stages", "stage_runs"   # the stages after training (search.records.stages)
+STAGE_STATUSES = ("running", "completed", "failed", "interrupted")   # a stage record's status
 
 
 def storage_use(exp) -> tuple[int, int]:

@@ -1,0 +1,180 @@
+"""The stages after training (spaces.stages): fine-tuning per dataset, then OOD detection, for the
+configurations the pretraining selects, once every trial of the campaign has ended.
+
+    trials ended --select--> completed trials on the front of the campaign's objectives (or top_k by
+                             non-dominated rank; a trial stopped early never goes on)
+      per selected trial:  finetune@<dataset>: its own Train run (stage_runs/<run>/), from the trial's final
+                           checkpoint with a new head, in a Ray task holding one worker's resources
+                           (several workers: the task only drives the TorchTrainer, as a trial does)
+                           ood: a Ray task scoring the in-distribution fine-tuning's model (trainers.transfer)
+
+Each stage is recorded under its key (search.records.stages: configuration, upstream checkpoint, settings):
+a completed one is never run again, so `resume` after a kill between or inside stages goes on where it
+stopped; a fine-tuning cut short resumes from its own last checkpoint. Stages run one after another. The
+searcher never sees stage metrics: it has learnt from the trials alone before the first stage starts.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+
+from qkvsearch.search.analysis.front import objective_columns
+from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
+from qkvsearch.search.analysis.results import collect
+from qkvsearch.search.records.layout import STAGE_RUNS_DIR
+from qkvsearch.search.records.stages import (
+    read_selection,
+    read_stage,
+    stage_key,
+    write_selection,
+    write_stage,
+)
+from qkvsearch.spaces.keys import FINETUNE_METRIC, fill, identity
+
+log = logging.getLogger(__name__)
+
+
+def select_trials(spec, exp: str) -> list[dict]:
+    """{"trial_id", "trial_name", "config", "checkpoint"} of the completed trials the stages run for."""
+    trials, _ = collect(exp)
+    df = trials.to_pandas()
+    ok = (df["status"] == "completed").to_numpy() & df["checkpoint_path"].notna().to_numpy()
+    if not ok.any():
+        return []
+    specs = [{"metric": o.metric, "mode": o.mode} for o in spec.objectives]
+    _, cols, dirs = objective_columns(trials, specs)
+    values = df[cols].astype("float64").to_numpy()
+    chosen = np.zeros(len(df), dtype=bool)
+    if spec.stages.select == "top_k":
+        ranks = np.full(len(df), np.iinfo(np.int64).max)
+        ranks[ok] = nondominated_ranks(values[ok], dirs)
+        order = sorted(np.flatnonzero(ok), key=lambda i: (ranks[i], df["trial_id"].iat[i]))
+        chosen[order[:spec.stages.top_k]] = True
+    else:
+        chosen[ok] = nondominated_mask(values[ok], dirs)
+
+    # upstream: what names the trial's final checkpoint, stable when retention moves its weights elsewhere
+    return [{"trial_id": df["trial_id"].iat[i], "trial_name": df["trial_name"].iat[i],
+             "config": json.loads(df["config_json"].iat[i]), "checkpoint": df["checkpoint_path"].iat[i],
+             "upstream": f"{df['trial_id'].iat[i]}@epoch{int(df['epochs_run'].iat[i])}"}
+            for i in np.flatnonzero(chosen)]
+
+
+def finetune_config(trial_config: dict, stage) -> dict:
+    """The trial's resolved config on the stage's dataset, with its recipe: a filled trial config."""
+    cfg = {**trial_config, "dataset": stage.dataset, "data_path": stage.path, "num_classes": None,
+           **dict(stage.recipe)}
+    return fill(cfg)
+
+
+def run_stages(spec, exp: str, settings, retention=None) -> None:
+    """Run every stage not yet completed for the selected configurations (spec.stages: none, nothing to do);
+    then a final pass of ``retention`` (search.campaign.retention.Retention), which keeps until then what
+    the stages may need. KeyboardInterrupt (a stop signal) leaves the running stage's record interrupted."""
+    if not spec.stages:
+        return
+    selection = read_selection(exp)
+    chosen = select_trials(spec, exp)
+    if selection is None or sorted(selection["trial_ids"]) != sorted(t["trial_id"] for t in chosen):
+        write_selection(exp, spec.stages.select, [t["trial_id"] for t in chosen], time.time())
+    log.info(f"stages: {len(chosen)} configuration(s) go on ({spec.stages.select} of the pretraining)")
+    for trial in chosen:
+        finetuned = {}
+        for stage in spec.stages.finetune:
+            finetuned[stage.dataset] = _finetune(spec, exp, settings, trial, stage)
+        ood = spec.stages.ood
+        if ood is not None and (up := finetuned.get(ood.in_distribution)) and up.get("status") == "completed":
+            _ood(spec, exp, settings, trial, up)
+    if retention is not None:
+        retention.run(final=True)
+
+
+def _finetune(spec, exp: str, settings, trial: dict, stage) -> dict:
+    settings_dict = stage.to_dict()
+    key = stage_key(identity(trial["config"]), trial["upstream"], settings_dict)
+    done = read_stage(exp, key)
+    if done is not None and done.get("status") == "completed":
+        return done
+    cfg = finetune_config(trial["config"], stage)
+    run_name = f"{spec.name}-{trial['trial_name']}-{stage.dataset}-{key[:8]}"
+    storage = f"{exp}/{STAGE_RUNS_DIR}"
+    kwargs = dict(cfg=cfg, name=run_name, storage=storage, init=trial["checkpoint"],
+                  workers=settings.workers, cpus=settings.cpus_per_worker, gpus=settings.gpus_per_worker,
+                  faults=list(settings.faults))
+
+    def finish(history: list[dict]) -> dict:
+        from qkvsearch.trainers.loop import epoch_checkpoint
+
+        last = history[-1] if history else {}
+        return {"metrics": {f"{FINETUNE_METRIC}{stage.dataset}": last.get("top1")}, "epochs": history,
+                "checkpoint": epoch_checkpoint(f"{storage}/{run_name}", cfg["epochs"]), "run": run_name}
+
+    return _run(exp, key, stage.name, trial, settings_dict, "finetune", kwargs, finish, settings)
+
+
+def _ood(spec, exp: str, settings, trial: dict, upstream: dict) -> dict:
+    ood = spec.stages.ood
+    settings_dict = ood.to_dict()
+    key = stage_key(identity(trial["config"]), upstream["key"], settings_dict)  # the fine-tuning's
+    done = read_stage(exp, key)
+    if done is not None and done.get("status") == "completed":
+        return done
+    stage = next(f for f in spec.stages.finetune if f.dataset == ood.in_distribution)
+    kwargs = dict(cfg=finetune_config(trial["config"], stage), checkpoint=upstream["checkpoint"],
+                  sets=[{"name": s.name, "format": s.format, "path": s.path} for s in ood.datasets], score=ood.score)
+
+    def finish(result: dict) -> dict:
+        metrics = {k: v for k, v in result.items() if k not in ("per_set", "top1")}
+        return {"metrics": metrics, "per_set": result["per_set"], "id_top1": result["top1"]}
+
+    return _run(exp, key, "ood", trial, settings_dict, "ood", kwargs, finish, settings)
+
+
+def _run(exp, key, stage, trial, settings_dict, kind, kwargs, finish, settings) -> dict:
+    """Record the stage running, run it in a Ray task, record how it ended: the final record."""
+    import ray
+
+    rec = {"key": key, "stage": stage, "trial_id": trial["trial_id"], "trial_name": trial["trial_name"],
+           "status": "running", "upstream": kwargs.get("init") or kwargs.get("checkpoint"), "settings": settings_dict,
+           "metrics": {}, "started_at": time.time(), "ended_at": None, "error": None}
+    write_stage(exp, rec)
+    log.info(f"stage {stage} of {trial['trial_name']}: started")
+    local = settings.workers == 1 or kind == "ood"
+    resources = {"num_cpus": settings.cpus_per_worker if local else 0,
+                 "num_gpus": settings.gpus_per_worker if local else 0}
+    try:
+        out = ray.get(ray.remote(_in_task).options(**resources, max_retries=0).remote(kind, kwargs))
+        rec.update(finish(out), status="completed")
+    except KeyboardInterrupt:
+        rec.update(status="interrupted", ended_at=time.time())
+        write_stage(exp, rec)
+        raise
+    except Exception as exc:  # noqa: BLE001  (the stage's error is its outcome; the next stage goes on)
+        from qkvsearch.search.campaign.driver import error_text
+
+        rec.update(status="failed", error=error_text(exc))
+        log.warning(f"stage {stage} of {trial['trial_name']}: failed: {str(exc).strip().splitlines()[-1:]}")
+    rec.update(ended_at=time.time(), duration_s=time.time() - rec["started_at"])
+    write_stage(exp, rec)
+    if rec["status"] == "completed":
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in rec["metrics"].items() if isinstance(v, float))
+        log.info(f"stage {stage} of {trial['trial_name']}: {shown} ({rec['duration_s']:.1f} s)")
+    return rec
+
+
+def _in_task(kind: str, kwargs: dict):
+    """In a Ray task: a fine-tuning (-> its epochs' metrics) or an OOD evaluation (-> its metrics)."""
+    if kind == "ood":
+        from qkvsearch.trainers.transfer import ood_evaluation
+
+        return ood_evaluation(kwargs["cfg"], kwargs["checkpoint"], kwargs["sets"], kwargs["score"])
+    from qkvsearch.trainers.loop import run_trainer
+
+    k = kwargs
+    result = run_trainer(k["cfg"], num_workers=0 if k["workers"] == 1 else k["workers"], cpus_per_worker=k["cpus"],
+                         gpus_per_worker=k["gpus"], name=k["name"], storage_path=k["storage"], init_from=k["init"],
+                         faults=k["faults"], num_to_keep=1)
+    return list(result.return_value or [])

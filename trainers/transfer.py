@@ -1,0 +1,99 @@
+"""What the stages after pretraining do with a trained model (search.campaign.stages runs them):
+
+- ``load_pretrained``: a fine-tuning's start, the pretrained weights with a new head;
+- ``ood_evaluation``: a fine-tuned model's top-1 on its test set and its out-of-distribution scores,
+  against each OOD set (trainers.ood_metrics).
+
+Scores (higher = more in-distribution), from the logits z (B, classes):
+    msp        max_c softmax(z)_c            (Hendrycks & Gimpel)
+    energy     logsumexp_c z_c               (the negative free energy, temperature 1; Liu et al.)
+    max_logit  max_c z_c                     (Hendrycks et al.)
+"""
+from __future__ import annotations
+
+import io
+import logging
+
+import torch
+
+from qkvsearch.storage import read_bytes
+from qkvsearch.trainers.ood_metrics import mean_metrics, ood_metrics
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+
+
+def read_weights(path: str) -> dict:
+    """The model weights of a checkpoint: a checkpoint folder (its state.pt) or a weights file (.pt, as
+    search.campaign.retention keeps them); both hold {"model": state dict, ...}."""
+    file = path if path.endswith(".pt") else f"{path.rstrip('/')}/{STATE_FILE}"
+    state = torch.load(io.BytesIO(read_bytes(file)), map_location="cpu", weights_only=True)
+    return state["model"]
+
+
+def classifier_prefix(model: torch.nn.Module) -> str:
+    """The classifier's parameter prefix (timm's pretrained_cfg "classifier", e.g. "head")."""
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
+    return cfg.get("classifier", "head")
+
+
+def load_pretrained(model: torch.nn.Module, path: str) -> list[str]:
+    """Load the pretrained weights at ``path`` into ``model`` but its classifier (a new head, as built).
+    Returns the keys left as built: the classifier's, and any whose shape differs (e.g. a position table
+    of another input size), which are logged."""
+    weights = read_weights(path)
+    own = model.state_dict()
+    head = classifier_prefix(model) + "."
+    keep = {k: v for k, v in weights.items() if not k.startswith(head) and k in own and own[k].shape == v.shape}
+    fresh = sorted(k for k in own if k not in keep)
+    odd = [k for k in fresh if not k.startswith(head)]
+    if odd:
+        log.warning("fine-tuning from %s: %d weight(s) of another shape or absent start afresh: %s", path, len(odd),
+                    ", ".join(odd[:5]))
+    model.load_state_dict(keep, strict=False)
+    return fresh
+
+
+def scores(logits: torch.Tensor, kind: str) -> torch.Tensor:
+    """(B, classes) logits -> (B,) confidence scores of ``kind`` (msp | energy | max_logit)."""
+    z = logits.float()
+    if kind == "msp":
+        return z.softmax(dim=1).amax(dim=1)
+    if kind == "energy":
+        return torch.logsumexp(z, dim=1)
+    return z.amax(dim=1)
+
+
+@torch.no_grad()
+def _score_source(model, source, device, kind: str, batch: int) -> tuple[torch.Tensor, int]:
+    """(N,) scores of every image of a source, and how many its labels say the model got right."""
+    out, correct = [], 0
+    for x, y in source.batches(torch.arange(len(source)), batch, device, drop_last=False):
+        logits = model(x)
+        out.append(scores(logits, kind).cpu())
+        correct += int((logits.argmax(dim=1) == y).sum())
+    return torch.cat(out), correct
+
+
+def ood_evaluation(cfg: dict, checkpoint: str, ood_sets: list[dict], kind: str) -> dict:
+    """The model of a filled config with the weights at ``checkpoint``, on its dataset's test split (the
+    in-distribution) and each OOD set ({"name", "format", "path"}): {"top1", "per_set": {name: metrics},
+    **the metrics' means over the sets}, percent."""
+    from qkvsearch.trainers import build_model
+    from qkvsearch.trainers.data import check_dataset, load_data
+    from qkvsearch.trainers.data_sources import ood_source
+
+    check_dataset(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(cfg)
+    model.load_state_dict(read_weights(checkpoint))
+    model.to(device).eval()
+    batch = max(2 * cfg["batch_size"], 128)
+    _, id_source = load_data(cfg)
+    id_scores, correct = _score_source(model, id_source, device, kind, batch)
+    per_set = {}
+    for s in ood_sets:
+        ood_scores, _ = _score_source(model, ood_source(s["format"], s.get("path"), cfg), device, kind, batch)
+        per_set[s["name"]] = ood_metrics(id_scores.numpy(), ood_scores.numpy())
+    return {"top1": 100.0 * correct / max(len(id_scores), 1), "per_set": per_set, **mean_metrics(per_set)}
