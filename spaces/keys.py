@@ -420,8 +420,19 @@ METRICS: dict[str, str] = {
     "images_per_s": "max", "epoch_s": "min", "train_s": "min",                # per epoch
     "train_s_total": "min",                                                   # per trial: sum of train_s
     "gmacs": "min", "params_m": "min", "params": "min", "embed_params": "min",  # cost, before training
+    "epoch_step_ms": "min", "epoch_peak_mem_gb": "min",                       # per epoch, as training saw them
 }
-COST_METRICS = ("params", "params_m", "embed_params", "gmacs")        # known before training
+# Cost measured on the trials' device before training (trainers.measure): metric -> (mode, unit, what).
+MEASURED: dict[str, tuple[str, str, str]] = {
+    "latency_ms": ("min", "ms", "inference of measure.latency_batch images (median; p90 kept)"),
+    "throughput": ("max", "images/s", "inference at measure.batch images a forward"),
+    "train_step_ms": ("min", "ms", "forward, backward and optimizer step at the trial's per-worker batch"),
+    "peak_mem_gb": ("min", "GB", "peak memory of that training step"),
+}
+METRICS.update({name: mode for name, (mode, _, _) in MEASURED.items()})
+MEASURED_METRICS = tuple(MEASURED)
+COUNTED_METRICS = ("params", "params_m", "embed_params", "gmacs")     # from the config alone (trainers.cost)
+COST_METRICS = COUNTED_METRICS + MEASURED_METRICS                     # known before training
 # Metrics of the stages after training (spaces.stages, search.campaign.stages), percent: objectives and
 # constraints of the stages' final front and report columns, never learnt by the searcher. top1@<dataset>:
 # a finetune stage's top-1; transfer_avg: their mean; the rest: an ood stage's means over its OOD sets.

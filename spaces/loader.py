@@ -39,6 +39,7 @@ from qkvsearch.spaces.keys import (
     one_of,
     section_keys,
 )
+from qkvsearch.spaces.measure import parse_measure
 from qkvsearch.spaces.schema import (
     DEFAULT_OBJECTIVES,
     KEEP_POLICIES,
@@ -424,6 +425,7 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     checkpoints = _parse_checkpoints(raw.get("checkpoints"), c)
     storage = _parse_storage(raw.get("storage", "results/"), c)
     tracking = parse_tracking(raw.get("tracking"), storage, c)
+    measure = parse_measure(raw.get("measure"), c)
     stages = parse_stages(raw.get("stages"), c)
     given_name = isinstance(raw.get("model"), Mapping) and raw["model"].get("name") is not None
     if model.name is None and not given_name and "model" not in space.keys:
@@ -432,14 +434,14 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     if partial:
         return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
                             scheduler, resources, storage, description if isinstance(description, str) else "",
-                            checkpoints=checkpoints, tracking=tracking, stages=stages)
+                            checkpoints=checkpoints, tracking=tracking, measure=measure, stages=stages)
     if c.errors:
         return None
     _cross_check(train, space, resources, c)
     if c.errors:
         return None
     return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
-                        scheduler, resources, storage, description, source, checkpoints, tracking, stages)
+                        scheduler, resources, storage, description, source, checkpoints, tracking, stages, measure=measure)
 
 
 # ---------------------------------------------------------------- sections

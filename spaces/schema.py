@@ -276,8 +276,19 @@ TRACKERS = FrozenMap({
 })
 WANDB_MODES = ("offline", "online", "disabled")
 
+@dataclass(frozen=True)
+class MeasureSpec:
+    """The campaign file's ``measure`` section (spaces.measure parses it): how measured cost is measured."""
+
+    batch: int = 64                     # images a forward for throughput
+    latency_batch: int = 1              # images a forward for latency_ms
+    metrics: tuple[str, ...] = ()       # measured metrics recorded besides those objectives and constraints name
+    cache: str | None = None            # folder or URI of measurements; None: <campaign folder>/qs_measurements
+    max_s: float = 10.0                 # seconds of timing one metric may take (caps the ±1 % rule)
+
+
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
-            "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages")
+            "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages", "measure")
 
 
 @dataclass(frozen=True)
@@ -298,6 +309,7 @@ class CampaignSpec:
     checkpoints: CheckpointsSpec = field(default_factory=CheckpointsSpec)
     tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> FrozenMap of its settings (TRACKERS)
     stages: Any = field(default_factory=lambda: _no_stages())  # spaces.stages.StagesSpec; empty: none
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
@@ -316,6 +328,7 @@ class CampaignSpec:
             "checkpoints": vars_of(self.checkpoints),
             "storage": self.storage,
             **({"tracking": plain(self.tracking)} if self.tracking else {}),
+            **({"measure": vars_of(self.measure)} if self.measure != MeasureSpec() else {}),
             **({"stages": self.stages.to_dict()} if self.stages else {}),
         }
 
@@ -331,8 +344,10 @@ def _no_stages():
 
 
 def violations(constraints, cost: Mapping[str, float]) -> list[str]:
-    """The messages of the constraints a cost (trainers.cost.model_cost output) breaks; [] = feasible."""
-    found = (c.violation(float(cost[c.metric])) for c in constraints)
+    """The messages of the constraints a cost (trainers.cost.model_cost output) breaks; [] = feasible.
+    A metric the cost lacks is not judged yet: a measured one (spaces.keys.MEASURED) is known only once
+    the trial's device has measured it (trainers.measure), and is checked there, before training."""
+    found = (c.violation(float(cost[c.metric])) for c in constraints if c.metric in cost)
     return [v for v in found if v]
 
 

@@ -230,6 +230,8 @@ class Run:
     def run_epoch(self) -> dict:
         """Train and evaluate one epoch; returns the flat metrics (finite floats) and appends them."""
         t0 = time.perf_counter()
+        if self.dist.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.dist.device)
         seed_epoch(self.cfg["seed"], self.dist.rank, self.epoch)
         train = train_one_epoch(self)
         self.dist.broadcast_buffers(self.raw)  # evaluate and save one replica, the same on every rank
@@ -242,6 +244,8 @@ class Run:
             "train_loss": train["loss"], **val, "lr": self.lr(),
             "images_per_s": train["images"] / (t1 - t0), "epoch_s": t2 - t0,
             "train_s": t1 - t0, "eval_s": t2 - t1,
+            "epoch_step_ms": 1e3 * (t1 - t0) / self.updates_per_epoch,  # one update, data loading included
+            **epoch_peak_memory(self.dist.device),
             "qs_param_checksum": (checksum := param_checksum(self.raw)),  # this rank's replica
             "qs_param_spread": self.dist.spread(checksum),  # max - min over ranks: 0.0 = identical
             "qs_world_size": float(self.dist.world_size), "qs_accum_steps": float(self.accum),
@@ -250,6 +254,14 @@ class Run:
         }
         self.history.append(metrics)
         return metrics
+
+
+def epoch_peak_memory(device: torch.device) -> dict:
+    """{"epoch_peak_mem_gb": peak CUDA memory allocated since the epoch began} on CUDA; {} on CPU, where
+    torch keeps no allocator statistics (trainers.measure gives a CPU figure before training)."""
+    if device.type != "cuda":
+        return {}
+    return {"epoch_peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9}
 
 
 # Optimizer updates between host reads of the loss. Reading it (the NaN check, the epoch's mean) waits

@@ -31,6 +31,7 @@ import pyarrow as pa
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
 from qkvsearch.search.analysis.front import FrontInfo, front_info, objective_columns, rows
+from qkvsearch.search.analysis.mislead import where_macs_mislead
 from qkvsearch.search.analysis.results import (
     CONFIG_PREFIX,
     collect,
@@ -278,17 +279,19 @@ def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
     fcols = _front_columns(df, info.columns)
     repeats = repeat_summary(df, info.metrics, info.columns)
     partial = partial_note(campaign, df["status"])
+    mislead = where_macs_mislead(df, info.columns, info.directions)  # None: nothing measured
     title = f"Pareto report: {campaign.name}" + (" (partial)" if partial else "")
     summary = (f"<p><b>{html.escape(partial)}</b></p>" if partial else "") + _summary_html(info, front, size)
     page = _page(title, campaign, summary, figures_html(figures),
-                 _html_table(front, fcols, "front", True),
+                 _html_table(front, fcols, "front", True) + (mislead.html if mislead else ""),
                  _html_table(_by_trial_id(df), fcols + ["error"], "trials", True),
                  _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "")
 
     paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
     write_bytes(paths["html"], page)
     write_bytes(paths["csv"], _front_csv(front, fcols))
-    write_bytes(paths["md"], _report_md(campaign, info, front, repeats, partial).encode("utf-8"))
+    md = _report_md(campaign, info, front, repeats, partial) + ("\n" + mislead.markdown if mislead else "")
+    write_bytes(paths["md"], md.encode("utf-8"))
     if partial:
         logger.warning(partial)
     return paths, figures

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from qkvsearch.search.records.layout import EPOCH, read_campaign
 from qkvsearch.search.records.outputs import check_output_dir
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.keys import COST_METRICS, RESOLVED_KEYS, finite
+from qkvsearch.spaces.keys import COST_METRICS, MEASURED_METRICS, RESOLVED_KEYS, finite
 from qkvsearch.storage import write_bytes
 
 __all__ = [
@@ -62,7 +62,11 @@ TRIAL_HEAD: tuple[tuple[str, pa.DataType], ...] = (
 TRIAL_COST: tuple[tuple[str, pa.DataType], ...] = (
     ("params_m", pa.float64()), ("gmacs", pa.float64()), ("params", pa.int64()),
     ("embed_params", pa.int64()),
+    *((m, pa.float64()) for m in MEASURED_METRICS),   # null unless the campaign measures them
 )
+# How the measured cost was measured (the record's ``measured_on``): p90 latency, and the device and
+# settings in words, e.g. "NVIDIA H100 80GB HBM3, bf16, compiled, batch 64 / 1 / 128, torch 2.9.0, CUDA 12.8".
+TRIAL_MEASURED: tuple[tuple[str, pa.DataType], ...] = (("latency_p90_ms", pa.float64()), ("measured_on", pa.string()))
 TRIAL_TAIL: tuple[tuple[str, pa.DataType], ...] = (
     ("best_epoch", pa.int64()), ("epochs_run", pa.int64()), ("epochs_planned", pa.int64()),
     ("train_s_total", pa.float64()), ("checkpoint_path", pa.string()), ("started_at", TS), ("ended_at", TS),
@@ -230,6 +234,9 @@ def _trial_columns(records: list[dict]) -> dict[str, pa.Array]:
         out[name] = _typed([r.get(name) for r in records], typ)
     for name, typ in TRIAL_COST:
         out[name] = _typed([c.get(name) for c in cost], typ)
+    how = [r.get("measured_on") if isinstance(r.get("measured_on"), dict) else {} for r in records]
+    out["latency_p90_ms"] = _typed([h.get("latency_p90_ms") for h in how], pa.float64())
+    out["measured_on"] = pa.array([measured_on_text(h.get("env")) for h in how], pa.string())
     for name, typ in TRIAL_TAIL:
         if typ == TS:
             out[name] = _timestamps([r.get(name) for r in records])
@@ -238,6 +245,23 @@ def _trial_columns(records: list[dict]) -> dict[str, pa.Array]:
         elif name not in ("best_epoch", "epochs_run"):  # those come from the epochs
             out[name] = _typed([r.get(name) for r in records], typ)
     return out
+
+
+def measured_on_text(env) -> str | None:
+    """A measurement's environment (trainers.measure.environment) in words; None without one."""
+    if not isinstance(env, dict):
+        return None
+    compiled = "compiled" if env.get("compile") else "eager"
+    batches = " / ".join(str(env.get(k)) for k in ("batch", "latency_batch", "train_batch"))
+    parts = [str(env.get("device")), str(env.get("precision")), compiled, f"batch {batches}",
+             f"torch {env.get('torch')}"]
+    if env.get("cuda"):
+        parts.append(f"CUDA {env['cuda']}")
+    if env.get("device_type") == "cpu":
+        parts.append(f"{env.get('threads')} threads")
+    if env.get("gpu_shared"):
+        parts.append("GPU shared with another process")
+    return ", ".join(parts)
 
 
 def collect(experiment_dir) -> tuple[pa.Table, pa.Table]:
@@ -268,7 +292,7 @@ def collect(experiment_dir) -> tuple[pa.Table, pa.Table]:
     out: dict[str, pa.Array] = {name: fields[name] for name, _ in TRIAL_HEAD}
     for name, _, array in _config_columns([r["config"] for r in records]):
         out[name] = array
-    for name, _ in TRIAL_COST:
+    for name, _ in (*TRIAL_COST, *TRIAL_MEASURED):
         out[name] = fields[name]
     for name in sorted(k for k in summary if k.startswith("final_")) + sorted(k for k in summary if k.startswith("best_") and k != "best_epoch"):
         out[name] = pa.array(summary[name], pa.float64(), from_pandas=True)  # NaN -> null

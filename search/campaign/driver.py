@@ -14,6 +14,7 @@ stop reaches the training through `tune.report`, so a trial's process can serve 
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import traceback
@@ -23,11 +24,13 @@ from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
 from qkvsearch.search.campaign.bridge import drive
+from qkvsearch.search.campaign.measured import MeasureSettings, measure_trial
 from qkvsearch.search.records.layout import (
     DUPLICATE_OF_KEY,
     ERROR_CHARS,
     ERROR_KEY,
     FINAL_STATUSES,
+    MEASURED_ON_KEY,
     ORIGINAL_STATUS_KEY,
     PLANNED_KEY,
     STATUS_KEY,
@@ -55,6 +58,7 @@ class TrialSettings:
     faults: tuple = ()                              # trainers.faults rules, read where the campaign starts
     campaign: str = ""                              # its name: Train runs are <campaign>-<trial name>
     max_failures: int = 0                           # worker-group restarts of a Train run (from its checkpoint)
+    measure: MeasureSettings = MeasureSettings()    # measured cost (search.campaign.measured); none by default
 
 
 def trial_name(cfg: dict, trial_id: str) -> str:
@@ -188,6 +192,10 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
         tune.report(_terminal_report(settings, "infeasible", trial["invalid"], cost))
         return
     broken = violations(settings.constraints, cost)
+    if not broken and settings.measure.metrics:
+        cost, broken = _measured(settings, cfg, cost)
+        if cost is None:
+            return
     if broken:  # never start a TorchTrainer for a configuration that cannot be kept
         tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
         return
@@ -223,6 +231,19 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             tune.report(_terminal_report(settings, "diverged", str(diverged), cost))
         else:
             tune.report(_terminal_report(settings, "failed", error_text(exc), cost))
+
+
+def _measured(settings: TrialSettings, cfg: dict, cost: dict) -> tuple[dict | None, list[str]]:
+    """(cost with the measured metrics, the constraints it breaks); (None, []) when the measurement failed
+    (the trial is then reported failed, with the error)."""
+    try:
+        measured, how = measure_trial(cfg, settings.measure, settings.workers, settings.cpus_per_worker,
+                                      settings.gpus_per_worker)
+    except Exception as exc:  # noqa: BLE001  (e.g. out of memory at the measure batch: this trial's failure)
+        tune.report(_terminal_report(settings, "failed", "measuring: " + error_text(exc), cost))
+        return None, []
+    cost = {**cost, **measured, MEASURED_ON_KEY: json.dumps(how)}
+    return cost, violations(settings.constraints, cost)
 
 
 def error_text(exc: BaseException) -> str:

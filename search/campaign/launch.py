@@ -29,6 +29,7 @@ from qkvsearch.search.campaign.driver import (
     trial_resources,
 )
 from qkvsearch.search.campaign.interrupts import CampaignInterrupted, StopSignals
+from qkvsearch.search.campaign.measured import measure_settings
 from qkvsearch.search.campaign.preflight import check_local_resources, check_shared_storage, check_spec
 from qkvsearch.search.campaign.recording import TrialRecorder
 from qkvsearch.search.campaign.searchers import build_search
@@ -157,7 +158,7 @@ def _settings(spec, exp: str) -> TrialSettings:
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
         placement_strategy=res.placement_strategy, train_storage=f"{exp}/{TRAIN_RUNS_DIR}", experiment=exp,
         faults=tuple(read_faults()),  # trial processes do not see this process's environment
-        campaign=spec.name, max_failures=res.max_failures)
+        campaign=spec.name, max_failures=res.max_failures, measure=measure_settings(spec, exp))
 
 
 def _check_launchable(spec, exp: str, overwrite: bool) -> None:

@@ -228,6 +228,8 @@ def constraint_values(constraints, cost: dict) -> dict[str, float]:
     meets it (minus the relative slack). Optuna's convention: feasible when every value is <= 0."""
     out = {}
     for c in constraints:
+        if c.metric not in cost:  # measured on the trial's device, not known yet (spaces.schema.violations)
+            continue
         value, worst = float(cost[c.metric]), -math.inf
         if c.max is not None:
             worst = max(worst, (value - c.max) / max(abs(c.max), 1e-12))

@@ -10,6 +10,7 @@ Ray stays out: the campaign layer subclasses it as a Tune callback (search.campa
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from qkvsearch.search.records.layout import (
     EPOCHS_SUFFIX,
     ERROR_CHARS,
     ERROR_KEY,
+    MEASURED_ON_KEY,
     STATUS_KEY,
     TRIALS_DIR,
     UNSCORED_STATUSES,
@@ -39,7 +41,7 @@ from qkvsearch.search.records.layout import (
     code_version,
 )
 from qkvsearch.search.records.readers import TrialRecords, _read_record
-from qkvsearch.spaces.keys import COST_METRICS, finite
+from qkvsearch.spaces.keys import COST_METRICS, MEASURED_METRICS, finite
 from qkvsearch.storage import append_bytes, open_location, read_many, write_bytes, write_json
 
 logger = logging.getLogger(__name__)
@@ -220,6 +222,7 @@ class Recorder:
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         rec = self._record(trial)
+        _note_measured(rec, result)
         status = result.get(STATUS_KEY)
         if status in UNSCORED_STATUSES:
             rec["status"] = status
@@ -278,6 +281,16 @@ class Recorder:
             rec["status"] = "interrupted"
             self._save(rec)
         return [rec["trial_name"] for rec in stopped]
+
+
+def _note_measured(rec: dict, result: dict) -> None:
+    """Measured cost (made in the trial's process, before training) joins the record's cost, with how it
+    was measured under ``measured_on``."""
+    measured = {m: finite(result[m]) for m in MEASURED_METRICS if finite(result.get(m)) is not None}
+    if measured:
+        rec["cost"] = {**rec["cost"], **measured}
+    if isinstance(result.get(MEASURED_ON_KEY), str):
+        rec["measured_on"] = json.loads(result[MEASURED_ON_KEY])
 
 
 def _error_text(trial) -> str:

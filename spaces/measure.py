@@ -1,0 +1,64 @@
+"""The campaign file's ``measure`` section: how the measured cost metrics (spaces.keys.MEASURED) are measured.
+
+    measure:
+      batch: 64                 # images a forward for throughput (inference)
+      latency_batch: 1          # images a forward for latency_ms
+      metrics: [peak_mem_gb]    # measured metrics to record although no objective or constraint names them
+      cache: s3://bucket/qkv-measurements   # shared by campaigns; default: <campaign folder>/qs_measurements
+      max_s: 10                 # seconds of timing one metric may take, when its median is slow to settle
+
+A campaign measures only when an objective, a constraint or ``metrics`` names a measured metric
+(``measured_metrics``); one that names none measures nothing. Each distinct model is measured once per
+device, precision, batch, compile mode and software versions (trainers.measure), before its first trial.
+"""
+from __future__ import annotations
+
+from qkvsearch.spaces.errors import Collector, hint, show
+from qkvsearch.spaces.keys import MEASURED_METRICS, POS_INT, POS_NUM, Bad
+from qkvsearch.spaces.schema import MeasureSpec
+
+MEASURE_KEYS = ("batch", "latency_batch", "metrics", "cache", "max_s")
+
+
+def parse_measure(raw, c: Collector) -> MeasureSpec:
+    """The measure section -> MeasureSpec (defaults filled in); problems go to ``c`` naming the key."""
+    if raw is None:
+        return MeasureSpec()
+    if not isinstance(raw, dict):
+        c.expected("measure", f"a mapping ({', '.join(MEASURE_KEYS)})", raw)
+        return MeasureSpec()
+    c.unknown_keys("measure", raw, MEASURE_KEYS)
+    values = {}
+    for key in ("batch", "latency_batch"):
+        if raw.get(key) is not None:
+            try:
+                values[key] = POS_INT(raw[key])
+            except Bad:
+                c.expected(f"measure.{key}", POS_INT.expected, raw[key])
+    if raw.get("max_s") is not None:
+        try:
+            values["max_s"] = POS_NUM(raw["max_s"])
+        except Bad:
+            c.expected("measure.max_s", POS_NUM.expected, raw["max_s"])
+    metrics = raw.get("metrics") or []
+    if not isinstance(metrics, list):
+        c.expected("measure.metrics", f"a list of measured metrics ({', '.join(MEASURED_METRICS)})", metrics)
+        metrics = []
+    for i, metric in enumerate(metrics):
+        if metric not in MEASURED_METRICS:
+            c.add(f"measure.metrics[{i}]", f"expected one of {', '.join(MEASURED_METRICS)}, given {show(metric)}"
+                  + (hint(metric, MEASURED_METRICS, list_known=False) if isinstance(metric, str) else ""))
+    values["metrics"] = tuple(dict.fromkeys(m for m in metrics if m in MEASURED_METRICS))
+    cache = raw.get("cache")
+    if cache is not None and not (isinstance(cache, str) and cache.strip()):
+        c.expected("measure.cache", "a folder or URI (a string)", cache)
+        cache = None
+    values["cache"] = cache.strip() if cache else None
+    return MeasureSpec(**values)
+
+
+def measured_metrics(spec) -> tuple[str, ...]:
+    """The measured metrics a campaign needs: named by an objective, a constraint or measure.metrics, in
+    spaces.keys.MEASURED order; () when none (nothing is measured)."""
+    named = {o.metric for o in spec.objectives} | {c.metric for c in spec.constraints} | set(spec.measure.metrics)
+    return tuple(m for m in MEASURED_METRICS if m in named)
