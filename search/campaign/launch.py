@@ -395,8 +395,13 @@ def _stages(spec, exp: str, recorder) -> None:
     """The stages after the trials (search.campaign.stages); a stop signal there: the campaign is interrupted."""
     from qkvsearch.search.campaign.stages import run_stages
 
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _sigterm_interrupts) if main else None  # Ray's ends the process
     try:
         run_stages(spec, exp, _settings(spec, exp), _retention(spec, exp, recorder).retention)
     except KeyboardInterrupt as err:
         _mark_campaign(exp, INTERRUPTED_KEY)
         raise CampaignInterrupted(exp, "a stop signal", []) from err
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)

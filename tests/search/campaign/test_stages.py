@@ -1,0 +1,99 @@
+"""search.campaign.stages' choice of configurations, the checkpoints retention keeps for the stages, and the
+stages' table and front (search.analysis.stages), on campaign folders written without training."""
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from helpers.campaign_files import write_campaign
+
+from qkvsearch.search.analysis.pareto import nondominated_mask
+from qkvsearch.search.analysis.results import collect
+from qkvsearch.search.analysis.stages import stage_markdown, stage_table
+from qkvsearch.search.campaign.retention import still_needed
+from qkvsearch.search.campaign.stages import finetune_config, select_trials
+from qkvsearch.search.records.stages import stage_key, write_selection, write_stage
+from qkvsearch.spaces import base_config, load_campaign
+
+STATUSES = ["completed", "stopped_early", "completed", "completed", "failed", "completed", "completed"]
+
+
+def _spec(**stages):
+    d = load_campaign("quickstart").to_dict()
+    d["objectives"] = [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]
+    ood = {"in_distribution": "digits_0to8", "datasets": [{"format": "noise"}]}
+    d["stages"] = {"finetune": [{"dataset": "digits_0to8", "epochs": 1}, {"dataset": "digits", "epochs": 1}],
+                   "ood": ood, "objectives": ["fpr95", "top1@digits"], **stages}
+    return load_campaign(d)
+
+
+@pytest.fixture
+def exp(tmp_path):
+    write_campaign(tmp_path, STATUSES)
+    return str(tmp_path)
+
+
+def test_the_front_of_the_completed_trials_goes_on_and_no_trial_stopped_early(exp):
+    chosen = {t["trial_id"] for t in select_trials(_spec(), exp)}
+    trials, _ = collect(exp)
+    df = trials.to_pandas()
+    done = df[df["status"] == "completed"]
+    front = nondominated_mask(done[["final_top1", "gmacs"]].to_numpy(), ["max", "min"])
+    assert chosen == set(done["trial_id"][front]) and "t00001" not in chosen
+
+
+def test_top_k_goes_by_non_dominated_rank(exp):
+    front = {t["trial_id"] for t in select_trials(_spec(), exp)}
+    chosen = select_trials(_spec(select="top_k", top_k=len(front) + 1), exp)
+    assert len(chosen) == len(front) + 1 and front < {t["trial_id"] for t in chosen}
+    assert all(t["upstream"].endswith("@epoch6") for t in chosen)
+    assert len(select_trials(_spec(select="top_k", top_k=99), exp)) == STATUSES.count("completed")
+
+
+def test_a_fine_tuning_config_is_the_trials_on_the_stages_dataset():
+    trial = {**base_config(load_campaign("quickstart")), "embedding": "linear", "lr": 0.1, "epochs": 5}
+    cfg = finetune_config(trial, _spec().stages.finetune[0])
+    assert (cfg["dataset"], cfg["num_classes"], cfg["epochs"], cfg["lr"]) == ("digits_0to8", 9, 1, 0.1)
+    assert cfg["img_size"] == trial["img_size"] and cfg["max_steps_per_epoch"] == trial["max_steps_per_epoch"]
+
+
+def test_retention_keeps_every_completed_trial_until_the_selection_then_those_with_stages_to_run(exp):
+    spec, (trials, _) = _spec(), collect(exp)
+    completed = {r for r, s in zip(trials.column("trial_id").to_pylist(), STATUSES) if s == "completed"}
+    assert still_needed(spec, trials, exp) == completed
+    assert still_needed(load_campaign("quickstart"), trials, exp) == set()  # no stages: nothing held
+    chosen = ["t00000", "t00002"]
+    write_selection(exp, "front", chosen, time.time())
+    assert still_needed(spec, trials, exp) == set(chosen)
+    for stage in ("finetune@digits_0to8", "finetune@digits", "ood"):
+        _record(exp, "t00000", stage, {})
+    assert still_needed(spec, trials, exp) == {"t00002"}
+
+
+def _record(exp, tid, stage, metrics, status="completed", started=None):
+    key = stage_key(tid, stage, {})
+    write_stage(exp, {"key": key, "stage": stage, "trial_id": tid, "trial_name": f"name-{tid}", "status": status,
+                      "metrics": metrics, "started_at": started or time.time(), "duration_s": 1.5})
+
+
+def test_the_stage_table_ranks_on_the_stage_objectives(exp):
+    spec = _spec(constraints={"auroc": {"min": 60}})
+    write_selection(exp, "top_k", ["t00000", "t00002", "t00003", "t00005"], time.time())
+    ood = {"t00000": (30.0, 90.0), "t00002": (10.0, 95.0), "t00003": (20.0, 50.0), "t00005": (5.0, 99.0)}
+    top1 = {"t00000": 90.0, "t00002": 80.0, "t00003": 99.0, "t00005": 70.0}
+    for tid, (fpr, auroc) in ood.items():
+        _record(exp, tid, "finetune@digits_0to8", {"top1@digits_0to8": 60.0})
+        if tid != "t00005":
+            _record(exp, tid, "finetune@digits", {"top1@digits": top1[tid]})
+        _record(exp, tid, "ood", {"fpr95": fpr, "auroc": auroc})
+    trials, _ = collect(exp)
+    df = stage_table(exp, spec.stages, trials)
+    by_id = df.set_index("trial_id")
+    assert by_id.loc["t00000", "transfer_avg"] == 75.0 and np.isnan(by_id.loc["t00005", "transfer_avg"])
+    assert not by_id.loc["t00003", "feasible"]  # auroc 50 < 60
+    # fpr95 (min) and top1@digits (max): t00002 (10, 80) and t00000 (30, 90) are both on the front
+    assert list(df["trial_id"][:2]) == ["t00002", "t00000"] and list(df["stage_rank"][:2]) == [0, 0]
+    assert np.isnan(by_id.loc["t00005", "stage_rank"])  # never reached finetune@digits
+    md = stage_markdown(df, spec.stages)
+    assert "## Stages" in md and "fpr95 (min), top1@digits (max)" in md
+    assert pa.Table.from_pandas(df).num_rows == 4
