@@ -95,3 +95,17 @@ def test_measured_cost_reaches_trials_parquet_the_front_and_the_report(campaign,
     assert "Where MACs mislead" in Path(paths["html"]).read_text()
     spec = json.loads((exp / "qs_campaign.json").read_text())["spec"]
     assert spec["measure"]["max_s"] == 1.0
+
+
+def test_a_trial_of_several_workers_measures_in_a_ray_task_holding_one_workers_cpus(ray_local, tmp_path):
+    from qkvsearch.search.campaign.measured import MeasureSettings, measure_trial
+    from qkvsearch.trainers.cost import resolve_trial
+
+    cfg, _ = resolve_trial({"model": "xcit_nano_12_p8_224", "img_size": 16, "dataset": "digits", "epochs": 1,
+                            "depth": 1, "batch_size": 16})
+    how = MeasureSettings(("train_step_ms",), batch=8, latency_batch=1, cache=str(tmp_path), max_s=0.3)
+    measured, record = measure_trial(cfg, how, workers=2, cpus_per_worker=1, gpus_per_worker=0)
+    assert set(measured) == {"train_step_ms"} and measured["train_step_ms"] > 0
+    assert record["env"]["train_batch"] == 8    # the per-worker batch: 16 images over 2 workers
+    assert record["env"]["threads"] == 1        # the task holds one worker's CPU (Ray sets its threads)
+    assert record["cached"] is False and len(list(tmp_path.glob("*.json"))) == 1
