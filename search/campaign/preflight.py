@@ -42,6 +42,10 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
         log.warning(f"data.path: {path} does not exist on this machine; launch checks it where it runs")
     else:
         check_dataset(config)
+    if spec.stages:  # the stages' datasets and OOD sets (search.campaign.stages)
+        from qkvsearch.search.campaign.stages import check_stages
+
+        check_stages(spec, models[0][0] if models else config, launching)
     return models
 
 

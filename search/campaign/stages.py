@@ -90,6 +90,19 @@ def run_stages(spec, exp: str, settings, retention=None) -> None:
             _ood(spec, exp, settings, trial, up)
     if retention is not None:
         retention.run(final=True)
+    _log_front(spec, exp)
+
+
+def _log_front(spec, exp: str) -> None:
+    """The configurations ranked on the stages' objectives (the report's Stages section, in short)."""
+    from qkvsearch.search.analysis.stages import stage_table
+
+    df = stage_table(exp, spec.stages, collect(exp)[0])
+    metrics = [o.metric for o in spec.stages.objectives]
+    log.info(f"stages' front on {', '.join(metrics)} ({int(df['on_stage_front'].sum())} of {len(df)}):")
+    for _, row in df.iterrows():
+        values = "  ".join(f"{m} {row.get(m, float('nan')):.4g}" for m in metrics if m in row)
+        log.info(f"  rank {row['stage_rank']:.0f}  {row['trial_name']:<32} {values}")
 
 
 def _finetune(spec, exp: str, settings, trial: dict, stage) -> dict:
@@ -178,3 +191,57 @@ def _in_task(kind: str, kwargs: dict):
                          gpus_per_worker=k["gpus"], name=k["name"], storage_path=k["storage"], init_from=k["init"],
                          faults=k["faults"], num_to_keep=1)
     return list(result.return_value or [])
+
+
+def check_stages(spec, trial_config: dict, launching: bool) -> None:
+    """Before Ray starts: every fine-tuning's config can be made of a trial's (``trial_config``, resolved)
+    and its data is where the spec says; so are the OOD sets. BadInput naming the stage's field. A folder
+    this machine does not have fails a launch; `validate` (launching=False) only warns."""
+    from qkvsearch.spaces.errors import BadInput, SpecError
+    from qkvsearch.trainers.data import check_dataset
+
+    problems = []
+    for i, stage in enumerate(spec.stages.finetune):
+        where = f"stages.finetune[{i}]"
+        try:
+            cfg = finetune_config(trial_config, stage)
+            if _present(stage.path, f"{where}.path", launching):
+                check_dataset(cfg)
+        except BadInput as err:
+            problems.append(f"{where}: {err}")
+    for i, s in enumerate(spec.stages.ood.datasets if spec.stages.ood else ()):
+        if s.path is not None and _present(s.path, f"stages.ood.datasets[{i}].path", launching):
+            problem = _ood_set_problem(s)
+            if problem:
+                problems.append(f"stages.ood.datasets[{i}].path: {problem}")
+    if problems:
+        raise SpecError(problems, spec.source)
+
+
+def _present(path, where: str, launching: bool) -> bool:
+    import os
+
+    if path is None or launching or os.path.exists(path):
+        return True
+    log.warning(f"{where}: {path} does not exist on this machine; launch checks it where it runs")
+    return False
+
+
+def _ood_set_problem(s) -> str | None:
+    """Why an OOD set cannot be read from its path, or None."""
+    import os
+
+    from qkvsearch.trainers import data, data_sources
+
+    if not os.path.isdir(s.path):
+        return f"expected a folder holding the {s.format} set {s.name!r}, given {s.path!r}, which is not one"
+    try:
+        if s.format == "imagefolder" and not data._has_image(s.path):
+            return f"expected images ({', '.join(data.IMAGE_EXTENSIONS)}) under {s.path!r}, given a folder without any"
+        if s.format in data.CIFAR_FILES:
+            data._check_cifar(s.format, s.path)
+        elif s.format == "stl10":
+            data_sources.check_stl10(s.path)
+    except data.DatasetError as err:
+        return str(err).removeprefix("data_path: ")
+    return None

@@ -97,3 +97,24 @@ def test_the_stage_table_ranks_on_the_stage_objectives(exp):
     md = stage_markdown(df, spec.stages)
     assert "## Stages" in md and "fpr95 (min), top1@digits (max)" in md
     assert pa.Table.from_pandas(df).num_rows == 4
+
+
+def test_stage_data_is_checked_before_launch_naming_the_field(tmp_path):
+    from qkvsearch.search.campaign.stages import check_stages
+    from qkvsearch.spaces import SpecError
+
+    (tmp_path / "empty").mkdir()
+    d = load_campaign("quickstart").to_dict()
+    d["stages"] = {"finetune": [{"dataset": "stl10", "path": str(tmp_path / "nowhere"), "epochs": 1},
+                                {"dataset": "digits_0to8", "epochs": 1}],
+                   "ood": {"in_distribution": "digits_0to8",
+                           "datasets": [{"name": "lsun", "format": "imagefolder", "path": str(tmp_path / "empty")}]}}
+    spec = load_campaign(d)
+    trial = {**base_config(spec), "embedding": "linear"}
+    with pytest.raises(SpecError) as err:
+        check_stages(spec, trial, launching=True)
+    text = str(err.value)
+    assert "stages.finetune[0]: data_path: expected a folder holding STL-10's binary files" in text
+    assert "stages.ood.datasets[0].path: expected images" in text and "finetune[1]" not in text
+    check_stages(load_campaign({**d, "stages": {**d["stages"], "finetune": d["stages"]["finetune"][1:],
+                                                "ood": None}}), trial, launching=True)
