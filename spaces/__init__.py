@@ -27,6 +27,7 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
     resources: {workers_per_trial: 8, cpus_per_worker: 8, gpus_per_worker: 1,
                 max_concurrent_trials: auto, placement_strategy: PACK}
     storage: results/                    # a local path or s3:// gs:// gcs:// file:// hdfs:// abfs://
+    stages: {finetune: [{dataset: cifar10, path: ..., epochs: 100, lr: 5.0e-5}], ood: {...}}   # spaces.stages
 
 Trials: one variant (if any) x one value per active dimension. ``when: {key: value or [values]}``
 switches a dimension on only when the named space keys hold those values. hidden_width (sne/psne/
