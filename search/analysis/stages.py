@@ -131,4 +131,20 @@ def stage_report(exp: str, out: str, campaign, trials: pa.Table, report_md: str)
     df = stage_table(exp, stages, trials)
     paths = write_stage_files(out, df)
     write_bytes(report_md, read_bytes(report_md) + stage_markdown(df, stages).encode("utf-8"))
+    page = f"{report_md.rsplit('/', 1)[0]}/pareto.html"
+    head, sep, tail = read_bytes(page).rpartition(b"</body>")
+    if sep:  # the section goes before the page's end
+        write_bytes(page, head + stage_html(df, stages).encode("utf-8") + sep + tail)
     return paths
+
+
+def stage_html(df: pd.DataFrame, stages) -> str:
+    """The pareto.html section: the same table as report.md's, the final front in bold."""
+    import html
+
+    cols = shown_columns(df, stages)
+    rows = "".join(f"<tr data-front='{int(bool(r['on_stage_front']))}'>"
+                   + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>" for _, r in df.iterrows())
+    objectives = ", ".join(f"{o.metric} ({o.mode})" for o in stages.objectives)
+    return (f"<h2>Stages</h2><p>ranked on the stage objectives: {html.escape(objectives)}</p><table><tr>"
+            + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + f"</tr>{rows}</table>")

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 from helpers.campaign_files import write_campaign
 
@@ -118,3 +119,19 @@ def test_stage_data_is_checked_before_launch_naming_the_field(tmp_path):
     assert "stages.ood.datasets[0].path: expected images" in text and "finetune[1]" not in text
     check_stages(load_campaign({**d, "stages": {**d["stages"], "finetune": d["stages"]["finetune"][1:],
                                                 "ood": None}}), trial, launching=True)
+
+
+def test_the_report_of_a_staged_campaign_has_its_stages(tmp_path):
+    from qkvsearch.search.analysis.report import build_report
+
+    spec = _spec()
+    write_campaign(tmp_path, STATUSES, spec=spec.to_dict())
+    write_selection(str(tmp_path), "front", ["t00000"], time.time())
+    _record(str(tmp_path), "t00000", "ood", {"fpr95": 12.0, "auroc": 95.0})
+    paths = build_report(str(tmp_path), static=False)
+    assert "<h2>Stages</h2>" in open(paths["html"]).read() and "## Stages" in open(paths["md"]).read()
+    table = pa.parquet.read_table(paths["stages_parquet"]).to_pandas()
+    assert table["fpr95"].tolist() == [12.0] and table["finetune@digits_status"].tolist() == ["pending"]
+    no_stages = tmp_path / "plain"
+    write_campaign(no_stages, STATUSES)
+    assert "stages_csv" not in build_report(str(no_stages), static=False)
