@@ -1,5 +1,8 @@
-"""A campaign's driver killed (SIGKILL) mid-trial, on local Ray, then `qkvsearch resume`: no trial that ended
-before the kill trains again, none is lost, every trial's epochs are 1..n once each (the interrupted one's
+"""One live driver per campaign, then a campaign's driver killed (SIGKILL) mid-trial, on local Ray.
+
+While the driver runs, a second `resume` and a `launch --overwrite` exit 2 at once, naming it, and neither
+trains nor deletes anything. Killed, its hold stays live until it goes stale: an early `resume` is refused,
+a later one takes the hold over and finishes the campaign: no trial that ended before the kill trains again, none is lost, every trial's epochs are 1..n once each (the interrupted one's
 too: its Train run goes on for a moment after the driver died, checkpointing epochs no one recorded), MO-ASHA's
 rungs rebuilt from the records hold what they held at the kill, and the searcher (Tune's trial count, NSGA-II's
 study and generations) goes on where it was."""
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 import os
 import pickle
 import shutil
@@ -21,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 from helpers.live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
 
+from qkvsearch.search.cli import EXIT_BAD_INPUT
 from qkvsearch.search.records.layout import FINAL_STATUSES
 from qkvsearch.search.records.lease import LEASE_FILE, STALE_ENV, read_lease
 from qkvsearch.search.records.readers import read_trial_records
@@ -29,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 QKVSEARCH = str(Path(sys.executable).with_name("qkvsearch"))
 NAME = "killed"
-TRIALS = 4
+TRIALS = 3
 TRAINED = ("completed", "stopped_early")
 LINGER_S = 5  # a killed driver's trials and Train workers end within seconds
 # The killed driver's hold on the campaign goes stale this long after its last heartbeat: long enough for a
@@ -76,6 +81,35 @@ class _Driver:
                     pass
             wait_for(lambda: not ray_processes(self.ray_tmp), 30, "the ended Ray processes to go")
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+def _refused_beside(launch: _Driver, spec_file: Path, exp: Path, tmp: Path) -> None:
+    """While `launch` runs and holds the campaign: `resume` and `launch --overwrite` (at once, side by side)
+    exit 2 naming it, announce no campaign of their own, and replace or delete nothing; `status` shows the
+    live driver."""
+    wait_for(lambda: launch.alive() or (read_lease(exp).live and (exp / "qs_campaign.json").exists()), 120,
+             "the driver's hold and campaign file")
+    created = json.loads((exp / "qs_campaign.json").read_text())["created_at"]
+    before = set(_records(exp))
+    seconds = []
+    others = []
+    for args in (["resume", str(exp)], ["launch", str(spec_file), "--overwrite"]):
+        (tmp / args[0]).mkdir()
+        others.append(_Driver(args, tmp / args[0]))
+    started = time.monotonic()
+    for other in others:
+        assert other.proc.wait(120) == EXIT_BAD_INPUT, other.err.read_text()[-3000:]
+        seconds.append(time.monotonic() - started)
+        err = other.err.read_text()
+        assert "campaign held by a live driver" in err and f"pid {launch.proc.pid}" in err and "last heartbeat" in err
+        assert "results:" not in (other.err.parent / f"{other.err.stem}.out").read_text()
+        other.gone()
+    launch.alive()
+    assert json.loads((exp / "qs_campaign.json").read_text())["created_at"] == created  # not replaced
+    assert before <= set(_records(exp))  # no record deleted
+    status = subprocess.run([QKVSEARCH, "status", str(exp)], capture_output=True, text=True, cwd=tmp)
+    assert f"driver: live, host {os.uname().nodename}, pid {launch.proc.pid}" in status.stdout, status.stdout
+    print(f"\nrefused at once beside a live driver: resume and launch --overwrite in {max(seconds):.1f} s")
 
 
 def _records(exp) -> dict[str, dict]:
@@ -157,6 +191,7 @@ def test_a_killed_driver_resumes_without_losing_or_retraining_anything(tmp_path)
 
     launch = _Driver(["launch", str(spec_file)], tmp_path)
     try:
+        _refused_beside(launch, spec_file, exp, tmp_path)
         wait_for(lambda: launch.alive() or _kill_point(exp), 300, "a trial mid-way after one has ended", every=0.05)
     finally:
         launch.proc.send_signal(signal.SIGKILL)
