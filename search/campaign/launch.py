@@ -398,7 +398,11 @@ def _stages(spec, exp: str, recorder) -> None:
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _sigterm_interrupts) if main else None  # Ray's ends the process
     try:
+        if spec.stages:  # the campaign ends with its last stage (`watch` follows the stages)
+            _mark_campaign(exp, None)
         run_stages(spec, exp, _settings(spec, exp), _retention(spec, exp, recorder).retention)
+        if spec.stages:
+            _mark_campaign(exp, ENDED_KEY)
     except KeyboardInterrupt as err:
         _mark_campaign(exp, INTERRUPTED_KEY)
         raise CampaignInterrupted(exp, "a stop signal", []) from err

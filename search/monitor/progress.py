@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.monitor.stage_status import stage_summary
 from qkvsearch.search.records.layout import FINAL_STATUSES, UNTRAINED_STATUSES, open_campaign
 from qkvsearch.search.records.lease import DriverState, read_lease
 from qkvsearch.search.records.readers import read_trials
@@ -62,6 +63,7 @@ class Progress:
     interrupted: bool = False  # its driver was stopped before the end (resume continues it)
     read_at: float = 0.0
     driver: DriverState | None = None  # the driver holding it (search.records.lease); None: not read
+    stages: str = ""           # the stages' progress (search.monitor.stage_status); "": no stages
 
     @property
     def trials_recorded(self) -> int:
@@ -78,7 +80,7 @@ class Progress:
         best = ", ".join(f"{m} {v:.4g}" for m, v in self.best.items())
         return (f"{self.name}: {self.trials_done}/{self.trials_planned} trials done ({by_status or 'none yet'}); "
                 f"epochs {self.epochs_done}/{self.epochs_planned}; front {len(self.front)}, hypervolume {hv}"
-                + (f"; best {best}" if best else ""))
+                + (f"; best {best}" if best else "") + (f"; {self.stages}" if self.stages else ""))
 
 
 def read_progress(exp) -> Progress:
@@ -101,6 +103,7 @@ def read_progress(exp) -> Progress:
     # ended: the driver recorded its end, or (a campaign recorded before drivers did) every trial is final
     progress.ended = campaign.ended or (len(records) >= planned and progress.trials_done >= planned)
     progress.interrupted = campaign.interrupted_at is not None and not progress.ended
+    progress.stages = stage_summary(exp, campaign.spec)
     try:
         progress.driver = read_lease(exp)
     except OSError:  # storage away for a moment: the next snapshot reads it

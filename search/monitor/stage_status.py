@@ -31,3 +31,17 @@ def stage_lines(exp: str, spec) -> list[str]:
         took = f"{rec['duration_s']:.1f} s" if isinstance(rec.get("duration_s"), (int, float)) else ""
         lines.append(f"  {str(rec.get('trial_name', tid)):<34} {name:<22} {rec.get('status', '?'):<11} {took:>8}  {metrics}")
     return lines
+
+
+def stage_summary(exp: str, spec) -> str:
+    """One line for `watch`: each stage's configurations done of those going on; "" without stages."""
+    stages = getattr(spec, "stages", None)
+    if not stages:
+        return ""
+    names = [f.name for f in stages.finetune] + (["ood"] if stages.ood else [])
+    selection = read_selection(exp)
+    if selection is None:
+        return "stages: after the trials"
+    latest, chosen = latest_by_stage(read_stages(exp)), selection["trial_ids"]
+    done = {n: sum(latest.get((t, n), {}).get("status") == "completed" for t in chosen) for n in names}
+    return "stages: " + ", ".join(f"{n} {k}/{len(chosen)}" for n, k in done.items())
