@@ -207,8 +207,9 @@ def check_stages(spec, trial_config: dict, launching: bool) -> None:
             cfg = finetune_config(trial_config, stage)
             if _present(stage.path, f"{where}.path", launching):
                 check_dataset(cfg)
-        except BadInput as err:
-            problems.append(f"{where}: {err}")
+        except BadInput as err:  # "data_path: ..." is this stage's path; "<trial key>: ..." its recipe or the trial
+            text = str(err)
+            problems.append(f"{where}.path: {text[11:]}" if text.startswith("data_path: ") else f"{where}: {text}")
     for i, s in enumerate(spec.stages.ood.datasets if spec.stages.ood else ()):
         if s.path is not None and _present(s.path, f"stages.ood.datasets[{i}].path", launching):
             problem = _ood_set_problem(s)
