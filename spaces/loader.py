@@ -22,6 +22,7 @@ from qkvsearch.spaces.errors import Collector, SpecError, clip, hint, show
 from qkvsearch.spaces.keys import (
     CHECK_NAMES,
     COST_METRICS,
+    FINETUNE_METRIC,
     KEYS,
     METRICS,
     NONNEG_INT,
@@ -30,6 +31,7 @@ from qkvsearch.spaces.keys import (
     POS_NUM,
     REQUIRED_TRAIN_KEYS,
     SCHEDULER_METRICS,
+    STAGE_METRICS,
     ConfigError,
     batch_plan,
     fill_from_dataset,
@@ -528,8 +530,10 @@ def _parse_objectives(raw, c: Collector) -> list[Objective]:
         c.unknown_keys(path, item, ("metric", "mode"))
         metric = item.get("metric")
         if metric not in METRICS:
+            staged = isinstance(metric, str) and (metric in STAGE_METRICS or metric.startswith(FINETUNE_METRIC))
             c.add(f"{path}.metric", f"expected one of {', '.join(METRICS)}, given {show(metric)}"
-                  + (hint(metric, METRICS, list_known=False) if isinstance(metric, str) else ""))
+                  + (" (a stage metric: list it under stages.objectives; the searcher learns pretraining metrics)"
+                     if staged else hint(metric, METRICS, list_known=False) if isinstance(metric, str) else ""))
             continue
         mode = item.get("mode", METRICS[metric])
         if mode not in ("max", "min"):

@@ -77,3 +77,9 @@ def test_smoke_test_shrinks_every_fine_tuning():
     for f in smoke.stages.finetune:
         assert (f.recipe["epochs"], f.recipe["max_steps_per_epoch"], f.recipe["warmup_epochs"]) == (1, 2, 0.0)
     assert smoke.stages.ood == _spec(STAGES).stages.ood
+
+
+def test_a_stage_metric_among_the_searchers_objectives_says_where_it_goes():
+    d = load_campaign("quickstart").to_dict()
+    with pytest.raises(SpecError, match=r"objectives\[0\].metric: .* a stage metric: list it under stages.objectives"):
+        load_campaign({**d, "objectives": ["fpr95"]})
