@@ -81,5 +81,5 @@ def test_smoke_test_shrinks_every_fine_tuning():
 
 def test_a_stage_metric_among_the_searchers_objectives_says_where_it_goes():
     d = load_campaign("quickstart").to_dict()
-    with pytest.raises(SpecError, match=r"objectives\[0\].metric: .* a stage metric: list it under stages.objectives"):
+    with pytest.raises(SpecError, match=r"objectives\[0\].metric: .*a stage metric: list it under stages.objectives"):
         load_campaign({**d, "objectives": ["fpr95"]})
