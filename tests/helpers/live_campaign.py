@@ -107,6 +107,29 @@ def ray_processes(ray_tmp: str) -> list[str]:
     return mine
 
 
+HEAD_STOP_GRACE_S = 5  # measured: a `ray start --block` head given SIGTERM takes 20-35 s to end by itself
+
+
+def stop_head(head: subprocess.Popen, ray_tmp: str) -> None:
+    """Stop a head started with `ray start --head --block` in a session of its own (start_new_session), and
+    every process of its temp folder: SIGTERM to its process group, a short grace, then SIGKILL to what
+    is left (its own graceful stop waits on timeouts; nothing of a test's cluster needs to be kept)."""
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(HEAD_STOP_GRACE_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    for line in ray_processes(ray_tmp):  # the nodes a provider added, workers outside the group
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if head.poll() is None:
+        head.kill()
+        head.wait()
+    wait_for(lambda: not ray_processes(ray_tmp), 60, "the head's processes to stop")
+
+
 def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
     end = time.monotonic() + timeout
     while True:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from helpers.live_campaign import (
     free_port,
     get_json,
     own_token,
-    ray_processes,
+    stop_head,
     tiny_spec,
     wait_for,
     write_spec,
@@ -105,20 +104,7 @@ class FakeAutoscalingCluster:
         return get_json(f"{self.dashboard}/api/v0/nodes?detail=1", auth_token(self.env))["data"]["result"]["result"]
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.head.pid, signal.SIGTERM)
-            self.head.wait(20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        for line in ray_processes(self.ray_tmp):  # the nodes the provider added, and anything else of ours
-            try:
-                os.kill(int(line.split()[0]), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.head.poll() is None:
-            self.head.kill()
-            self.head.wait()
-        wait_for(lambda: not ray_processes(self.ray_tmp), 60, "the cluster's processes to stop")
+        stop_head(self.head, self.ray_tmp)
 
 
 @pytest.fixture

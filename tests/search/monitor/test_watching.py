@@ -186,11 +186,10 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
     """`ray job submit -- qkvsearch launch ...` on a cluster started with `ray start --head`: the Jobs page
     lists the submission, and the driver adds the campaign's metadata to it."""
     import os
-    import signal
     import sys
     import tempfile
 
-    from helpers.live_campaign import ray_processes
+    from helpers.live_campaign import stop_head
 
     spec = write_spec(tmp_path / "spec.yaml", tiny_spec(tmp_path / "results", "submitted", workers=1, epochs=1,
                                                       variants=[{"embedding": "linear"}], steps=2))
@@ -224,6 +223,4 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
         assert job["metadata"][f"{METADATA_PREFIX}campaign"] == "submitted"
         assert job["metadata"][f"{METADATA_PREFIX}results"] == str(tmp_path / "results" / "submitted")
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(60)
-        wait_for(lambda: not ray_processes(ray_tmp), 60, "the head's processes to stop")
+        stop_head(head, ray_tmp)
