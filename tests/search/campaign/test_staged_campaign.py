@@ -53,6 +53,8 @@ def test_a_staged_campaign_stopped_between_stages_resumes_and_ranks_by_an_ood_ob
         assert run.wait(60) == 130 or "resume" in run.stderr()
     before = _stage_files(exp)
     assert 1 <= len(before) < 4, run.stdout()
+    # keep: front, yet both chosen trials still hold their checkpoints: their stages have not all run
+    assert len(list((exp / "train_runs").iterdir())) == 2
     launched_s = time.monotonic() - t0
 
     resume(str(exp))
@@ -63,6 +65,9 @@ def test_a_staged_campaign_stopped_between_stages_resumes_and_ranks_by_an_ood_ob
     ood = [r for r in records if r["stage"] == "ood"]
     assert {r["trial_id"] for r in ood} == {r["trial_id"] for r in records}
     assert all(0 <= r["metrics"]["det_err"] <= 2.5 + r["metrics"]["fpr95"] / 2 for r in ood)
+    # once every stage has run, checkpoints go as keep: front says (the front's weights, nothing else)
+    kept = [json.loads(f.read_bytes())["checkpoint_kept"] for f in (exp / "qs_trials").glob("*.json")]
+    assert sorted(kept) in (["none", "weights"], ["weights", "weights"]) and not list((exp / "train_runs").iterdir())
 
     paths = build_report(str(exp), static=False)
     table = pd.read_csv(paths["stages_csv"])
