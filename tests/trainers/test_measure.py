@@ -11,9 +11,10 @@ from qkvsearch.trainers.cost import resolve_trial
 from qkvsearch.trainers.measure import cache_key, cached_measure, measure, median_ci, plan, trim
 
 TINY = {"model": "xcit_nano_12_p8_224", "img_size": 16, "dataset": "digits", "epochs": 1, "depth": 2}
-# Two measurements of one model agree within this on a busy 2-core machine (benchmarks/README.md gives the
-# coefficient of variation of 5 repeats; on an idle device it is a few percent).
-REPEAT_TOLERANCE = 0.35
+# Two measurements of one model, back to back, agree within this share on the shared 2-core test machine,
+# where other jobs come and go between them (benchmarks/README.md: the coefficient of variation of 5
+# measurements is 2-8 % when the cores stay quiet, up to 42 % when a job takes them during one).
+REPEAT_TOLERANCE = 0.5
 
 
 def _cfg(**over) -> dict:
@@ -39,7 +40,7 @@ def test_a_measurement_is_repeatable_and_says_how_it_was_made(one_thread):
         "device": a["env"]["device"], "device_type": "cpu", "torch": torch.__version__, "cuda": None, "threads": 1,
         "precision": "fp32", "compile": False, "batch": 8, "latency_batch": 1, "train_batch": 8, "gpu_shared": None}
     for stats in a["stats"].values():
-        assert stats["n"] >= 20 and stats["warmup"] >= 10 and stats["ci_rel"] < 1
+        assert stats["n"] + stats["outliers"] >= 20 and stats["warmup"] >= 10 and stats["ci_rel"] < 1
 
 
 def test_more_blocks_measure_slower_and_larger():
