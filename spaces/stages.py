@@ -146,7 +146,7 @@ def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
             continue
         c.unknown_keys(path, item, FINETUNE_FIELDS)
         dataset = item.get("dataset")
-        if dataset not in DATASET_INFO:
+        if not isinstance(dataset, str) or dataset not in DATASET_INFO:
             c.add(f"{path}.dataset", f"expected one of {', '.join(DATASET_INFO)}, given {show(dataset)}"
                   + (hint(dataset, DATASET_INFO, list_known=False) if isinstance(dataset, str) else ""))
             continue

@@ -49,6 +49,8 @@ def test_default_stage_objectives():
 @pytest.mark.parametrize(("stages", "message"), [
     ({"finetune": [{"dataset": "mnist", "epochs": 1}]}, 'stages.finetune[0].dataset: expected one of digits'),
     ({"finetune": [{"dataset": "digits"}]}, "stages.finetune[0].epochs: required"),
+    ({"finetune": [{"dataset": [1], "epochs": 1}]}, "stages.finetune[0].dataset: expected one of digits"),
+    ({"finetune": [{"dataset": {"a": 1}, "epochs": 1}]}, "stages.finetune[0].dataset: expected one of digits"),
     ({"finetune": [{"dataset": "stl10", "epochs": 1}]}, "stages.finetune[0].path: required for stl10"),
     ({"finetune": [{"dataset": "digits", "epochs": 1, "lr": -1}]}, 'stages.finetune[0].lr: expected a number > 0, given -1'),
     ({"finetune": [{"dataset": "digits", "epochs": 1, "lrr": 1}]}, "stages.finetune[0].lrr: unknown key"),
