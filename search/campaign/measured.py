@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qkvsearch.spaces.keys import batch_plan, finite
+from qkvsearch.spaces.keys import MEASURED_METRICS, MODEL_GROUPS, batch_plan, finite, identity, names
 
 CACHE_DIR = "qs_measurements"   # in the campaign folder, unless measure.cache names another place
 
@@ -61,3 +61,17 @@ def measure_trial(cfg: dict, how: MeasureSettings, workers: int, cpus_per_worker
     record = {"env": found.get("env"), "latency_p90_ms": found.get("latency_p90_ms"),
               "compile_s": found.get("compile_s"), "stats": found.get("stats"), "cached": hit}
     return metrics, record
+
+
+# What decides a trial's measured figures besides the device: its model, optimizer and batches.
+MEASURED_BY = (*names(*MODEL_GROUPS), "width", "opt", "batch_size", "batch_per_worker")
+
+
+def measured_key(config: dict) -> str:
+    """Trials with one key share their measured figures (the campaign's device and settings are fixed)."""
+    return identity({k: config.get(k) for k in MEASURED_BY})
+
+
+def measured_of(result: dict | None) -> dict:
+    """The measured metrics a trial's result carries (finite numbers)."""
+    return {m: finite(result[m]) for m in MEASURED_METRICS if finite((result or {}).get(m)) is not None}

@@ -10,6 +10,13 @@ every constrained sampler ranks it below each feasible trial), and the wrapper a
 MAX_INFEASIBLE times per trial. Every trial of a constrained campaign carries its constraint values
 (<= 0: met), which Optuna 5's samplers read from the trial (their ``constraints_func`` is deprecated).
 
+Measured cost (search.campaign.measured) is known only once a trial of the model has measured it on its
+device; that trial ends "infeasible" before training when it breaks a constraint. Its figures are kept
+here by model (``measured_key``), so a later proposal of the same model (another learning rate, seed...)
+that breaks a constraint takes no trial slot, as above. Optuna is told its counted constraint values
+only: samplers need every trial to carry the same constraints, and measured ones are unknown when a
+model is first proposed.
+
 Optuna samples the campaign's space define-by-run (`spaces.suggest_config`), so conditional
 dimensions (`code_size` only when `embedding: fsne`) are simply not suggested when their condition
 is false.
@@ -26,6 +33,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from qkvsearch.search.campaign.driver import build_trial, outcome_of_result
+from qkvsearch.search.campaign.measured import measured_key, measured_of
 from qkvsearch.search.campaign.tracking.optuna_tracker import TRIAL_ID_ATTR
 from qkvsearch.search.records.layout import ORIGINAL_STATUS_KEY
 from qkvsearch.search.records.proposals import write_proposal
@@ -107,6 +115,8 @@ class TrialConfigs(Searcher):
         self.warm: set[str] = set()            # identities an earlier campaign trained (search.warm_start)
         self.proposals = 0                     # configurations proposed (duplicates skipped by a grid excluded)
         self.infeasible = 0                    # of which broke a constraint and took no trial slot
+        self.measured: dict[str, dict] = {}    # measured_key -> measured cost a trial of it reported
+        self.measured_key_of: dict[str, str] = {}  # trial id -> its measured_key
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return self.searcher.set_search_properties(metric, mode, config, **spec)
@@ -127,7 +137,9 @@ class TrialConfigs(Searcher):
             if self.skip_duplicates and key in self.first and key not in self.warm:
                 continue
             self.proposals += 1
-            broken = violations(self.constraints, trial["cost"])
+            # a model measured already (another learning rate, seed...) is judged on its measured cost too
+            known = self.measured.get(measured_key(trial["config"]), {})
+            broken = violations(self.constraints, {**trial["cost"], **known})
             if broken and rejected < MAX_INFEASIBLE:  # past the bound it runs as a trial that ends infeasible
                 rejected += 1
                 self._reject(trial_id, trial, "; ".join(broken))
@@ -137,6 +149,7 @@ class TrialConfigs(Searcher):
             if key not in self.first:
                 self.first[key] = trial_id
                 self.identity_of[trial_id] = key
+                self.measured_key_of[trial_id] = measured_key(trial["config"])
                 return trial
             if not self.skip_duplicates:
                 return {**trial, "duplicate_of": self.first[key], "known": self.outcomes.get(key)}
@@ -150,9 +163,16 @@ class TrialConfigs(Searcher):
             self.searcher.tell_infeasible(trial_id, trial["cost"])
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self._note_measured(trial_id, result)
         self.searcher.on_trial_result(trial_id, result)
 
+    def _note_measured(self, trial_id: str, result: dict | None) -> None:
+        found = measured_of(result)
+        if found and trial_id in self.measured_key_of:
+            self.measured[self.measured_key_of[trial_id]] = found
+
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        self._note_measured(trial_id, result)
         if trial_id in self.identity_of:
             self.outcomes[self.identity_of[trial_id]] = outcome_of_result(result, error)
         self.searcher.on_trial_complete(trial_id, result=result, error=error)
@@ -160,7 +180,8 @@ class TrialConfigs(Searcher):
     # Tune saves a wrapper's state (it has a .searcher) apart from the searcher it wraps.
     def get_state(self) -> dict:
         return {k: getattr(self, k) for k in ("base", "skip_duplicates", "constraints", "record", "first",
-                                              "identity_of", "outcomes", "warm", "proposals", "infeasible")}
+                                              "identity_of", "outcomes", "warm", "proposals", "infeasible", "measured",
+                                              "measured_key_of")}
 
     def set_state(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -168,7 +189,8 @@ class TrialConfigs(Searcher):
     def __setstate__(self, state: dict) -> None:
         # A campaign launched before constraints, proposals and warm starts existed pickled its searcher
         # without them: they start empty, as in a campaign that has none.
-        self.__dict__.update(constraints=(), record=None, warm=set(), proposals=0, infeasible=0)
+        self.__dict__.update(constraints=(), record=None, warm=set(), proposals=0, infeasible=0, measured={},
+                             measured_key_of={})
         self.__dict__.update(state)
 
     def save(self, checkpoint_path: str):
