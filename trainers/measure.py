@@ -18,6 +18,8 @@ How, as the field measures (airbench, timm's benchmark script, PyTorch's CUDA ti
 - rounds are added until the 95 % distribution-free confidence interval of the median (order statistics,
   scipy.stats.binom) is within ±``rel_ci`` of it, or MAX_CALLS calls or MAX_S seconds;
 - outliers are trimmed by value (Tukey's fences, 1.5 IQR beyond the quartiles), not by position.
+- another process computing on the GPU (nvidia-smi) is flagged in the environment (``gpu_shared``) and
+  logged, not refused: a campaign's trial holds its GPU through Ray, so what shares it is outside Ray.
 torch.utils.benchmark.Timer times blocks (a mean per block, a sync per block) and stops on IQR / median,
 not on the median's confidence: hence this loop.
 
@@ -37,6 +39,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -138,7 +141,7 @@ def environment(device: torch.device, precision: str, compiled: bool, batches: d
     else:
         name = _cpu_name()
     return {"device": name, "device_type": device.type, "torch": torch.__version__,
-            "cuda": torch.version.cuda if device.type == "cuda" else None,
+            "cuda": torch.version.cuda if device.type == "cuda" else None, "driver": _driver(device),
             "threads": torch.get_num_threads(), "precision": precision, "compile": compiled, **batches}
 
 
@@ -153,23 +156,37 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _nvidia_smi(*query: str) -> list[str] | None:
+    """Lines of ``nvidia-smi --query-... --format=csv,noheader`` (it comes with the driver); None when it
+    is missing or fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _driver(device: torch.device) -> str | None:
+    """The NVIDIA driver's version, None on CPU or where nvidia-smi cannot tell."""
+    lines = _nvidia_smi("--query-gpu=driver_version") if device.type == "cuda" else None
+    return lines[0] if lines else None
+
+
 def gpu_shared(device: torch.device) -> bool | None:
-    """Whether another process holds memory on this GPU (NVML; None: cannot tell). A measurement made
-    then is flagged in its environment and logged: its figures may be slow."""
+    """Whether another process computes on this GPU (nvidia-smi; None: cannot tell). Called once this
+    process holds a CUDA context on it; in a container, whose process ids nvidia-smi does not show, one of
+    the listed processes is taken to be this one. A measurement made then is flagged in its environment
+    and logged: its figures may be slow."""
     if device.type != "cuda":
         return None
-    try:
-        import pynvml
-    except ImportError:
+    rows = _nvidia_smi("--query-compute-apps=pid,gpu_uuid")
+    if rows is None:
         return None
-    try:
-        pynvml.nvmlInit()
-        uuid = torch.cuda.get_device_properties(device).uuid  # NVML counts GPUs CUDA_VISIBLE_DEVICES hides
-        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
-    except pynvml.NVMLError:
-        return None
-    return bool(pids - {os.getpid()})
+    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # nvidia-smi sees GPUs CUDA hides
+    pids = {int(r.split(",")[0]) for r in rows if r.split(",")[-1].strip() == uuid}
+    others = pids - {os.getpid()}
+    return len(others) > (0 if os.getpid() in pids else 1)
 
 
 def _tensor_bytes(tensors) -> int:
@@ -250,12 +267,12 @@ def measure(cfg: dict, device=None, *, metrics=MEASURED_METRICS, rel_ci: float =
     from qkvsearch.trainers import build_model
 
     device, env = plan(cfg, device, **how)
-    env["gpu_shared"] = gpu_shared(device)
-    if env["gpu_shared"]:
-        log.warning("another process uses %s: measured figures may be slow", env["device"])
     autocast, compiled = autocast_context(cfg, device), env["compile"]
     torch.manual_seed(0)
     raw = build_model(cfg).to(device)
+    env["gpu_shared"] = gpu_shared(device)
+    if env["gpu_shared"]:
+        log.warning("another process uses %s: measured figures may be slow", env["device"])
     model = torch.compile(raw) if compiled else raw
     out: dict = {"compile_s": 0.0, "env": env, "stats": {}}
     raw.eval()

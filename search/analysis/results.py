@@ -256,7 +256,7 @@ def measured_on_text(env) -> str | None:
     parts = [str(env.get("device")), str(env.get("precision")), compiled, f"batch {batches}",
              f"torch {env.get('torch')}"]
     if env.get("cuda"):
-        parts.append(f"CUDA {env['cuda']}")
+        parts.append(f"CUDA {env['cuda']}" + (f", driver {env['driver']}" if env.get("driver") else ""))
     if env.get("device_type") == "cpu":
         parts.append(f"{env.get('threads')} threads")
     if env.get("gpu_shared"):

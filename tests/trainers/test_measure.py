@@ -37,7 +37,7 @@ def test_a_measurement_is_repeatable_and_says_how_it_was_made(one_thread):
     assert a["peak_mem_gb"] == b["peak_mem_gb"] > 0  # CPU: tensor bytes, exact
     assert a["latency_p90_ms"] >= a["latency_ms"]
     assert a["env"] | {"gpu_shared": None} == {
-        "device": a["env"]["device"], "device_type": "cpu", "torch": torch.__version__, "cuda": None, "threads": 1,
+        "device": a["env"]["device"], "device_type": "cpu", "torch": torch.__version__, "cuda": None, "driver": None, "threads": 1,
         "precision": "fp32", "compile": False, "batch": 8, "latency_batch": 1, "train_batch": 8, "gpu_shared": None}
     for stats in a["stats"].values():
         assert stats["n"] + stats["outliers"] >= 20 and stats["warmup"] >= 10 and stats["ci_rel"] < 1
@@ -92,6 +92,7 @@ def test_on_cuda_figures_are_bf16_and_memory_comes_from_the_allocator():
     found = measure(cfg, "cuda", batch=8, train_batch=8, max_s=2.0, compile=False)
     assert found["env"]["precision"] == "bf16" and found["env"]["device_type"] == "cuda"
     assert found["env"]["cuda"] == torch.version.cuda
+    assert found["env"]["driver"] and found["env"]["gpu_shared"] in (True, False)   # nvidia-smi answered
     assert 0 < found["peak_mem_gb"] < 1 and found["latency_ms"] > 0
 
 
