@@ -14,7 +14,9 @@ from qkvsearch.spaces import load_campaign
 
 pytestmark = pytest.mark.slow
 
-BOUND_MS = 5.0   # a 1-block model at 16 px runs in ~1 ms on one CPU thread, a 12-block one in ~10 ms
+# One CPU thread, 16 px: a 1-block model runs in ~1.3 ms, a 12-block one in ~10 ms; the bound keeps them
+# apart while other jobs slow this machine down up to 3x.
+BOUND_MS = 4.0
 
 
 def _spec(tmp: Path) -> dict:
@@ -24,7 +26,7 @@ def _spec(tmp: Path) -> dict:
         "data": {"dataset": "digits"},
         "train": {"epochs": 1, "batch_size": 16, "max_steps_per_epoch": 2, "warmup_epochs": 0},
         "space": {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 12, "lr": 1e-3}, {"depth": 1, "lr": 2e-3},
-                               {"depth": 2, "lr": 1e-3}]},
+                               {"depth": 1, "lr": 3e-3, "embedding": "fsne"}]},
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}],
         "constraints": {"latency_ms": {"max": BOUND_MS}},
         "measure": {"batch": 8, "metrics": ["train_step_ms", "peak_mem_gb"], "max_s": 1.0},
@@ -48,7 +50,7 @@ def test_a_configuration_slower_than_the_bound_never_trains(campaign):
     assert slow["status"] == "infeasible" and slow["epochs"] == []
     assert f"latency_ms {slow['cost']['latency_ms']:g} > max {BOUND_MS:g}" in slow["error"]
     assert slow["cost"]["latency_ms"] > BOUND_MS
-    for key in ((1, 1e-3), (1, 2e-3), (2, 1e-3)):
+    for key in ((1, 1e-3), (1, 2e-3), (1, 3e-3)):
         assert records[key]["status"] == "completed" and len(records[key]["epochs"]) == 1
         assert records[key]["cost"]["latency_ms"] <= BOUND_MS
 
