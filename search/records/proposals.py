@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from qkvsearch.storage import list_files, open_location, write_json
+from qkvsearch.storage import list_files, loads_json, open_location, read_many, write_json
 
 PROPOSALS_DIR = "qs_proposals"
 
@@ -24,6 +24,34 @@ def write_proposal(exp: str, campaign: str, proposal_id: str, for_trial: str, co
     write_json(f"{exp.rstrip('/')}/{PROPOSALS_DIR}/{proposal_id}.json", {
         "proposal_id": proposal_id, "for_trial": for_trial, "campaign": campaign, "status": "infeasible",
         "config": config, "cost": cost, "error": error, "proposed_at": time.time()})
+
+
+def read_proposals(exp) -> list[dict]:
+    """A campaign's infeasible proposals, oldest first ([] when it has none); an unreadable file is skipped
+    (it is being written, or damaged: the proposal is a record of something that did not run)."""
+    fs, root = open_location(exp)
+    folder = f"{root}/{PROPOSALS_DIR}"
+    try:
+        names = sorted(f for f in list_files(fs, folder) if f.endswith(".json"))
+    except (FileNotFoundError, OSError):
+        return []
+    found = []
+    for data in read_many(fs, [f"{folder}/{name}" for name in names]):
+        if isinstance(data, bytes):
+            try:
+                found.append(loads_json(data))
+            except ValueError:
+                continue
+    return sorted(found, key=lambda p: p.get("proposed_at") or 0)
+
+
+def as_trial_record(proposal: dict) -> dict:
+    """A proposal in a trial record's shape (its id as trial id and name, no epochs), for the readers that
+    show proposals beside trials, e.g. the trackers, which log each as a run that was never trained."""
+    return {"trial_id": proposal["proposal_id"], "trial_name": proposal["proposal_id"],
+            "campaign": proposal.get("campaign"), "status": "infeasible", "config": proposal.get("config") or {},
+            "cost": proposal.get("cost") or {}, "error": proposal.get("error"), "epochs": [], "epochs_planned": 0,
+            "proposed_for": proposal.get("for_trial")}
 
 
 def count_proposals(exp) -> int:

@@ -1,7 +1,9 @@
 """The Tune callback that feeds the campaign's trackers, from the driver only (never a DDP worker).
 
 It runs after the trial recorder in Tune's callback list and reads the recorder's records, so each tracker
-sees what the records say: config, cost, epochs, status, duplicate_of, error, checkpoint. Each tracker
+sees what the records say: config, cost, epochs, status, duplicate_of, error, checkpoint. Infeasible
+proposals (search.records.proposals: no trial, never trained) reach the trackers as ended records of status
+infeasible, once each, when the next trial starts and at the end. Each tracker
 runs on a thread of its own (except those that must stay in step with Tune, see Tracker.threaded): a slow
 or unreachable tracker delays nothing. A tracker that raises is dropped with one warning naming it and the
 error; the campaign and the other trackers go on, and the records stay the source of truth.
@@ -21,11 +23,13 @@ from ray.tune import Callback
 
 from qkvsearch.search.campaign.tracking.base import CampaignInfo, Tracker
 from qkvsearch.search.records.layout import EPOCH, STATUS_KEY
+from qkvsearch.search.records.proposals import as_trial_record, read_proposals
 from qkvsearch.storage import exists, read_json, write_json
 
 log = logging.getLogger(__name__)
 
 RUNS_FILE = "tracking/runs.json"
+PROPOSALS_SENT = "proposals_sent"  # runs.json: ids of the infeasible proposals already given to the trackers
 END_TIMEOUT_S = 300.0   # how long the end of a campaign waits for a tracker to log what it was given
 REPORT_FILES = ("pareto.html", "pareto.csv")
 
@@ -134,7 +138,18 @@ class TrackingCallback(Callback):
         return copy.deepcopy(rec) if rec is not None else None
 
     # -- Tune hooks ------------------------------------------------------------------------------
+    def _proposals(self) -> None:
+        """Infeasible proposals not yet sent, each as a record that ended (a run marked not trained)."""
+        sent = self.state.setdefault(PROPOSALS_SENT, [])
+        new = [p for p in read_proposals(self.exp) if p.get("proposal_id") not in sent]
+        for proposal in new:
+            self._send("on_trial_end", as_trial_record(proposal))
+        if new:
+            sent.extend(p["proposal_id"] for p in new)
+            self._save()
+
     def on_trial_start(self, iteration, trials, trial, **info):
+        self._proposals()  # the ones rejected before this trial's configuration was proposed
         rec = self._trial(trial)
         if rec is not None:
             self._send("on_trial_start", rec)
@@ -176,6 +191,7 @@ class TrackingCallback(Callback):
 
     def on_experiment_end(self, trials, **info):
         """At the end: the report (when every trial has ended and a tracker is alive), then flush and close."""
+        self._proposals()
         report = None
         ended = all(t.status in ("TERMINATED", "ERROR") for t in trials)
         if ended and any(not w.failed for w in self.workers):

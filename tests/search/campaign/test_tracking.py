@@ -17,6 +17,7 @@ from helpers.live_campaign import LiveCampaign, auth_token, free_port, tiny_spec
 from qkvsearch.search.campaign.tracking import check_trackers
 from qkvsearch.search.campaign.tracking.base import param_text
 from qkvsearch.search.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, main
+from qkvsearch.search.records.proposals import read_proposals
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.spaces import SpecError, load_campaign
 from qkvsearch.spaces.tracking import add_trackers
@@ -271,12 +272,16 @@ def test_every_tracker_reads_back_and_a_resume_continues_the_same_runs(tmp_path)
 
 
 @pytest.mark.slow
-def test_an_unreachable_tracker_warns_once_and_the_campaign_completes(ray_local, tmp_path, capsys, caplog):
+def test_an_unreachable_tracker_warns_once_and_the_others_see_every_trial_and_proposal(ray_local, tmp_path, capsys,
+                                                                                        caplog):
     closed = free_port()  # nothing listens there
     spec = _spec(tmp_path, "unreachable")
     spec["train"]["epochs"] = 1
-    spec["space"] = {"variants": [{"embedding": "linear"}, {"embedding": "sne"}]}
-    spec["tracking"] = {"mlflow": {"tracking_uri": f"http://127.0.0.1:{closed}"}}
+    # the third configuration breaks the parameter budget: a proposal, never a trial
+    spec["space"] = {"variants": [{"embedding": "linear"}, {"embedding": "sne"},
+                                  {"embedding": "fsne", "hidden_width": 4.0, "code_size": 8}]}
+    spec["constraints"] = {"params_m": {"max": 3.5}}
+    spec["tracking"] = {"mlflow": {"tracking_uri": f"http://127.0.0.1:{closed}"}, "tensorboard": {}}
     path = write_spec(tmp_path / "spec.yaml", spec)
     exp = tmp_path / "results" / "unreachable"
 
@@ -286,13 +291,26 @@ def test_an_unreachable_tracker_warns_once_and_the_campaign_completes(ray_local,
     assert len(warned) == 1, caplog.text[-3000:]
     records = _records(exp)
     assert sorted(r["status"] for r in records) == ["completed", "completed"]
+    (proposal,) = read_proposals(exp)
 
     import optuna
 
     study = optuna.load_study(study_name="unreachable", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(exp / "tracking" / "optuna.journal"))))
-    assert sorted(t.params["embedding"] for t in study.trials) == ["linear", "sne"]
+    assert sorted(t.params["embedding"] for t in study.trials) == ["fsne", "linear", "sne"]
     by_id = {r["trial_id"]: r for r in records}
     for trial in study.trials:
+        if trial.user_attrs["trial_id"] == proposal["proposal_id"]:  # shown as what it is, never trained
+            assert trial.state.name == "FAIL" and trial.user_attrs["status"] == "infeasible"
+            assert "params_m" in trial.user_attrs["error"]
+            continue
         rec = by_id[trial.user_attrs["trial_id"]]
         assert trial.values == [rec["epochs"][-1]["top1"], rec["cost"]["gmacs"]]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(exp / "tracking" / "tensorboard" / proposal["proposal_id"]))
+    acc.Reload()
+    status = acc.Tensors("status/text_summary")[0].tensor_proto.string_val[0].decode()
+    scalars = acc.Tags()["scalars"]
+    assert status == "infeasible" and scalars and all(t.startswith("cost/") for t in scalars)  # its cost, no epochs
