@@ -34,9 +34,7 @@ def _train_workers() -> list[int]:
 def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local, tmp_path):
     from qkvsearch.search.campaign.launch import launch
 
-    # Two trials of one model: the first loses a worker, the second runs undisturbed (the yardstick).
-    variants = [{"embedding": "linear", "lr": 2e-3}, {"embedding": "linear", "lr": 1e-3}]
-    raw = tiny_spec(tmp_path, "worker-lost", workers=2, epochs=4, variants=variants, steps=10)
+    raw = tiny_spec(tmp_path, "worker-lost", workers=2, epochs=4, variants=[{"embedding": "linear"}], steps=10)
     raw["resources"]["max_failures"] = 2
     spec = load_campaign(raw)
     exp = Path(tmp_path / "worker-lost")
@@ -59,17 +57,10 @@ def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local,
     os.kill(pids[-1], signal.SIGKILL)
     assert done.wait(600) and not errors, errors
 
-    records = {r["trial_id"]: r for r in _records(exp)}
-    assert {r["status"] for r in records.values()} == {"completed"}
-    for r in records.values():
-        assert [int(e["epoch"]) for e in r["epochs"]] == [1, 2, 3, 4], r["trial_name"]
-    hit = records[first["trial_id"]]
-    other = next(r for r in records.values() if r["trial_id"] != hit["trial_id"])
+    (hit,) = _records(exp)
+    assert hit["trial_id"] == first["trial_id"] and hit["status"] == "completed"
+    assert [int(e["epoch"]) for e in hit["epochs"]] == [1, 2, 3, 4]  # every epoch once: none lost or redone
     assert hit["started_at"] < killed_at < hit["ended_at"]
-    wall = {k: r["ended_at"] - r["first_step_at"] for k, r in (("hit", hit), ("other", other))}
-    lost = (wall["hit"] - wall["other"]) / wall["other"]
-    print(f"worker kill: trial trained {wall['hit']:.1f} s vs {wall['other']:.1f} s undisturbed; "
-          f"{100 * lost:.0f}% of its training time lost")
 
 
 def test_a_damaged_or_missing_checkpoint_fails_naming_its_file(ray_local, tmp_path):

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import io
 import signal
-import subprocess
 
 import pyarrow.fs as pafs
 import pytest
 from helpers.live_campaign import (
-    QKVSEARCH,
     LiveCampaign,
     ray_processes,
     tiny_spec,
@@ -25,7 +23,7 @@ from helpers.live_campaign import (
 )
 
 from qkvsearch.search.campaign.retention import NONE, RESUME_ONLY, WEIGHTS
-from qkvsearch.search.cli import EXIT_INTERRUPTED
+from qkvsearch.search.cli import EXIT_INTERRUPTED, main
 from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY, WEIGHTS_DIR, read_campaign
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.storage import exists, read_bytes
@@ -93,10 +91,10 @@ def _assert_front_weights_only(exp: str, stored: list[str]) -> None:
     assert not [p for p in stored if "/train_runs/" in p and "/checkpoint_" in p]
 
 
-def test_a_campaign_in_a_bucket_stopped_twice_resumes_and_reports_from_its_uri(s3, tmp_path):
+def test_a_campaign_in_a_bucket_stopped_twice_resumes_and_reports_from_its_uri(s3, tmp_path, capsys, monkeypatch):
     s3.create_dir(BUCKET)
     variants = [{"embedding": "linear"}, {"embedding": "fsne", "hidden_width": 0.5, "code_size": 4}]
-    raw = tiny_spec(f"s3://{BUCKET}/campaigns", NAME, workers=1, epochs=3, variants=variants, steps=12)
+    raw = tiny_spec(f"s3://{BUCKET}/campaigns", NAME, workers=1, epochs=3, variants=variants, steps=8)
     raw.pop("checkpoints")  # the default policy: keep the front's weights
     # the baseline goes on at the rung (first there); F-SNE has the fewest MACs: both on the front
     raw["scheduler"] = {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1}
@@ -109,8 +107,9 @@ def test_a_campaign_in_a_bucket_stopped_twice_resumes_and_reports_from_its_uri(s
     for rec in read_trial_records(exp)[0]:
         if rec["status"] == "interrupted":  # resuming needs its whole checkpoint
             assert "checkpoint_kept" not in rec and exists(f"{rec['checkpoint_path']}/state.pt"), rec
-    status = subprocess.run([*QKVSEARCH, "status", exp], capture_output=True, text=True, cwd=tmp_path)
-    assert status.returncode == 0 and "interrupted" in status.stdout, status.stdout + status.stderr
+    monkeypatch.chdir(tmp_path)  # the commands below run in this process: whatever they write locally is seen
+    assert main(["status", exp]) == 0
+    assert "interrupted" in capsys.readouterr().out
 
     with LiveCampaign(["resume", exp], tmp_path) as run:
         _stop_after_new_epoch(run, exp, signal.SIGINT)
@@ -124,10 +123,10 @@ def test_a_campaign_in_a_bucket_stopped_twice_resumes_and_reports_from_its_uri(s
     assert len(epochs) == 2 and all(e == [1, 2, 3] for e in epochs.values()), epochs
     assert read_campaign(exp).get(ENDED_KEY)
 
-    watch = subprocess.run([*QKVSEARCH, "watch", exp], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert watch.returncode == 0 and f"{NAME}: 2/2 trials done" in watch.stdout
-    report = subprocess.run([*QKVSEARCH, "report", exp], capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert report.returncode == 0, report.stderr[-3000:]
+    capsys.readouterr()
+    assert main(["watch", exp]) == 0
+    assert f"{NAME}: 2/2 trials done" in capsys.readouterr().out
+    assert main(["report", exp]) == 0, capsys.readouterr().err[-3000:]
 
     stored = _files(s3, f"{BUCKET}/campaigns/{NAME}")
     names = {p.rsplit("/", 1)[-1] for p in stored}
