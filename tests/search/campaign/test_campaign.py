@@ -1,6 +1,7 @@
 """End-to-end campaigns on local Ray: real Tune trials on digits. The campaign whose trials end every way a
 trial can runs them with one worker each (Train's local mode in the trial's process, the cheap path); a
-smaller campaign runs 2-worker DDP TorchTrainers, whose worker groups a stopped trial must give back."""
+2-worker campaign under MO-ASHA, whose stopped trial must give its worker group back, is the one
+tests/search/monitor/test_watching.py watches."""
 from __future__ import annotations
 
 import json
@@ -150,29 +151,6 @@ def _trial_pids(exp: Path) -> dict[str, int]:
     return pids
 
 
-def test_two_worker_trials_give_back_their_worker_group_when_stopped(ray_local, tmp_path):
-    """2-worker trials drive a TorchTrainer; Tune reuses a trial's process for the next trial. A trial that
-    MO-ASHA stopped must have stopped its Train run (else the next trial could not get the 2 CPUs) and
-    left its process to a later trial, which completes."""
-    from qkvsearch.search.campaign.launch import launch
-
-    spec = _spec(tmp_path)
-    spec.update(name="two-workers", constraints={})
-    spec["train"]["epochs"] = 2
-    spec["resources"]["workers_per_trial"] = 2
-    # the baseline goes on (first at the rung); the lowest learning rate, dominated by it, is stopped; the
-    # fewest MACs are on the rung's front whatever its accuracy, so the last trial completes
-    spec["space"]["variants"] = [{"embedding": "linear", "lr": 3e-3}, {"embedding": "linear", "lr": 1e-7},
-                                 {"embedding": "fsne", "hidden_width": 0.25, "code_size": 4}]
-    exp = Path(launch(load_campaign(spec)))
-    records = load_records(str(exp))
-    assert [r["status"] for r in records] == ["completed", "stopped_early", "completed"], records
-    pids = _trial_pids(exp)
-    stopped, last = records[1], records[2]
-    assert last["started_at"] >= stopped["ended_at"] and pids[last["trial_id"]] == pids[stopped["trial_id"]]
-    assert [int(e["epoch"]) for e in last["epochs"]] == [1, 2]
-
-
 def test_infeasible_configuration_never_starts_a_trainer(campaign):
     exp, records = campaign
     assert not [r for r in records if r["status"] == "infeasible"]
@@ -238,8 +216,8 @@ def test_report_marks_exactly_the_front_of_completed_trials(campaign, tmp_path):
 
 
 def test_quickstart_smoke_test_through_the_command_line(ray_local, tmp_path, capsys):
-    # one worker per trial: the preset's 2-worker DDP trials cost ~12 s each here, and the 2-worker path
-    # has its own campaign above
+    # one worker per trial: the preset's 2-worker DDP trials cost ~12 s each here (2-worker campaigns:
+    # test_watching, test_driver_kill)
     code = main(["launch", str(QUICKSTART), "--smoke-test", "--set", f"storage={tmp_path}",
                  "--set", "resources.workers_per_trial=1"])
     out = capsys.readouterr().out

@@ -2,7 +2,8 @@
 the dashboard's Jobs REST API (with the token) lists it with its metadata; a real Prometheus server
 scrapes the nodes that the dashboard's service discovery names, and every query of every panel of the
 shipped Grafana dashboard returns data for the campaign; the terminal output is plain lines, the
-token appears nowhere."""
+token appears nowhere. The watched campaign is also the suite's 2-worker campaign under MO-ASHA: a trial it
+stops early must give its Train worker group back and leave its process to the next trial."""
 from __future__ import annotations
 
 import json
@@ -86,12 +87,22 @@ class Prometheus:
         self.log.close()
 
 
+def _spec(tmp: Path) -> dict:
+    """Three 2-worker trials under MO-ASHA: the baseline goes on (first at the rung); the lowest learning
+    rate, dominated by it, is stopped; the fewest MACs are on the rung's front whatever their accuracy, so
+    the last trial completes."""
+    variants = [{"embedding": "linear", "lr": 3e-3}, {"embedding": "linear", "lr": 1e-7},
+                {"embedding": "fsne", "hidden_width": 0.25, "code_size": 4}]
+    spec = tiny_spec(tmp / "results", NAME, workers=2, epochs=2, variants=variants)
+    spec["scheduler"] = {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1}
+    return spec
+
+
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory):
     """Run the campaign to its end while the dashboard is asked about it and Prometheus scrapes it."""
     tmp = tmp_path_factory.mktemp("watched")
-    variants = [{"embedding": "linear"}, {"embedding": "fsne", "hidden_width": 0.5, "code_size": 4}]
-    spec = write_spec(tmp / "spec.yaml", tiny_spec(tmp / "results", NAME, workers=2, epochs=2, variants=variants))
+    spec = write_spec(tmp / "spec.yaml", _spec(tmp))
     seen: dict = {"prometheus": None}
     start = time.time()
     # Ray's agents push metrics every second (default 10 s), so a short campaign is seen in full.
@@ -147,7 +158,7 @@ def test_the_campaign_is_a_job_with_its_metadata_behind_the_token(watched):
     (job,) = watched["jobs"]
     meta = job["metadata"]
     assert meta[f"{METADATA_PREFIX}results"] == str(watched["exp"])
-    assert meta[f"{METADATA_PREFIX}trials"] == "2"
+    assert meta[f"{METADATA_PREFIX}trials"] == "3"
     assert json.loads(meta[f"{METADATA_PREFIX}spec"])["name"] == NAME
     assert meta[f"{METADATA_PREFIX}code_version"]
     assert job["type"] == "DRIVER" and job["status"] == "RUNNING" and meta["job_name"] == NAME
@@ -155,17 +166,33 @@ def test_the_campaign_is_a_job_with_its_metadata_behind_the_token(watched):
 
 def test_the_terminal_shows_header_progress_finished_trials_and_summary_never_the_token(watched):
     out = watched["stdout"]
-    assert f"campaign {NAME}: 2 trial(s), up to 1 at a time, 2 DDP worker(s) each" in out
+    assert f"campaign {NAME}: 3 trial(s), up to 1 at a time, 2 DDP worker(s) each" in out
     assert "Ray dashboard: http://127.0.0.1:" in out and "ray get-auth-token" in out
     finished = [line for line in out.splitlines() if line.startswith("trial ")]
-    assert len(finished) == 2 and all(" completed: 2/2 epochs, top-1 " in line for line in finished)
-    assert f"{NAME}: 2/2 trials done (2 completed)" in out and f"next: qkvsearch report {watched['exp']}" in out
+    assert len(finished) == 3 and [" completed: 2/2 epochs, top-1 " in line for line in finished] == [True, False, True]
+    assert " stopped_early: 1/2 epochs, top-1 " in finished[1], finished
+    assert f"{NAME}: 3/3 trials done (2 completed, 1 stopped_early)" in out and f"next: qkvsearch report {watched['exp']}" in out
     assert "Trial status" not in out and "qs_" not in out  # Tune's tables stay off without --verbose
     assert "\x1b[" not in out  # not a terminal: plain lines
     for text in (out, watched["stderr"], *(p.read_text(errors="replace") for p in watched["exp"].rglob("*")
                                            if p.is_file() and p.suffix in (".json", ".csv", ".log", ".txt"))):
         assert watched["token"] not in text
     assert json.loads((watched["exp"] / "qs_campaign.json").read_text())[ENDED_KEY] > 0
+
+
+def test_a_trial_stopped_early_gives_back_its_worker_group_and_its_process(watched):
+    """2-worker trials drive a TorchTrainer; Tune reuses a trial's process for the next trial. A trial that
+    MO-ASHA stopped must have stopped its Train run (else the next trial could not get the 2 CPUs) and left
+    its process to the next trial, which completes."""
+    records = load_records(watched["exp"])
+    assert [r["status"] for r in records] == ["completed", "stopped_early", "completed"], records
+    pids = {}  # the process each trial ran in, from Tune's result.json files (the records leave Tune's keys out)
+    for path in watched["exp"].glob("*/result.json"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            pids[row["trial_id"]] = row["pid"]
+    stopped, last = records[1], records[2]
+    assert last["started_at"] >= stopped["ended_at"] and pids[last["trial_id"]] == pids[stopped["trial_id"]]
 
 
 def test_every_panel_query_of_the_shipped_dashboard_returns_data_for_the_campaign(watched):
