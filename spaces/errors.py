@@ -155,6 +155,17 @@ class Collector:
                 where = f"{path}.{key}" if path else str(key)
                 self.add(where, "unknown key" + hint(key, known))
 
+    def section(self, path: str, raw, known: Iterable[str], what: str) -> dict | None:
+        """An optional mapping section: None when absent (or null), or not a mapping (then an error naming
+        ``what`` it should be); else the mapping, its unknown keys reported."""
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            self.expected(path, what, raw)
+            return None
+        self.unknown_keys(path, raw, known)
+        return dict(raw)
+
     def raise_if_any(self, source: str | None = None) -> None:
         if self.errors:
             raise SpecError(self.errors, source)

@@ -22,12 +22,9 @@ MEASURE_KEYS = ("batch", "latency_batch", "metrics", "cache", "max_s")
 
 def parse_measure(raw, c: Collector) -> MeasureSpec:
     """The measure section -> MeasureSpec (defaults filled in); problems go to ``c`` naming the key."""
+    raw = c.section("measure", raw, MEASURE_KEYS, f"a mapping ({', '.join(MEASURE_KEYS)})")
     if raw is None:
         return MeasureSpec()
-    if not isinstance(raw, dict):
-        c.expected("measure", f"a mapping ({', '.join(MEASURE_KEYS)})", raw)
-        return MeasureSpec()
-    c.unknown_keys("measure", raw, MEASURE_KEYS)
     values = {}
     for key in ("batch", "latency_batch"):
         if raw.get(key) is not None:

@@ -115,12 +115,10 @@ def stage_metric_mode(metric, finetune_datasets) -> str | None:
 
 def parse_stages(raw, c: Collector) -> StagesSpec:
     """The stages section -> StagesSpec (empty when absent or null); problems go to ``c``, named by path."""
+    keys = ("finetune", "ood", "select", "top_k", "objectives", "constraints")
+    raw = c.section("stages", raw, keys, f"a mapping ({', '.join(keys)})")
     if raw is None:
         return StagesSpec()
-    if not isinstance(raw, Mapping):
-        c.expected("stages", "a mapping (finetune, ood, select, top_k, objectives, constraints)", raw)
-        return StagesSpec()
-    c.unknown_keys("stages", raw, ("finetune", "ood", "select", "top_k", "objectives", "constraints"))
     finetune = _parse_finetune(raw.get("finetune"), c)
     datasets = [f.dataset for f in finetune]
     ood = _parse_ood(raw.get("ood"), datasets, c) if raw.get("ood") is not None else None

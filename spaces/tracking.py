@@ -30,12 +30,9 @@ def _remote(storage: str) -> bool:
 def parse_tracking(raw, storage: str, c: Collector) -> FrozenMap:
     """The tracking section -> tracker -> FrozenMap of its settings (defaults filled in). A tracker given as
     ``{}`` or null is on with its defaults; the section absent or null: no tracker."""
+    raw = c.section("tracking", raw, TRACKERS, f"a mapping of trackers ({', '.join(TRACKERS)})")
     if raw is None:
         return FrozenMap()
-    if not isinstance(raw, dict):
-        c.expected("tracking", f"a mapping of trackers ({', '.join(TRACKERS)})", raw)
-        return FrozenMap()
-    c.unknown_keys("tracking", raw, TRACKERS)
     out = {}
     for name, given in raw.items():
         if name in TRACKERS:
