@@ -20,7 +20,7 @@ import json
 import logging
 
 from qkvsearch.search.records.layout import STAGES_DIR
-from qkvsearch.storage import list_files, loads_json, open_location, read_bytes, write_json
+from qkvsearch.storage import list_files, loads_json, open_location, read_bytes, read_many, write_json
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,13 @@ def read_stage(exp: str, key: str) -> dict | None:
 def read_stages(exp: str) -> list[dict]:
     """Every readable stage record of a campaign, oldest first; unreadable ones are logged and left out."""
     fs, root = open_location(f"{exp.rstrip('/')}/{STAGES_DIR}")
+    names = sorted(n for n in list_files(fs, root) if n.endswith(".json") and n != SELECTION_FILE)
     out = []
-    for name in sorted(list_files(fs, root)):
-        if not name.endswith(".json") or name == SELECTION_FILE:
-            continue
+    for name, data in zip(names, read_many(fs, [f"{root}/{n}" for n in names])):  # a pool of reads on a bucket
         try:
-            rec = loads_json(read_bytes(f"{exp.rstrip('/')}/{STAGES_DIR}/{name}"))
+            if not isinstance(data, bytes):
+                raise data or FileNotFoundError(name)
+            rec = loads_json(data)
         except (OSError, ValueError) as err:
             log.warning("stage record %s unreadable: %s", name, err)
             continue
