@@ -152,3 +152,11 @@ def leave_torch_process_group(destroy: bool) -> None:
     from ray.train.torch.config import _shutdown_torch
 
     _shutdown_torch(destroy_process_group=destroy)
+
+
+# ------------------------------------------------------------------------------------------- tasks
+def all_gpus_visible() -> dict:
+    """A task's runtime_env under which Ray leaves CUDA_VISIBLE_DEVICES alone, so a task that holds no GPU
+    (a measurement made while nothing trains) still sees the node's GPUs. The switch is an experimental
+    environment variable of Ray's accelerator manager, not a task option."""
+    return {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}

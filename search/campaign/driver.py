@@ -24,7 +24,7 @@ from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
 from qkvsearch.search.campaign.bridge import drive
-from qkvsearch.search.campaign.measured import MeasureSettings, measure_trial
+from qkvsearch.search.campaign.measured import ERROR_PREFIX, MeasureSettings, measure_here
 from qkvsearch.search.records.layout import (
     DUPLICATE_OF_KEY,
     ERROR_CHARS,
@@ -191,8 +191,13 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     if trial.get("invalid"):
         tune.report(_terminal_report(settings, "infeasible", trial["invalid"], cost))
         return
+    if trial.get("measure_error"):
+        tune.report(_terminal_report(settings, "failed", trial["measure_error"], cost))
+        return
     broken = violations(settings.constraints, cost)
-    if not broken and settings.measure.metrics:
+    if trial.get("measured_on"):
+        cost = {**cost, MEASURED_ON_KEY: json.dumps(trial["measured_on"])}
+    elif not broken and settings.measure.metrics:  # proposed before the driver measured (an older campaign)
         cost, broken = _measured(settings, cfg, cost)
         if cost is None:
             return
@@ -234,13 +239,12 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
 
 
 def _measured(settings: TrialSettings, cfg: dict, cost: dict) -> tuple[dict | None, list[str]]:
-    """(cost with the measured metrics, the constraints it breaks); (None, []) when the measurement failed
-    (the trial is then reported failed, with the error)."""
+    """(cost with the measured metrics, the constraints it breaks), measured in the trial's process; (None, [])
+    when the measurement failed (the trial is then reported failed, with the error)."""
     try:
-        measured, how = measure_trial(cfg, settings.measure, settings.workers, settings.cpus_per_worker,
-                                      settings.gpus_per_worker)
+        measured, how = measure_here(cfg, settings.measure, settings.workers)
     except Exception as exc:  # noqa: BLE001  (e.g. out of memory at the measure batch: this trial's failure)
-        tune.report(_terminal_report(settings, "failed", "measuring: " + error_text(exc), cost))
+        tune.report(_terminal_report(settings, "failed", ERROR_PREFIX + error_text(exc), cost))
         return None, []
     cost = {**cost, **measured, MEASURED_ON_KEY: json.dumps(how)}
     return cost, violations(settings.constraints, cost)

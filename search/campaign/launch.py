@@ -247,8 +247,10 @@ def _launch_held(spec, exp: str, lease, searcher, num_samples: int, *, overwrite
                     search_alg=searcher, scheduler=_scheduler(spec, exp),
                     num_samples=num_samples, max_concurrent_trials=concurrency,
                     # A finished trial's process serves the next trial (no new process; Ray, torch and
-                    # timm imported already): Tune's stop reaches every trial inside tune.report.
-                    reuse_actors=True,
+                    # timm imported already): Tune's stop reaches every trial inside tune.report. Not when
+                    # the campaign measures: Tune keeps one idle trial process (and its CPUs) for reuse,
+                    # which a measurement holding the whole node would wait for (search.campaign.measured).
+                    reuse_actors=searcher.measurer is None,
                     trial_name_creator=describe.name, trial_dirname_creator=describe.name),
                 run_config=_run_config(spec, exp, [recorder, *tracking, stop, _retention(spec, exp, recorder)],
                                        verbose),

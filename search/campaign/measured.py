@@ -1,22 +1,30 @@
 """Measured cost in a campaign (spaces.keys.MEASURED): each configuration is measured on the kind of device
-its trial's workers use, before that trial trains, once per (model, device, precision, batches, compile,
+its trial's workers use, before it becomes a trial, once per (model, device, precision, batches, compile,
 versions) thanks to a cache in the campaign's storage (trainers.measure.cached_measure).
 
-Where: a trial of one worker trains in its own process, which holds that worker's CPUs and GPU
-(driver.trial_resources), so it measures there, on what it will train on. A trial of several workers only
-drives a TorchTrainer and holds nothing; it measures in a Ray task holding one worker's CPUs and GPUs.
-Either way the measurement holds the device its figures describe (a GPU, or the worker's CPUs) while it
-runs; training of other trials runs only on other devices. A configuration whose measurement breaks a
-constraint ends its trial "infeasible" before anything trains (driver.run_trial), which the searcher learns
-as it learns any infeasible trial.
+Where: in a Ray task the campaign's driver starts (`Measurer`, `task_options`). While trials train, it
+holds the whole device its figures describe: one whole GPU for a GPU campaign, every CPU of the largest
+node for a CPU one, so that no training runs on what it measures; training of other trials runs only on
+other devices. When no trial is live, nothing trains and the task runs at once on a node of the trials'
+kind. On a one-machine campaign measurements therefore happen between trainings. Inside, torch uses the
+threads one worker trains with (``cpus_per_worker``): the figures are those of a worker with the device
+to itself.
+
+When: the searcher's proposal waits in search.campaign.searchers.TrialConfigs while its model is measured,
+and the searcher is asked for the next proposal meanwhile (up to the campaign's concurrency of proposals
+wait at once). A proposal whose measured cost breaks a constraint never becomes a trial: it is recorded
+and learnt like any infeasible proposal. A measurement that fails (out of memory at the measure batch)
+becomes a trial that ends "failed" with its error, without training.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qkvsearch.spaces.keys import MEASURED_METRICS, MODEL_GROUPS, batch_plan, finite, identity, names
+from qkvsearch.search.records.layout import ERROR_CHARS
+from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, finite, identity, names
 
 CACHE_DIR = "qs_measurements"   # in the campaign folder, unless measure.cache names another place
+ERROR_PREFIX = "measuring: "    # a failed measurement's error, as its trial reports it
 
 
 @dataclass(frozen=True)
@@ -38,29 +46,103 @@ def measure_settings(spec, exp: str) -> MeasureSettings:
                            m.max_s)
 
 
-def _measure_here(cfg: dict, how: MeasureSettings, train_batch: int) -> tuple[dict, bool]:
+def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | None = None) -> tuple[dict, dict]:
+    """(measured metrics, the measurement's record) of a filled config in this process; the training step
+    at the trial's per-worker batch; threads: torch's CPU threads while measuring (None: as they are)."""
+    import torch
+
     from qkvsearch.trainers.measure import cached_measure
 
-    return cached_measure(cfg, how.cache, metrics=how.metrics, batch=how.batch, latency_batch=how.latency_batch,
-                          train_batch=train_batch, max_s=how.max_s)
-
-
-def measure_trial(cfg: dict, how: MeasureSettings, workers: int, cpus_per_worker: float,
-                  gpus_per_worker: float) -> tuple[dict, dict]:
-    """(measured metrics for the trial's cost, the measurement's record) of a filled config, measured
-    where the trial trains (module docstring); the training step at the trial's per-worker batch."""
-    train_batch = batch_plan(cfg, workers)[0]
-    if workers == 1:
-        found, hit = _measure_here(cfg, how, train_batch)
-    else:
-        import ray
-
-        task = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(_measure_here)
-        found, hit = ray.get(task.remote(cfg, how, train_batch))
+    if threads:
+        torch.set_num_threads(threads)
+    found, hit = cached_measure(cfg, how.cache, metrics=how.metrics, batch=how.batch,
+                                latency_batch=how.latency_batch, train_batch=batch_plan(cfg, workers)[0],
+                                max_s=how.max_s)
     metrics = {m: float(found[m]) for m in how.metrics if finite(found.get(m)) is not None}
     record = {"env": found.get("env"), "latency_p90_ms": found.get("latency_p90_ms"),
               "compile_s": found.get("compile_s"), "stats": found.get("stats"), "cached": hit}
     return metrics, record
+
+
+def _measure_holding(cfg: dict, how: MeasureSettings, workers: int, threads: int, idle: bool) -> tuple[dict, dict]:
+    """measure_here inside a Ray task; the record names what the task held and whether trials were live."""
+    import ray
+
+    metrics, record = measure_here(cfg, how, workers, threads)
+    held = ray.get_runtime_context().get_assigned_resources()
+    return metrics, {**record, "held": {k: v for k, v in held.items() if k in ("CPU", "GPU")}, "idle": idle}
+
+
+def task_options(cpus_per_worker: float, gpus_per_worker: float, idle: bool) -> dict:
+    """Ray options of a measurement task (module docstring). Busy (trials live): a whole GPU, or every CPU of
+    the largest node. Idle (no trial live): Tune waits on the searcher and starts nothing, but the processes
+    of trials that just ended keep their resources until it goes on, so the task asks for none; it is
+    pinned to the node of the trials' kind (most GPUs, or most CPUs) and sees every GPU there."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from qkvsearch.ray_private import all_gpus_visible
+
+    gpu = gpus_per_worker > 0
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if not idle:
+        if gpu:
+            return {"num_cpus": cpus_per_worker, "num_gpus": 1}
+        return {"num_cpus": max([cpus_per_worker, *(n["Resources"].get("CPU", 0.0) for n in nodes)]), "num_gpus": 0}
+    node = max(nodes, key=lambda n: n["Resources"].get("GPU" if gpu else "CPU", 0.0))
+    return {"num_cpus": 0, "num_gpus": 0, "runtime_env": all_gpus_visible() if gpu else None,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)}
+
+
+class Measurer:
+    """The campaign driver's measurements, by ``measured_key``: started as Ray tasks (task_options),
+    collected without waiting. ``result(key)``: (metrics, record), an error text, or None while unknown.
+    Pickled with the searcher it serves; tasks in flight are not (a restored one starts them again, and
+    the cache gives back what they had finished)."""
+
+    def __init__(self, how: MeasureSettings, workers: int, cpus_per_worker: float, gpus_per_worker: float):
+        self.how, self.workers = how, workers
+        self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
+        self.done: dict[str, tuple[dict, dict] | str] = {}
+        self._pending: dict = {}  # key -> (ObjectRef, idle)
+
+    def result(self, key: str):
+        return self.done.get(key)
+
+    def start(self, key: str, cfg: dict, idle: bool) -> None:
+        """Measure cfg's model unless known or under way; idle: no trial is live (a busy task still waiting
+        for its device is given up for an idle one)."""
+        if key in self.done or (key in self._pending and (self._pending[key][1] or not idle)):
+            return
+        import ray
+
+        if key in self._pending:
+            ray.cancel(self._pending[key][0])
+        options = task_options(self.cpus_per_worker, self.gpus_per_worker, idle)
+        threads = max(1, int(self.cpus_per_worker))
+        ref = ray.remote(_measure_holding).options(max_retries=1, **options).remote(
+            cfg, self.how, self.workers, threads, idle)
+        self._pending[key] = (ref, idle)
+
+    def poll(self) -> None:
+        """Collect the measurements that have finished (never waits)."""
+        if not self._pending:
+            return
+        import ray
+
+        refs = [ref for ref, _ in self._pending.values()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for key, (ref, _) in list(self._pending.items()):
+            if ref not in ready:
+                continue
+            del self._pending[key]
+            try:
+                self.done[key] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001  (the task's error: this configuration's failure)
+                self.done[key] = ERROR_PREFIX + str(exc).strip()[-ERROR_CHARS:]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_pending": {}}
 
 
 # What decides a trial's measured figures besides the device: its model, optimizer and batches.
@@ -71,7 +153,3 @@ def measured_key(config: dict) -> str:
     """Trials with one key share their measured figures (the campaign's device and settings are fixed)."""
     return identity({k: config.get(k) for k in MEASURED_BY})
 
-
-def measured_of(result: dict | None) -> dict:
-    """The measured metrics a trial's result carries (finite numbers)."""
-    return {m: finite(result[m]) for m in MEASURED_METRICS if finite((result or {}).get(m)) is not None}

@@ -10,12 +10,11 @@ every constrained sampler ranks it below each feasible trial), and the wrapper a
 MAX_INFEASIBLE times per trial. Every trial of a constrained campaign carries its constraint values
 (<= 0: met), which Optuna 5's samplers read from the trial (their ``constraints_func`` is deprecated).
 
-Measured cost (search.campaign.measured) is known only once a trial of the model has measured it on its
-device; that trial ends "infeasible" before training when it breaks a constraint. Its figures are kept
-here by model (``measured_key``), so a later proposal of the same model (another learning rate, seed...)
-that breaks a constraint takes no trial slot, as above. Optuna is told its counted constraint values
-only: samplers need every trial to carry the same constraints, and measured ones are unknown when a
-model is first proposed.
+Measured cost (search.campaign.measured): a proposal whose model has not been measured waits here while a
+Ray task measures it, and the searcher is asked for the next proposal meanwhile; once measured, it meets
+the constraints on its measured cost as above (no trial slot when it breaks one). Every trial carries every
+constraint's value; a proposal rejected on a counted constraint before it was measured carries 0 for the
+measured ones (unknown; it is infeasible by the other).
 
 Optuna samples the campaign's space define-by-run (`spaces.suggest_config`), so conditional
 dimensions (`code_size` only when `embedding: fsne`) are simply not suggested when their condition
@@ -33,7 +32,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from qkvsearch.search.campaign.driver import build_trial, outcome_of_result
-from qkvsearch.search.campaign.measured import measured_key, measured_of
+from qkvsearch.search.campaign.measured import Measurer, measure_settings, measured_key
 from qkvsearch.search.campaign.tracking.optuna_tracker import TRIAL_ID_ATTR
 from qkvsearch.search.records.layout import ORIGINAL_STATUS_KEY
 from qkvsearch.search.records.proposals import write_proposal
@@ -102,7 +101,7 @@ class TrialConfigs(Searcher):
     """
 
     def __init__(self, searcher: Searcher, base: dict, skip_duplicates: bool = False, constraints: tuple = (),
-                 record=None):
+                 record=None, measurer: Measurer | None = None):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher = searcher
         self.base = base
@@ -115,19 +114,36 @@ class TrialConfigs(Searcher):
         self.warm: set[str] = set()            # identities an earlier campaign trained (search.warm_start)
         self.proposals = 0                     # configurations proposed (duplicates skipped by a grid excluded)
         self.infeasible = 0                    # of which broke a constraint and took no trial slot
-        self.measured: dict[str, dict] = {}    # measured_key -> measured cost a trial of it reported
-        self.measured_key_of: dict[str, str] = {}  # trial id -> its measured_key
+        self.measurer = measurer               # None: the campaign measures nothing
+        self.waiting: list[tuple[str, dict]] = []  # (parked id, trial): proposals whose model is being measured
+        self.ahead = 1                         # at most this many wait (the campaign's concurrency)
+        self.live: set[str] = set()            # trials suggested and not yet ended
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return self.searcher.set_search_properties(metric, mode, config, **spec)
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
+        self.ahead = max(1, int(max_concurrent))
         return self.searcher.set_max_concurrency(max_concurrent)
 
     def suggest(self, trial_id: str):
+        trial = self._suggest(trial_id)
+        if isinstance(trial, dict):
+            self.live.add(trial_id)
+        return trial
+
+    def _suggest(self, trial_id: str):
+        if self.measurer is not None:
+            measured = self._measured_trial(trial_id)
+            if measured is not None:
+                return measured
         rejected = 0
         while True:
+            if self.measurer is not None and len(self.waiting) >= self.ahead:
+                return None  # Tune asks again once a measurement is done
             sampled = self.searcher.suggest(trial_id)
+            if sampled == Searcher.FINISHED and self.waiting:
+                return None  # the proposals still measured become the last trials
             if sampled is None or sampled == Searcher.FINISHED:
                 return sampled
             trial = build_trial(self.base, sampled)
@@ -137,22 +153,66 @@ class TrialConfigs(Searcher):
             if self.skip_duplicates and key in self.first and key not in self.warm:
                 continue
             self.proposals += 1
-            # a model measured already (another learning rate, seed...) is judged on its measured cost too
-            known = self.measured.get(measured_key(trial["config"]), {})
-            broken = violations(self.constraints, {**trial["cost"], **known})
+            if self.measurer is not None:
+                found = self.measurer.result(measured_key(trial["config"]))
+                trial = _with_measured(trial, found) if found is not None else trial
+            broken = violations(self.constraints, trial["cost"])
             if broken and rejected < MAX_INFEASIBLE:  # past the bound it runs as a trial that ends infeasible
                 rejected += 1
                 self._reject(trial_id, trial, "; ".join(broken))
                 continue
-            if hasattr(self.searcher, "constrain"):
-                self.searcher.constrain(trial_id, trial["cost"])
-            if key not in self.first:
-                self.first[key] = trial_id
-                self.identity_of[trial_id] = key
-                self.measured_key_of[trial_id] = measured_key(trial["config"])
-                return trial
-            if not self.skip_duplicates:
-                return {**trial, "duplicate_of": self.first[key], "known": self.outcomes.get(key)}
+            if self.measurer is not None and found is None:
+                self._park(trial_id, trial)
+                continue
+            admitted = self._admit(trial_id, trial)
+            if admitted is not None:
+                return admitted
+
+    def _park(self, trial_id: str, trial: dict) -> None:
+        """The proposal waits for its model's measurement under a name of its own; trial_id asks anew."""
+        parked = f"{trial_id}-measuring"
+        if hasattr(self.searcher, "rename"):
+            self.searcher.rename(trial_id, parked)
+        self.waiting.append((parked, trial))
+        self.measurer.start(measured_key(trial["config"]), trial["config"], idle=not self.live)
+
+    def _measured_trial(self, trial_id: str):
+        """The first waiting proposal whose measurement is done and that meets the constraints, as trial_id's
+        trial; those that break one are rejected on the way. None while none is ready."""
+        for _, trial in self.waiting:  # again after a restore; at once (idle) once no trial is live
+            self.measurer.start(measured_key(trial["config"]), trial["config"], idle=not self.live)
+        self.measurer.poll()
+        while True:
+            ready = next((w for w in self.waiting if self.measurer.result(measured_key(w[1]["config"])) is not None),
+                         None)
+            if ready is None:
+                return None
+            self.waiting.remove(ready)
+            parked, trial = ready
+            if hasattr(self.searcher, "rename"):
+                self.searcher.rename(parked, trial_id)
+            trial = _with_measured(trial, self.measurer.result(measured_key(trial["config"])))
+            broken = violations(self.constraints, trial["cost"])
+            if broken and "measure_error" not in trial:
+                self._reject(trial_id, trial, "; ".join(broken))
+                continue
+            admitted = self._admit(trial_id, trial)
+            if admitted is not None:
+                return admitted
+
+    def _admit(self, trial_id: str, trial: dict):
+        """A proposal that becomes trial_id's trial: the one that trains its configuration, or a duplicate of
+        it; None when a grid skips it."""
+        key = identity(trial["config"])
+        if hasattr(self.searcher, "constrain"):
+            self.searcher.constrain(trial_id, trial["cost"])
+        if key not in self.first:
+            self.first[key] = trial_id
+            self.identity_of[trial_id] = key
+            return trial
+        if not self.skip_duplicates:
+            return {**trial, "duplicate_of": self.first[key], "known": self.outcomes.get(key)}
+        return None
 
     def _reject(self, trial_id: str, trial: dict, error: str) -> None:
         """An infeasible proposal: recorded, learnt by the searcher, no trial."""
@@ -163,16 +223,10 @@ class TrialConfigs(Searcher):
             self.searcher.tell_infeasible(trial_id, trial["cost"])
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        self._note_measured(trial_id, result)
         self.searcher.on_trial_result(trial_id, result)
 
-    def _note_measured(self, trial_id: str, result: dict | None) -> None:
-        found = measured_of(result)
-        if found and trial_id in self.measured_key_of:
-            self.measured[self.measured_key_of[trial_id]] = found
-
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        self._note_measured(trial_id, result)
+        self.live.discard(trial_id)
         if trial_id in self.identity_of:
             self.outcomes[self.identity_of[trial_id]] = outcome_of_result(result, error)
         self.searcher.on_trial_complete(trial_id, result=result, error=error)
@@ -180,17 +234,17 @@ class TrialConfigs(Searcher):
     # Tune saves a wrapper's state (it has a .searcher) apart from the searcher it wraps.
     def get_state(self) -> dict:
         return {k: getattr(self, k) for k in ("base", "skip_duplicates", "constraints", "record", "first",
-                                              "identity_of", "outcomes", "warm", "proposals", "infeasible", "measured",
-                                              "measured_key_of")}
+                                              "identity_of", "outcomes", "warm", "proposals", "infeasible",
+                                              "measurer", "waiting", "ahead", "live")}
 
     def set_state(self, state: dict) -> None:
         self.__dict__.update(state)
 
     def __setstate__(self, state: dict) -> None:
-        # A campaign launched before constraints, proposals and warm starts existed pickled its searcher
-        # without them: they start empty, as in a campaign that has none.
-        self.__dict__.update(constraints=(), record=None, warm=set(), proposals=0, infeasible=0, measured={},
-                             measured_key_of={})
+        # A campaign launched before constraints, proposals, warm starts and measurements existed pickled its
+        # searcher without them: they start empty, as in a campaign that has none.
+        self.__dict__.update(constraints=(), record=None, warm=set(), proposals=0, infeasible=0, measurer=None,
+                             waiting=[], ahead=1, live=set())
         self.__dict__.update(state)
 
     def save(self, checkpoint_path: str):
@@ -245,12 +299,22 @@ class Teller:
         study.tell(ot_trial, [float(v) for v in values], state=optuna.trial.TrialState.COMPLETE)
 
 
+def _with_measured(trial: dict, found) -> dict:
+    """A proposal with its model's measurement: (metrics, record) join its cost and ``measured_on``; an
+    error text becomes ``measure_error`` (its trial ends failed without training)."""
+    if isinstance(found, str):
+        return {**trial, "measure_error": found}
+    metrics, record = found
+    return {**trial, "cost": {**trial["cost"], **metrics}, "measured_on": record}
+
+
 def constraint_values(constraints, cost: dict) -> dict[str, float]:
     """metric -> the bound's relative violation: > 0 breaks it (spaces.schema.Constraint.violation), <= 0
     meets it (minus the relative slack). Optuna's convention: feasible when every value is <= 0."""
     out = {}
     for c in constraints:
-        if c.metric not in cost:  # measured on the trial's device, not known yet (spaces.schema.violations)
+        if c.metric not in cost:  # measured, not known yet: only a proposal infeasible by another constraint
+            out[c.metric] = 0.0
             continue
         value, worst = float(cost[c.metric]), -math.inf
         if c.max is not None:
@@ -285,6 +349,12 @@ class CampaignOptunaSearch(OptunaSearch):
 
     def constrain(self, trial_id: str, cost: dict) -> None:
         self.teller.constrain(self._ot_trials[trial_id], cost)
+
+    def rename(self, old: str, new: str) -> None:
+        """The study trial proposed for ``old`` now belongs to ``new`` (a proposal that waited to be measured)."""
+        self._ot_trials[new] = self._ot_trials.pop(old)
+        if self._storage is not None:
+            self._ot_trials[new].set_user_attr(TRIAL_ID_ATTR, new)
 
     def tell_infeasible(self, trial_id: str, cost: dict) -> None:
         """The proposal just made for trial_id broke a constraint: told, and trial_id asks anew."""
@@ -350,9 +420,10 @@ def build_search(spec, exp: str | None = None, storage=None) -> tuple[TrialConfi
     search = spec.search
     base = base_config(spec)
     record = partial(_record_proposal, exp, spec.name) if exp else None
+    wrapped = {"constraints": spec.constraints, "record": record, "measurer": _measurer(spec, exp)}
     if search.algorithm == "grid":
         grid = GridSearcher(spec.space, search.repeats, base["seed"])
-        wrapper = TrialConfigs(grid, base, skip_duplicates=True, constraints=spec.constraints, record=record)
+        wrapper = TrialConfigs(grid, base, skip_duplicates=True, **wrapped)
         return _warmed(spec, wrapper), dimensions.count(spec.space) * search.repeats
     searcher = CampaignOptunaSearch(
         space=partial(suggest_config, spec),  # define-by-run: returns the keys it chose
@@ -364,7 +435,16 @@ def build_search(spec, exp: str | None = None, storage=None) -> tuple[TrialConfi
         study_name=spec.name if storage is not None else None,
         storage=storage,
     )
-    return _warmed(spec, TrialConfigs(searcher, base, constraints=spec.constraints, record=record)), search.num_trials
+    return _warmed(spec, TrialConfigs(searcher, base, **wrapped)), search.num_trials
+
+
+def _measurer(spec, exp: str | None) -> Measurer | None:
+    """The campaign's Measurer when it measures something (None without a campaign folder: nothing runs)."""
+    how = measure_settings(spec, exp) if exp else None
+    if how is None or not how.metrics:
+        return None
+    res = spec.resources
+    return Measurer(how, res.workers_per_trial, res.cpus_per_worker, res.gpus_per_worker)
 
 
 def _warmed(spec, wrapper: TrialConfigs) -> TrialConfigs:
@@ -376,7 +456,8 @@ def _warmed(spec, wrapper: TrialConfigs) -> TrialConfigs:
 
 
 def _record_proposal(exp: str, campaign: str, proposal_id: str, trial_id: str, trial: dict, error: str) -> None:
-    write_proposal(exp, campaign, proposal_id, trial_id, trial["config"], trial["cost"], error)
+    write_proposal(exp, campaign, proposal_id, trial_id, trial["config"], trial["cost"], error,
+                   trial.get("measured_on"))
 
 
 ESTIMATE_TRIALS = 40  # trials drawn per searcher by `infeasible_share`

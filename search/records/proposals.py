@@ -5,7 +5,8 @@ Layout, under the campaign folder, beside ``qs_trials/`` (which holds only trial
 and reports never count a proposal as a trial or a result):
 
     qs_proposals/<id>.json    {"proposal_id", "for_trial", "campaign", "status": "infeasible", "config",
-                               "cost", "error": the constraints it breaks, "proposed_at"}
+                               "cost", "error": the constraints it breaks, "proposed_at",
+                               "measured_on" when its cost was measured (as a trial record's)}
 
 ``id`` is ``<the trial it was proposed for>-infeasible-<n>`` (n counts the campaign driver's rejections).
 """
@@ -19,11 +20,13 @@ PROPOSALS_DIR = "qs_proposals"
 
 
 def write_proposal(exp: str, campaign: str, proposal_id: str, for_trial: str, config: dict, cost: dict,
-                   error: str) -> None:
-    """Record one infeasible proposal (status "infeasible"); it never becomes a trial."""
+                   error: str, measured_on: dict | None = None) -> None:
+    """Record one infeasible proposal (status "infeasible"); it never becomes a trial. measured_on: how its
+    measured cost was measured (search.campaign.measured), when it has one."""
     write_json(f"{exp.rstrip('/')}/{PROPOSALS_DIR}/{proposal_id}.json", {
         "proposal_id": proposal_id, "for_trial": for_trial, "campaign": campaign, "status": "infeasible",
-        "config": config, "cost": cost, "error": error, "proposed_at": time.time()})
+        "config": config, "cost": cost, "error": error, "proposed_at": time.time(),
+        **({"measured_on": measured_on} if measured_on else {})})
 
 
 def read_proposals(exp) -> list[dict]:

@@ -1,6 +1,7 @@
-"""A campaign with a measured constraint on local Ray: each configuration is measured on the trial's device
-before it trains, a configuration slower than the bound never trains, a model measured once is not measured
-again, and the measured cost reaches the records, trials.parquet, the fronts and the report."""
+"""A campaign with a measured constraint on local Ray: each model is measured in a Ray task holding the whole
+node before it becomes a trial, a configuration slower than the bound never becomes a trial (an infeasible
+proposal), a model measured once is not measured again, and the measured cost reaches the records,
+trials.parquet, the fronts and the report."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,8 @@ def _spec(tmp: Path) -> dict:
         "data": {"dataset": "digits"},
         "train": {"epochs": 1, "batch_size": 16, "max_steps_per_epoch": 2, "warmup_epochs": 0},
         "space": {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 12, "lr": 1e-3}, {"depth": 1, "lr": 2e-3},
-                               {"depth": 1, "lr": 3e-3, "embedding": "fsne"}]},
+                               {"depth": 1, "lr": 3e-3, "embedding": "fsne"}, {"depth": 1, "lr": 1e-3, "embedding": "sne"},
+                               {"depth": 12, "lr": 2e-3}]},
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}],
         "constraints": {"latency_ms": {"max": BOUND_MS}},
         "measure": {"batch": 8, "metrics": ["train_step_ms", "peak_mem_gb"], "max_s": 1.0},
@@ -41,18 +43,25 @@ def campaign(ray_local, tmp_path_factory):
     from qkvsearch.search.campaign.launch import launch
 
     exp = launch(load_campaign(_spec(tmp_path_factory.mktemp("measured"))))
-    return Path(exp), {(r["config"]["depth"], r["config"]["lr"]): r for r in load_records(exp)}
+    records = {(r["config"]["depth"], r["config"]["lr"], r["config"]["embedding"]): r for r in load_records(exp)}
+    return Path(exp), records
 
 
-def test_a_configuration_slower_than_the_bound_never_trains(campaign):
-    _, records = campaign
-    slow = records[(12, 1e-3)]
-    assert slow["status"] == "infeasible" and slow["epochs"] == []
-    assert f"latency_ms {slow['cost']['latency_ms']:g} > max {BOUND_MS:g}" in slow["error"]
-    assert slow["cost"]["latency_ms"] > BOUND_MS
-    for key in ((1, 1e-3), (1, 2e-3), (1, 3e-3)):
-        assert records[key]["status"] == "completed" and len(records[key]["epochs"]) == 1
-        assert records[key]["cost"]["latency_ms"] <= BOUND_MS
+def test_a_configuration_slower_than_the_bound_never_becomes_a_trial(campaign):
+    from qkvsearch.search.records.proposals import read_proposals
+
+    exp, records = campaign
+    assert set(records) == {(1, 1e-3, "linear"), (1, 2e-3, "linear"), (1, 3e-3, "fsne"), (1, 1e-3, "sne")}
+    for rec in records.values():
+        assert rec["status"] == "completed" and len(rec["epochs"]) == 1
+        assert rec["cost"]["latency_ms"] <= BOUND_MS
+    slow = read_proposals(exp)   # depth 12 at both learning rates: measured once, never trained
+    assert sorted(p["config"]["lr"] for p in slow) == [1e-3, 2e-3] and all(p["config"]["depth"] == 12 for p in slow)
+    for p in slow:
+        assert p["status"] == "infeasible" and p["cost"]["latency_ms"] > BOUND_MS
+        assert p["error"] == f"latency_ms {p['cost']['latency_ms']:g} > max {BOUND_MS:g}"
+        assert p["measured_on"]["env"]["threads"] == 1
+    assert slow[0]["measured_on"] == slow[1]["measured_on"]
 
 
 def test_measured_cost_is_recorded_with_how_and_where_it_was_measured(campaign):
@@ -63,6 +72,9 @@ def test_measured_cost_is_recorded_with_how_and_where_it_was_measured(campaign):
         assert cost["train_step_ms"] > 0 and cost["peak_mem_gb"] > 0
         env = how["env"]
         assert env["device_type"] == "cpu" and env["precision"] == "fp32" and env["compile"] is False
+        # measured while no trial was live, or holding every CPU of the node; on one worker's threads
+        assert (how["idle"] and how["held"] == {}) or how["held"]["CPU"] == ray_total_cpus()
+        assert env["threads"] == 1
         assert env["batch"] == 8 and env["latency_batch"] == 1 and env["train_batch"] == 16
         assert how["latency_p90_ms"] >= cost["latency_ms"]
         for epoch in rec["epochs"]:  # what training saw, per epoch
@@ -71,10 +83,10 @@ def test_measured_cost_is_recorded_with_how_and_where_it_was_measured(campaign):
 
 def test_a_model_measured_once_is_not_measured_again(campaign):
     exp, records = campaign
-    first, again = records[(1, 1e-3)], records[(1, 2e-3)]   # one model, two learning rates
-    assert first["measured_on"]["cached"] is False and again["measured_on"]["cached"] is True
+    first, again = records[(1, 1e-3, "linear")], records[(1, 2e-3, "linear")]   # one model, two learning rates
+    assert first["measured_on"] == again["measured_on"] and first["measured_on"]["cached"] is False
     assert again["cost"]["latency_ms"] == first["cost"]["latency_ms"]
-    assert len(list((exp / "qs_measurements").glob("*.json"))) == 3   # three distinct models
+    assert len(list((exp / "qs_measurements").glob("*.json"))) == 4   # four distinct models
 
 
 def test_measured_cost_reaches_trials_parquet_the_front_and_the_report(campaign, tmp_path):
@@ -93,21 +105,54 @@ def test_measured_cost_reaches_trials_parquet_the_front_and_the_report(campaign,
     assert "latency_ms" in csv.splitlines()[0] and any(t in csv for t in front)
     md = Path(paths["md"]).read_text()
     assert "## Where MACs mislead" in md and "Spearman rank correlation of GMACs" in md
-    assert "3 distinct model(s)" in md and "against latency_ms:" in md
+    assert "3 distinct model(s)" in md  # the trained ones and "against latency_ms:" in md
     assert "Where MACs mislead" in Path(paths["html"]).read_text()
     spec = json.loads((exp / "qs_campaign.json").read_text())["spec"]
     assert spec["measure"]["max_s"] == 1.0
 
 
-def test_a_trial_of_several_workers_measures_in_a_ray_task_holding_one_workers_cpus(ray_local, tmp_path):
-    from qkvsearch.search.campaign.measured import MeasureSettings, measure_trial
-    from qkvsearch.trainers.cost import resolve_trial
+def ray_total_cpus() -> float:
+    import ray
 
-    cfg, _ = resolve_trial({"model": "xcit_nano_12_p8_224", "img_size": 16, "dataset": "digits", "epochs": 1,
-                            "depth": 1, "batch_size": 16})
-    how = MeasureSettings(("train_step_ms",), batch=8, latency_batch=1, cache=str(tmp_path), max_s=0.3)
-    measured, record = measure_trial(cfg, how, workers=2, cpus_per_worker=1, gpus_per_worker=0)
-    assert set(measured) == {"train_step_ms"} and measured["train_step_ms"] > 0
-    assert record["env"]["train_batch"] == 8    # the per-worker batch: 16 images over 2 workers
-    assert record["env"]["threads"] == 1        # the task holds one worker's CPU (Ray sets its threads)
-    assert record["cached"] is False and len(list(tmp_path.glob("*.json"))) == 1
+    return ray.cluster_resources()["CPU"]
+
+
+def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray_local, tmp_path):
+    """The wrapper parks a proposal whose model is being measured and asks for the next; a model measured too
+    slow is rejected without a trial slot, at every learning rate; while a trial is live a measurement holds
+    every CPU of the node; what was measured survives a pickle."""
+    import pickle
+    import time
+
+    from qkvsearch.search.campaign.measured import measured_key
+    from qkvsearch.search.campaign.searchers import build_search
+
+    spec = _spec(tmp_path)
+    spec["space"] = {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 12, "lr": 1e-3}, {"depth": 12, "lr": 2e-3},
+                                  {"depth": 1, "lr": 2e-3}, {"depth": 1, "lr": 1e-3, "embedding": "sne"}]}
+    searcher, _ = build_search(load_campaign(spec), str(tmp_path))
+    searcher.set_search_properties(None, None, {})
+    searcher.set_max_concurrency(2)
+    assert searcher.suggest("t0") is None          # both first models measured at once: none is a trial yet
+    assert [t["config"]["depth"] for _, t in searcher.waiting] == [1, 12]
+
+    def next_trial(trial_id: str) -> dict:
+        deadline = time.monotonic() + 120
+        while (trial := searcher.suggest(trial_id)) is None:
+            assert time.monotonic() < deadline, "no measurement finished in 120 s"
+            time.sleep(0.1)
+        return trial
+
+    first = next_trial("t0")
+    assert (first["config"]["depth"], first["config"]["lr"]) == (1, 1e-3) and first["cost"]["latency_ms"] <= BOUND_MS
+    assert first["measured_on"]["idle"] is True and first["measured_on"]["held"] == {}  # no trial was live
+    again = next_trial("t1")                       # depth 12 rejected twice on the way, measured once
+    assert (again["config"]["depth"], again["config"]["lr"]) == (1, 2e-3) and searcher.infeasible == 2
+    assert again["measured_on"] == first["measured_on"]
+    sne = next_trial("t2")                         # measured while t0 and t1 are live: the whole node held
+    assert sne["config"]["embedding"] == "sne" and sne["measured_on"]["idle"] is False
+    assert sne["measured_on"]["held"]["CPU"] == ray_total_cpus() and sne["measured_on"]["env"]["threads"] == 1
+    assert len(list(tmp_path.glob("qs_measurements/*.json"))) == 3 and searcher.waiting == []
+    assert measured_key(sne["config"]) in searcher.measurer.done and searcher.live == {"t0", "t1", "t2"}
+    restored = pickle.loads(pickle.dumps(searcher))
+    assert restored.measurer.done == searcher.measurer.done and restored.measurer._pending == {}

@@ -220,26 +220,3 @@ def test_a_warm_start_tells_the_searcher_every_earlier_result_and_they_become_du
     other = load_campaign({**wider.to_dict(), "train": {**wider.to_dict()["train"], "epochs": 2}})
     fresh, _ = build_search(other)
     assert fresh.searcher._ot_study.trials == [] and fresh.first == {}
-
-
-def test_a_model_measured_too_slow_is_proposed_again_without_a_trial_slot(tmp_path):
-    """The first trial of a model measures it (driver.run_trial); the wrapper keeps the figures by model, so
-    the same model with another learning rate breaks the measured constraint as a proposal, not a trial."""
-    from qkvsearch.search.records.proposals import PROPOSALS_DIR
-
-    s = load_campaign({**BASE, "space": {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 2, "lr": 1e-3},
-                                                      {"depth": 2, "lr": 2e-3}, {"depth": 1, "lr": 2e-3}]},
-                       "search": {"algorithm": "grid"}, "constraints": {"latency_ms": {"max": 5.0}}})
-    searcher, _ = build_search(s, str(tmp_path))
-    searcher.set_search_properties(None, None, {})
-    first, slow = searcher.suggest("t0"), searcher.suggest("t1")
-    assert (first["config"]["depth"], slow["config"]["depth"]) == (1, 2)   # unknown yet: both are trials
-    searcher.on_trial_complete("t0", {**first["cost"], "latency_ms": 1.0, "qs_status": "completed", "epoch": 1.0})
-    searcher.on_trial_complete("t1", {**slow["cost"], "latency_ms": 9.0, "qs_status": "infeasible", "epoch": 0.0})
-    again = searcher.suggest("t2")
-    assert (again["config"]["depth"], again["config"]["lr"]) == (1, 2e-3)  # depth 2 at lr 2e-3 was skipped
-    assert searcher.infeasible == 1
-    record = json.loads(next((tmp_path / PROPOSALS_DIR).iterdir()).read_text())
-    assert record["config"]["depth"] == 2 and record["error"] == "latency_ms 9 > max 5"
-    restored = pickle.loads(pickle.dumps(searcher))
-    assert restored.measured == searcher.measured and len(restored.measured) == 2
