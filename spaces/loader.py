@@ -26,9 +26,7 @@ from qkvsearch.spaces.keys import (
     KEYS,
     METRICS,
     NONNEG_INT,
-    NONNEG_NUM,
     POS_INT,
-    POS_NUM,
     REQUIRED_TRAIN_KEYS,
     SCHEDULER_METRICS,
     STAGE_METRICS,
@@ -46,6 +44,7 @@ from qkvsearch.spaces.schema import (
     DEFAULT_OBJECTIVES,
     KEEP_POLICIES,
     SECTIONS,
+    WORKER_RESOURCES,
     CampaignSpec,
     CheckpointsSpec,
     Constraint,
@@ -735,9 +734,9 @@ def _parse_resources(raw, c: Collector) -> ResourcesSpec:
     keys = ("workers_per_trial", "cpus_per_worker", "gpus_per_worker", "max_concurrent_trials",
             "placement_strategy", "max_failures")
     c.unknown_keys("resources", raw, keys)
-    workers = _opt(raw, "workers_per_trial", POS_INT, 1, c, "resources")
-    cpus = _opt(raw, "cpus_per_worker", POS_NUM, 1.0, c, "resources")
-    gpus = _opt(raw, "gpus_per_worker", NONNEG_NUM, 0.0, c, "resources")
+    defaults = ResourcesSpec()
+    workers, cpus, gpus = (_opt(raw, name, check, getattr(defaults, name), c, "resources")
+                           for name, check in WORKER_RESOURCES)
     placement = _opt(raw, "placement_strategy", one_of(*PLACEMENTS), "PACK", c, "resources")
     failures = _opt(raw, "max_failures", NONNEG_INT, ResourcesSpec.max_failures, c, "resources")
     concurrent = raw.get("max_concurrent_trials", "auto")

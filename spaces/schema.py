@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from qkvsearch.spaces.keys import section_keys
+from qkvsearch.spaces.keys import NONNEG_NUM, POS_INT, POS_NUM, section_keys
 
 
 class FrozenMap(Mapping):
@@ -241,6 +241,10 @@ class SchedulerSpec:
             return self.brackets
         fit = len(self.rung_epochs(self.grace_epochs, self.reduction_factor, epochs))
         return max(1, min(self.DEFAULT_BRACKETS.get(self.type, 1), fit))
+
+
+# What one Train run asks of Ray: a trial's, and a stage's that sets its own (spaces.stages).
+WORKER_RESOURCES = (("workers_per_trial", POS_INT), ("cpus_per_worker", POS_NUM), ("gpus_per_worker", NONNEG_NUM))
 
 
 @dataclass(frozen=True)

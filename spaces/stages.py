@@ -9,13 +9,15 @@
           - {name: svhn, format: imagefolder, path: /data/svhn}   # format: OOD_FORMATS
           - {name: noise, format: noise}
         score: msp                           # msp | energy | max_logit
-      select: front                          # front (default) | top_k: configurations going on
+        resources: {gpus_per_worker: 1}      # optional, a stage's own (finetune: also workers_per_trial)
+      select: front                          # front (default) | top_k | as_completed: configurations going on
       top_k: 3                               # select top_k: that many, by non-dominated rank
       objectives: [{metric: fpr95, mode: min}, {metric: gmacs, mode: min}]   # the final front
       constraints: {fpr95: {max: 40}}        # bounds on stage metrics (the final front keeps what meets them)
 
 A finetune recipe sets train-section keys (spaces.keys.KEYS; ``epochs`` required) and ``img_size``; the
-rest comes from the trial's own config. Stage metrics are declared in spaces.keys (STAGE_METRICS,
+rest comes from the trial's own config. A stage's ``resources`` (spaces.schema.WORKER_RESOURCES) replace the
+campaign's for that stage only; they are not part of what a stage's result is keyed by. Stage metrics are declared in spaces.keys (STAGE_METRICS,
 FINETUNE_METRIC); the campaign's own objectives stay those of pretraining, which the searcher learns.
 A campaign without the section has no stages (``StagesSpec()``, empty) and runs as it always did.
 """
@@ -37,15 +39,18 @@ from qkvsearch.spaces.keys import (
     is_number,
     section_keys,
 )
-from qkvsearch.spaces.schema import Constraint, FrozenMap, Objective, plain
+from qkvsearch.spaces.schema import WORKER_RESOURCES, Constraint, FrozenMap, Objective, plain
 
 OOD_SCORES = ("msp", "energy", "max_logit")
 OOD_FORMATS = ("imagefolder", "cifar10", "cifar100", "stl10", "noise", "digits_heldout")
 OOD_EMBEDDED = ("noise", "digits_heldout")   # need no path
-SELECTIONS = ("front", "top_k")
+# front: the pretraining front once every trial has ended; top_k: by non-dominated rank then; as_completed:
+# a trial on the front of those completed so far, at once, beside the campaign's other trials.
+SELECTIONS = ("front", "top_k", "as_completed")
 # A finetune recipe: train keys by their section names, and the input size.
 RECIPE_KEYS = {**section_keys("train"), "img_size": KEYS["img_size"]}
-FINETUNE_FIELDS = ("dataset", "path", *RECIPE_KEYS)
+FINETUNE_FIELDS = ("dataset", "path", "resources", *RECIPE_KEYS)
+OOD_FIELDS = ("in_distribution", "datasets", "score", "resources")
 
 
 @dataclass(frozen=True)
@@ -53,13 +58,15 @@ class FinetuneStage:
     dataset: str
     path: str | None
     recipe: FrozenMap                    # trial key -> value: what replaces the trial's own keys
+    resources: FrozenMap = FrozenMap()   # WORKER_RESOURCES name -> value: what replaces the campaign's
 
     @property
     def name(self) -> str:
         return f"finetune@{self.dataset}"
 
     def to_dict(self) -> dict:
-        return {"dataset": self.dataset, **({"path": self.path} if self.path else {}), **plain(self.recipe)}
+        return {"dataset": self.dataset, **({"path": self.path} if self.path else {}), **plain(self.recipe),
+                **({"resources": plain(self.resources)} if self.resources else {})}
 
 
 @dataclass(frozen=True)
@@ -74,11 +81,37 @@ class OODStage:
     in_distribution: str
     datasets: tuple[OODSet, ...]
     score: str = "msp"
+    resources: FrozenMap = FrozenMap()   # cpus_per_worker, gpus_per_worker of its one task
     name = "ood"
 
     def to_dict(self) -> dict:
         return {"in_distribution": self.in_distribution, "score": self.score,
-                "datasets": [{k: v for k, v in vars(s).items() if v is not None} for s in self.datasets]}
+                "datasets": [{k: v for k, v in vars(s).items() if v is not None} for s in self.datasets],
+                **({"resources": plain(self.resources)} if self.resources else {})}
+
+
+def result_settings(stage) -> dict:
+    """What a stage's result depends on (its settings without the resources it ran on): part of its key."""
+    return {k: v for k, v in stage.to_dict().items() if k != "resources"}
+
+
+def _parse_resources(raw, where: str, names: tuple[str, ...], c: Collector) -> FrozenMap:
+    """A stage's ``resources`` mapping (a subset of ``names``, checked as the resources section's)."""
+    from qkvsearch.spaces.dimensions import ABSENT, check_value
+
+    if raw is None:
+        return FrozenMap()
+    if not isinstance(raw, Mapping):
+        c.expected(where, f"a mapping ({', '.join(names)})", raw)
+        return FrozenMap()
+    c.unknown_keys(where, raw, names)
+    out = {}
+    for name, check in WORKER_RESOURCES:
+        if name in names and raw.get(name) is not None:
+            value = check_value(check, raw[name], c, f"{where}.{name}")
+            if value is not ABSENT:
+                out[name] = value
+    return FrozenMap(out)
 
 
 @dataclass(frozen=True)
@@ -161,7 +194,8 @@ def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
                     recipe[key.name] = key.check(item[name])
                 except Bad as bad:
                     c.expected(f"{path}.{name}", bad.expected or key.check.expected, item[name])
-        out.append(FinetuneStage(dataset, data_path, FrozenMap(recipe)))
+        resources = _parse_resources(item.get("resources"), f"{path}.resources", tuple(n for n, _ in WORKER_RESOURCES), c)
+        out.append(FinetuneStage(dataset, data_path, FrozenMap(recipe), resources))
     return out
 
 
@@ -181,7 +215,7 @@ def _parse_ood(raw, finetune_datasets: list[str], c: Collector) -> OODStage | No
     if not isinstance(raw, Mapping):
         c.expected("stages.ood", "a mapping (in_distribution, datasets, score)", raw)
         return None
-    c.unknown_keys("stages.ood", raw, ("in_distribution", "datasets", "score"))
+    c.unknown_keys("stages.ood", raw, OOD_FIELDS)
     ind = raw.get("in_distribution")
     if ind not in finetune_datasets:
         given = ", ".join(finetune_datasets) or "no finetune stage"
@@ -209,7 +243,8 @@ def _parse_ood(raw, finetune_datasets: list[str], c: Collector) -> OODStage | No
             c.expected(f"{path}.name", "a name no other OOD set has", name)
             continue
         out.append(OODSet(name, fmt, _path(item.get("path"), fmt not in OOD_EMBEDDED, f"{path}.path", fmt, c)))
-    return OODStage(str(ind), tuple(out), score)
+    resources = _parse_resources(raw.get("resources"), "stages.ood.resources", ("cpus_per_worker", "gpus_per_worker"), c)
+    return OODStage(str(ind), tuple(out), score, resources)
 
 
 def _parse_selection(raw: Mapping, c: Collector) -> tuple[str, int | None]:

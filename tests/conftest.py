@@ -66,12 +66,14 @@ def _ray_orphans(exclude: set[int]) -> dict[int, str]:
     """Ray processes whose parent is gone (re-parented to init or a subreaper), not in ``exclude``."""
     import subprocess
 
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    out = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 3) for line in out.splitlines()[1:]]
     alive = {int(r[0]) for r in rows}
     found = {}
-    for pid, ppid, args in (r for r in rows if len(r) == 3):
+    for pid, ppid, stat, args in (r for r in rows if len(r) == 4):
         pid, ppid = int(pid), int(ppid)
+        if stat.startswith("Z"):  # ended, left for init to reap (a killed driver's agents): not running
+            continue
         if pid not in exclude and any(m in args for m in RAY_PROCESS_MARKS) and (ppid == 1 or ppid not in alive):
             found[pid] = args[:160]
     return found

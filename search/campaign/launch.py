@@ -240,6 +240,7 @@ def _launch_held(spec, exp: str, lease, searcher, num_samples: int, *, overwrite
         if storage is not None:  # the searcher's study lives in the optuna tracker's storage
             searcher, _ = build_search(spec, exp, storage)
         tracking = tracking_callbacks(spec, exp, recorder, version, study_in_storage=storage is not None)
+        early = _early_stages(spec, exp)
         with StopSignals() as stop:
             tuner = tune.Tuner(
                 _trainable(spec, exp, cluster),
@@ -252,11 +253,11 @@ def _launch_held(spec, exp: str, lease, searcher, num_samples: int, *, overwrite
                     # which a measurement holding the whole node would wait for (search.campaign.measured).
                     reuse_actors=searcher.measurer is None,
                     trial_name_creator=describe.name, trial_dirname_creator=describe.name),
-                run_config=_run_config(spec, exp, [recorder, *tracking, stop, _retention(spec, exp, recorder)],
-                                       verbose),
+                run_config=_run_config(spec, exp, [recorder, *tracking, stop, *early,
+                                                   _retention(spec, exp, recorder)], verbose),
             )
-            _fit(tuner, exp, recorder, stop, view, verbose)
-        _stages(spec, exp, recorder)
+            _fit_beside(early, tuner, exp, recorder, stop, view, verbose)
+        _stages(spec, exp, recorder, early)
     finally:
         if cluster.started_here:
             stop_local_ray()
@@ -383,18 +384,39 @@ def _resume_held(exp: str, verbose: bool, view, track=()) -> str:
             # Tune restores the run config pickled at launch; this driver's callbacks replace its copies.
             run_config = ray_private.restored_run_config(tuner)
             tracking = tracking_callbacks(spec, exp, recorder, campaign.code_version or code_version())
-            run_config.callbacks = [recorder, *tracking, stop, _retention(spec, exp, recorder)]
+            early = _early_stages(spec, exp)
+            run_config.callbacks = [recorder, *tracking, stop, *early, _retention(spec, exp, recorder)]
             run_config.verbose = _tune_verbosity(verbose)
-            _fit(tuner, exp, recorder, stop, view, verbose)
-        _stages(spec, exp, recorder)
+            _fit_beside(early, tuner, exp, recorder, stop, view, verbose)
+        _stages(spec, exp, recorder, early)
     finally:
         if cluster.started_here:
             stop_local_ray()
     return exp
 
 
-def _stages(spec, exp: str, recorder) -> None:
-    """The stages after the trials (search.campaign.stages); a stop signal there: the campaign is interrupted."""
+def _early_stages(spec, exp: str) -> list:
+    """[the callback that runs stages as trials complete] under stages.select as_completed, else []."""
+    if not spec.stages or spec.stages.select != "as_completed":
+        return []
+    from qkvsearch.search.campaign.stages import StagesAsCompleted
+
+    return [StagesAsCompleted(spec, exp, _settings(spec, exp))]
+
+
+def _fit_beside(early: list, tuner, exp: str, recorder, stop, view, verbose: bool) -> None:
+    """_fit; stages running beside the trials are stopped when it ends by an error or a stop signal."""
+    try:
+        _fit(tuner, exp, recorder, stop, view, verbose)
+    except BaseException:
+        for callback in early:
+            callback.stop()
+        raise
+
+
+def _stages(spec, exp: str, recorder, early=()) -> None:
+    """The stages after the trials (search.campaign.stages), once those begun beside them have run; a stop
+    signal there: the campaign is interrupted."""
     from qkvsearch.search.campaign.stages import run_stages
 
     main = threading.current_thread() is threading.main_thread()
@@ -402,6 +424,8 @@ def _stages(spec, exp: str, recorder) -> None:
     try:
         if spec.stages:  # the campaign ends with its last stage (`watch` follows the stages)
             _mark_campaign(exp, None)
+        for callback in early:
+            callback.finish()
         run_stages(spec, exp, _settings(spec, exp), _retention(spec, exp, recorder).retention)
         if spec.stages:
             _mark_campaign(exp, ENDED_KEY)

@@ -1,8 +1,11 @@
 """The stages after training (spaces.stages): fine-tuning per dataset, then OOD detection, for the
-configurations the pretraining selects, once every trial of the campaign has ended.
+configurations the pretraining selects, once every trial of the campaign has ended (select: front, top_k)
+or as each trial completes (select: as_completed, `StagesAsCompleted`).
 
     trials ended --select--> completed trials on the front of the campaign's objectives (or top_k by
-                             non-dominated rank; a trial stopped early never goes on)
+                             non-dominated rank; a trial stopped early never goes on); as_completed: a
+                             trial on the front of the trials completed so far when it completes (a
+                             superset of the final front: a trial dominated then stays dominated)
       per selected trial:  finetune@<dataset>: its own Train run (stage_runs/<run>/), from the trial's final
                            checkpoint with a new head, in a Ray task holding one worker's resources
                            (several workers: the task only drives the TorchTrainer, as a trial does)
@@ -11,15 +14,20 @@ configurations the pretraining selects, once every trial of the campaign has end
 Each stage is recorded under its key (search.records.stages: configuration, upstream checkpoint, settings):
 a completed one is never run again, so `resume` after a kill between or inside stages goes on where it
 stopped; a fine-tuning cut short resumes from its own last checkpoint. Stages run one after another. The
-searcher never sees stage metrics: it has learnt from the trials alone before the first stage starts.
+searcher never sees stage metrics: with front and top_k it has learnt from the trials alone before the
+first stage starts; with as_completed the stages run beside the trials, in a thread of the driver, and
+still tell the searcher nothing.
 """
 from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 
 import numpy as np
+from ray.tune import Callback
 
 from qkvsearch.search.analysis.front import objective_columns
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
@@ -33,6 +41,13 @@ from qkvsearch.search.records.stages import (
     write_stage,
 )
 from qkvsearch.spaces.keys import FINETUNE_METRIC, fill, identity
+from qkvsearch.spaces.stages import result_settings
+
+POLL_S = 1.0  # how often a stage run in a thread looks for a stop
+
+
+class StageStopped(Exception):
+    """A stage left off (its record interrupted) because the campaign is stopping."""
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +63,16 @@ def select_trials(spec, exp: str) -> list[dict]:
     _, cols, dirs = objective_columns(trials, specs)
     values = df[cols].astype("float64").to_numpy()
     chosen = np.zeros(len(df), dtype=bool)
+    if spec.stages.select == "as_completed":  # those chosen when they completed, and the front now
+        earlier = set((read_selection(exp) or {}).get("trial_ids", []))
+        chosen[ok] = df["trial_id"].isin(earlier).to_numpy()[ok]
     if spec.stages.select == "top_k":
         ranks = np.full(len(df), np.iinfo(np.int64).max)
         ranks[ok] = nondominated_ranks(values[ok], dirs)
         order = sorted(np.flatnonzero(ok), key=lambda i: (ranks[i], df["trial_id"].iat[i]))
         chosen[order[:spec.stages.top_k]] = True
     else:
-        chosen[ok] = nondominated_mask(values[ok], dirs)
+        chosen[ok] |= nondominated_mask(values[ok], dirs)
 
     # upstream: what names the trial's final checkpoint, stable when retention moves its weights elsewhere
     return [{"trial_id": df["trial_id"].iat[i], "trial_name": df["trial_name"].iat[i],
@@ -76,21 +94,99 @@ def run_stages(spec, exp: str, settings, retention=None) -> None:
     the stages may need. KeyboardInterrupt (a stop signal) leaves the running stage's record interrupted."""
     if not spec.stages:
         return
-    selection = read_selection(exp)
     chosen = select_trials(spec, exp)
-    if selection is None or sorted(selection["trial_ids"]) != sorted(t["trial_id"] for t in chosen):
-        write_selection(exp, spec.stages.select, [t["trial_id"] for t in chosen], time.time())
+    write_selection_of(spec, exp, chosen)
     log.info(f"stages: {len(chosen)} configuration(s) go on ({spec.stages.select} of the pretraining)")
     for trial in chosen:
-        finetuned = {}
-        for stage in spec.stages.finetune:
-            finetuned[stage.dataset] = _finetune(spec, exp, settings, trial, stage)
-        ood = spec.stages.ood
-        if ood is not None and (up := finetuned.get(ood.in_distribution)) and up.get("status") == "completed":
-            _ood(spec, exp, settings, trial, up)
+        run_chain(spec, exp, settings, trial)
     if retention is not None:
         retention.run(final=True)
     _log_front(spec, exp)
+
+
+def run_chain(spec, exp: str, settings, trial: dict, stop: threading.Event | None = None) -> None:
+    """Every stage of one selected trial not yet completed: its fine-tunings, then OOD detection."""
+    finetuned = {}
+    for stage in spec.stages.finetune:
+        finetuned[stage.dataset] = _finetune(spec, exp, settings, trial, stage, stop)
+    ood = spec.stages.ood
+    if ood is not None and (up := finetuned.get(ood.in_distribution)) and up.get("status") == "completed":
+        _ood(spec, exp, settings, trial, up, stop)
+
+
+def write_selection_of(spec, exp: str, chosen: list[dict]) -> None:
+    """The selection file names exactly ``chosen`` (written only when it changes)."""
+    selection = read_selection(exp)
+    ids = [t["trial_id"] for t in chosen]
+    if selection is None or sorted(selection["trial_ids"]) != sorted(ids):
+        write_selection(exp, spec.stages.select, ids, time.time())
+
+
+class StagesAsCompleted(Callback):
+    """select: as_completed. A Tune callback (it goes before the retention callback, so that a pass sees the
+    selection) that sends a trial completing on the front of the trials completed so far to its stages at
+    once, in one thread of the driver: the stages of the chosen trials run one after another, beside the
+    campaign's trials. ``finish`` waits for them; ``stop`` ends them (the running stage's record
+    interrupted; `resume` runs it again)."""
+
+    def __init__(self, spec, exp: str, settings):
+        self.spec, self.exp, self.settings = spec, exp, settings
+        self.sent: set[str] = set()
+        self.todo: queue.Queue = queue.Queue()
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._work, name="qkvsearch-stages", daemon=True)
+
+    def __getstate__(self):  # Tune pickles its run config (tuner.pkl); a resumed driver brings its own callback
+        return {"spec": self.spec, "exp": self.exp, "settings": self.settings}
+
+    def __setstate__(self, state):
+        self.__init__(state["spec"], state["exp"], state["settings"])
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        chosen = select_trials(self.spec, self.exp)
+        write_selection_of(self.spec, self.exp, chosen)
+        for t in chosen:
+            if t["trial_id"] not in self.sent:
+                self.sent.add(t["trial_id"])
+                self.todo.put(t)
+                log.info(f"stages: {t['trial_name']} goes on (on the front as it completed)")
+        if self.sent and not self.thread.is_alive() and not self.halt.is_set():
+            self.thread.start()
+
+    def _work(self) -> None:
+        while not self.halt.is_set():
+            try:
+                trial = self.todo.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            try:
+                run_chain(self.spec, self.exp, self.settings, trial, self.halt)
+            except StageStopped:
+                return
+            finally:
+                self.todo.task_done()
+
+    def finish(self) -> None:
+        """Wait until every sent trial's stages have run (a stop signal meanwhile: KeyboardInterrupt)."""
+        try:
+            while self.thread.is_alive() and self.todo.unfinished_tasks:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        self.stop()
+
+    def stop(self) -> None:
+        self.halt.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+def stage_resources(stage, settings) -> tuple[int, float, float]:
+    """(workers, cpus per worker, GPUs per worker) of a stage: its own resources, else the campaign's."""
+    own = stage.resources
+    return (own.get("workers_per_trial", settings.workers), own.get("cpus_per_worker", settings.cpus_per_worker),
+            own.get("gpus_per_worker", settings.gpus_per_worker))
 
 
 def _log_front(spec, exp: str) -> None:
@@ -105,8 +201,8 @@ def _log_front(spec, exp: str) -> None:
         log.info(f"  rank {row['stage_rank']:.0f}  {row['trial_name']:<32} {values}")
 
 
-def _finetune(spec, exp: str, settings, trial: dict, stage) -> dict:
-    settings_dict = stage.to_dict()
+def _finetune(spec, exp: str, settings, trial: dict, stage, stop=None) -> dict:
+    settings_dict = result_settings(stage)
     key = stage_key(identity(trial["config"]), trial["upstream"], settings_dict)
     done = read_stage(exp, key)
     if done is not None and done.get("status") == "completed":
@@ -114,9 +210,9 @@ def _finetune(spec, exp: str, settings, trial: dict, stage) -> dict:
     cfg = finetune_config(trial["config"], stage)
     run_name = f"{spec.name}-{trial['trial_name']}-{stage.dataset}-{key[:8]}"
     storage = f"{exp}/{STAGE_RUNS_DIR}"
-    kwargs = dict(cfg=cfg, name=run_name, storage=storage, init=trial["checkpoint"],
-                  workers=settings.workers, cpus=settings.cpus_per_worker, gpus=settings.gpus_per_worker,
-                  faults=list(settings.faults))
+    workers, cpus, gpus = stage_resources(stage, settings)
+    kwargs = dict(cfg=cfg, name=run_name, storage=storage, init=trial["checkpoint"], workers=workers, cpus=cpus,
+                  gpus=gpus, faults=list(settings.faults))
 
     def finish(history: list[dict]) -> dict:
         from qkvsearch.trainers.loop import epoch_checkpoint
@@ -125,29 +221,32 @@ def _finetune(spec, exp: str, settings, trial: dict, stage) -> dict:
         return {"metrics": {f"{FINETUNE_METRIC}{stage.dataset}": last.get("top1")}, "epochs": history,
                 "checkpoint": epoch_checkpoint(f"{storage}/{run_name}", cfg["epochs"]), "run": run_name}
 
-    return _run(exp, key, stage.name, trial, settings_dict, "finetune", kwargs, finish, settings)
+    return _run(exp, key, stage.name, trial, settings_dict, "finetune", kwargs, finish, stop)
 
 
-def _ood(spec, exp: str, settings, trial: dict, upstream: dict) -> dict:
+def _ood(spec, exp: str, settings, trial: dict, upstream: dict, stop=None) -> dict:
     ood = spec.stages.ood
-    settings_dict = ood.to_dict()
+    settings_dict = result_settings(ood)
     key = stage_key(identity(trial["config"]), upstream["key"], settings_dict)  # the fine-tuning's
     done = read_stage(exp, key)
     if done is not None and done.get("status") == "completed":
         return done
     stage = next(f for f in spec.stages.finetune if f.dataset == ood.in_distribution)
-    kwargs = dict(cfg=finetune_config(trial["config"], stage), checkpoint=upstream["checkpoint"],
+    _, cpus, gpus = stage_resources(ood, settings)
+    kwargs = dict(cfg=finetune_config(trial["config"], stage), checkpoint=upstream["checkpoint"], workers=1,
+                  cpus=cpus, gpus=gpus,
                   sets=[{"name": s.name, "format": s.format, "path": s.path} for s in ood.datasets], score=ood.score)
 
     def finish(result: dict) -> dict:
         metrics = {k: v for k, v in result.items() if k not in ("per_set", "top1")}
         return {"metrics": metrics, "per_set": result["per_set"], "id_top1": result["top1"]}
 
-    return _run(exp, key, "ood", trial, settings_dict, "ood", kwargs, finish, settings)
+    return _run(exp, key, "ood", trial, settings_dict, "ood", kwargs, finish, stop)
 
 
-def _run(exp, key, stage, trial, settings_dict, kind, kwargs, finish, settings) -> dict:
-    """Record the stage running, run it in a Ray task, record how it ended: the final record."""
+def _run(exp, key, stage, trial, settings_dict, kind, kwargs, finish, stop=None) -> dict:
+    """Record the stage running, run it in a Ray task, record how it ended: the final record. stop: an Event
+    that, once set, cancels the task (StageStopped), looked at every POLL_S."""
     import ray
 
     rec = {"key": key, "stage": stage, "trial_id": trial["trial_id"], "trial_name": trial["trial_name"],
@@ -155,13 +254,16 @@ def _run(exp, key, stage, trial, settings_dict, kind, kwargs, finish, settings) 
            "metrics": {}, "started_at": time.time(), "ended_at": None, "error": None}
     write_stage(exp, rec)
     log.info(f"stage {stage} of {trial['trial_name']}: started")
-    local = settings.workers == 1 or kind == "ood"
-    resources = {"num_cpus": settings.cpus_per_worker if local else 0,
-                 "num_gpus": settings.gpus_per_worker if local else 0}
+    local = kwargs["workers"] == 1  # one worker trains in the task; several: the task drives their run
+    resources = {"num_cpus": kwargs["cpus"] if local else 0, "num_gpus": kwargs["gpus"] if local else 0}
     try:
-        out = ray.get(ray.remote(_in_task).options(**resources, max_retries=0).remote(kind, kwargs))
-        rec.update(finish(out), status="completed")
-    except KeyboardInterrupt:
+        ref = ray.remote(_in_task).options(**resources, max_retries=0).remote(kind, kwargs)
+        while stop is not None and not ray.wait([ref], timeout=POLL_S)[0]:
+            if stop.is_set():
+                ray.cancel(ref, force=True)
+                raise StageStopped(stage)
+        rec.update(finish(ray.get(ref)), status="completed")
+    except (KeyboardInterrupt, StageStopped):
         rec.update(status="interrupted", ended_at=time.time())
         write_stage(exp, rec)
         raise

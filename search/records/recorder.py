@@ -284,8 +284,8 @@ class Recorder:
 
 
 def _note_measured(rec: dict, result: dict) -> None:
-    """Measured cost (made in the trial's process, before training) joins the record's cost, with how it
-    was measured under ``measured_on``."""
+    """Measured cost (made before the trial trained: search.campaign.measured) joins the record's cost, with
+    how it was measured under ``measured_on``."""
     measured = {m: finite(result[m]) for m in MEASURED_METRICS if finite(result.get(m)) is not None}
     if measured:
         rec["cost"] = {**rec["cost"], **measured}

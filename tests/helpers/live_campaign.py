@@ -69,6 +69,12 @@ class LiveCampaign:
         wait_for(lambda: not ray_processes(self.ray_tmp), 60, "the campaign's Ray processes to stop")
         return False
 
+    def kill(self, grace_s: float = 5) -> None:
+        """SIGKILL the driver, as a lost machine or an OOM killer would, then end what its Ray left."""
+        self.proc.kill()
+        self.proc.wait()
+        end_ray_processes(self.ray_tmp, grace_s)
+
     def stdout(self) -> str:
         return self.out.read_text()
 
@@ -105,6 +111,20 @@ def ray_processes(ray_tmp: str) -> list[str]:
             except OSError:
                 pass
     return mine
+
+
+def end_ray_processes(ray_tmp: str, grace_s: float) -> None:
+    """Wait for the Ray processes of ray_tmp to end; after grace_s, SIGKILL those left (a SIGKILLed driver's
+    raylet leaves its dashboard and runtime-env agents running: their own watch of it takes minutes)."""
+    try:
+        wait_for(lambda: not ray_processes(ray_tmp), grace_s, "the driver's Ray processes to end")
+    except AssertionError:
+        for line in ray_processes(ray_tmp):
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not ray_processes(ray_tmp), 30, "the ended Ray processes to go")
 
 
 HEAD_STOP_GRACE_S = 5  # measured: a `ray start --block` head given SIGTERM takes 20-35 s to end by itself

@@ -35,6 +35,21 @@ def test_stages_read_and_round_trip():
     assert spec.objectives == load_campaign("quickstart").objectives  # the searcher's stay pretraining's
 
 
+def test_a_stages_own_resources_round_trip_and_leave_its_result_key_alone():
+    from qkvsearch.spaces.stages import result_settings
+
+    own = {"workers_per_trial": 4, "gpus_per_worker": 1}
+    stages = {**STAGES, "select": "as_completed",
+              "finetune": [{**STAGES["finetune"][0], "resources": own}, STAGES["finetune"][1]],
+              "ood": {**STAGES["ood"], "resources": {"cpus_per_worker": 2}}}
+    spec = _spec(stages)
+    ft = spec.stages.finetune[0]
+    assert dict(ft.resources) == own and dict(spec.stages.ood.resources) == {"cpus_per_worker": 2}
+    assert spec.stages.select == "as_completed" and load_campaign(spec.to_dict()) == spec
+    assert result_settings(ft) == result_settings(_spec(STAGES).stages.finetune[0])  # same result key
+    assert smoke_test(spec).stages.finetune[0].resources == ft.resources
+
+
 def test_no_stages_section_reads_as_before():
     spec = load_campaign("quickstart")
     assert not spec.stages and "stages" not in spec.to_dict()
@@ -66,6 +81,14 @@ def test_default_stage_objectives():
     ({**STAGES, "select": "top_k"}, "stages.top_k: expected a positive int (select top_k), given null"),
     ({**STAGES, "top_k": 2}, "stages.top_k: expected null unless select is top_k, given 2"),
     ({"select": "front"}, "stages: expected a finetune or an ood stage"),
+    ({**STAGES, "select": "each"}, 'stages.select: expected front | top_k | as_completed, given "each"'),
+    ({"finetune": [{"dataset": "digits", "epochs": 1, "resources": {"gpus_per_worker": -1}}]},
+     "stages.finetune[0].resources.gpus_per_worker: expected a number >= 0, given -1"),
+    ({"finetune": [{"dataset": "digits", "epochs": 1, "resources": {"gpu": 1}}]},
+     "stages.finetune[0].resources.gpu: unknown key"),
+    ({**STAGES, "ood": {**STAGES["ood"], "resources": {"workers_per_trial": 2}}},
+     "stages.ood.resources.workers_per_trial: unknown key"),
+    ({**STAGES, "ood": {**STAGES["ood"], "resources": 4}}, "stages.ood.resources: expected a mapping (cpus_per_worker"),
     ([1], "stages: expected a mapping"),
 ])
 def test_bad_stages_name_the_field(stages, message):

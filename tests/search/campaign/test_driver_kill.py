@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers.live_campaign import named_checkpoint_epochs, ray_processes, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import end_ray_processes, named_checkpoint_epochs, tiny_spec, wait_for, write_spec
 
 from qkvsearch.search.cli import EXIT_BAD_INPUT
 from qkvsearch.search.records.layout import FINAL_STATUSES
@@ -68,18 +68,8 @@ class _Driver:
             raise AssertionError(f"qkvsearch exited {self.proc.returncode}: {self.err.read_text()[-3000:]}")
 
     def gone(self) -> None:
-        """Wait for this driver's Ray processes to end. A SIGKILLed driver's raylet leaves its dashboard and
-        runtime-env agents running (their own watch of it takes minutes): after a grace period, the ones
-        still running are ended here, by pid (they are this test's: their environment names its RAY_TMPDIR)."""
-        try:
-            wait_for(lambda: not ray_processes(self.ray_tmp), LINGER_S, "the driver's Ray processes to end")
-        except AssertionError:
-            for line in ray_processes(self.ray_tmp):
-                try:
-                    os.kill(int(line.split()[0]), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            wait_for(lambda: not ray_processes(self.ray_tmp), 30, "the ended Ray processes to go")
+        """Wait for this driver's Ray processes to end (helpers.live_campaign.end_ray_processes)."""
+        end_ray_processes(self.ray_tmp, LINGER_S)
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
 

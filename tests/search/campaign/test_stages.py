@@ -51,6 +51,28 @@ def test_top_k_goes_by_non_dominated_rank(exp):
     assert len(select_trials(_spec(select="top_k", top_k=99), exp)) == STATUSES.count("completed")
 
 
+def test_as_completed_keeps_those_chosen_earlier_and_adds_the_front(exp):
+    front = {t["trial_id"] for t in select_trials(_spec(), exp)}
+    assert {t["trial_id"] for t in select_trials(_spec(select="as_completed"), exp)} == front
+    trials = collect(exp)[0].to_pandas()
+    dominated = next(t for t, s in zip(trials["trial_id"], trials["status"]) if s == "completed" and t not in front)
+    write_selection(exp, "as_completed", [dominated, "t00001"], time.time())  # t00001 stopped early: never
+    chosen = select_trials(_spec(select="as_completed"), exp)
+    assert {t["trial_id"] for t in chosen} == front | {dominated}
+
+
+def test_a_stage_runs_on_its_own_resources_else_the_campaigns():
+    from types import SimpleNamespace
+
+    from qkvsearch.search.campaign.stages import stage_resources
+
+    campaign = SimpleNamespace(workers=2, cpus_per_worker=1.0, gpus_per_worker=0.0)
+    own = _spec(finetune=[{"dataset": "digits", "epochs": 1, "resources": {"gpus_per_worker": 1}}],
+                ood={"in_distribution": "digits", "datasets": [{"format": "noise"}]}).stages
+    assert stage_resources(own.finetune[0], campaign) == (2, 1.0, 1)
+    assert stage_resources(own.ood, campaign) == (2, 1.0, 0.0)
+
+
 def test_a_fine_tuning_config_is_the_trials_on_the_stages_dataset():
     trial = {**base_config(load_campaign("quickstart")), "embedding": "linear", "lr": 0.1, "epochs": 5}
     cfg = finetune_config(trial, _spec().stages.finetune[0])
