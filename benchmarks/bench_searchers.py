@@ -1,14 +1,15 @@
 """Searchers compared by replaying tabular benchmarks (search.simulation): no training.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_search.py --searchers [--seeds 10] [--gp-seeds 5]
-        [--tables nb201-cifar10 nb201-cifar100 order crossing] [--workers 2]
+        [--tables nb201-cifar10 nb201-cifar100 order crossing] [--workers 2] [--only ehvi ...]
 
 Tables: NAS-Bench-201 CIFAR-10 and CIFAR-100 (search.simulation.nasbench: 15,625 architectures, final
 values only; objectives max top1, min latency_ms, min params_m) and the synthetic order and crossing
 tables of bench_search.py at 243 configurations x 27 epochs (max top1, min params_m).
 
-Searchers: the campaign's own (search.campaign.searchers.make_sampler: random, TPE, NSGA-II, GP) through
-search.simulation.searchers.TableSearch, 4 trials at a time, FIFO (every trial trained to the end).
+Searchers: the campaign's own (search.campaign.searchers.make_sampler: random, TPE, NSGA-II, GP; and
+search.campaign.known_cost: ehvi, the known-cost EHVI) through search.simulation.searchers, 4 trials at a
+time, FIFO (every trial trained to the end).
 "With constraints": params_m at most the table's median: half the table is infeasible; an infeasible
 proposal takes no trial slot and the searcher learns it (search.campaign.searchers.Teller). On the
 synthetic tables, the multi-fidelity rows: MO-ASHA with 3 brackets (grace 1, rf 3), random and TPE.
@@ -43,7 +44,7 @@ from qkvsearch.spaces.schema import Constraint  # noqa: E402
 
 BUDGETS = (25, 50, 100, 200)
 TABLES = ("nb201-cifar10", "nb201-cifar100", "order", "crossing")
-SEARCHERS = ("random", "tpe", "nsga2", "gp")
+SEARCHERS = ("random", "tpe", "nsga2", "gp", "ehvi")
 CONCURRENCY = 4
 RANDOM_REACH = 2000  # random trials replayed to find how many reach a searcher's hypervolume at 50
 _CURVES: dict = {}
@@ -95,19 +96,20 @@ def random_trace(name: str, seeds: int) -> np.ndarray:
     return np.median(np.array(rows), axis=0)
 
 
-def jobs(tables, seeds: int, gp_seeds: int, gp_everywhere: bool = False) -> list[tuple]:
+def jobs(tables, seeds: int, gp_seeds: int, gp_everywhere: bool = False, only=SEARCHERS) -> list[tuple]:
     """Every (table, searcher, scheduler, constrained, seed) to run. GP (about 300 s a run of 200 trials
     here, 2 cores shared) only unconstrained on NAS-Bench-201 unless gp_everywhere."""
     out = []
     for name in tables:
         for constrained in (False, True):
-            for searcher in SEARCHERS:
+            for searcher in only:
                 n = gp_seeds if searcher == "gp" else seeds
                 if searcher == "gp" and not gp_everywhere and (constrained or not name.startswith("nb201-")):
                     continue
                 out += [(name, searcher, "fifo", constrained, s) for s in range(n)]
         if not name.startswith("nb201-"):
-            out += [(name, searcher, "moasha", False, s) for searcher in ("random", "tpe") for s in range(seeds)]
+            out += [(name, searcher, "moasha", False, s) for searcher in ("random", "tpe") if searcher in only
+                    for s in range(seeds)]
     return out
 
 
@@ -119,8 +121,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes (GP runs take most of the time)")
     ap.add_argument("--gp-everywhere", action="store_true", help="GP rows with constraints and on the synthetic "
                                                                   "tables too (hours on 2 cores)")
+    ap.add_argument("--only", nargs="+", default=list(SEARCHERS), choices=SEARCHERS,
+                    help="these searchers' rows only (random search's reach is computed either way)")
     args = ap.parse_args(argv)
-    todo = jobs(args.tables, args.seeds, args.gp_seeds, args.gp_everywhere)
+    todo = jobs(args.tables, args.seeds, args.gp_seeds, args.gp_everywhere, tuple(args.only))
     todo.sort(key=lambda j: j[1] != "gp")  # the slow GP runs first, so the workers finish together
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:

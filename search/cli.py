@@ -114,11 +114,13 @@ def _add_simulate(sub) -> None:
     simulate.add_argument("--seed", type=int, default=0, metavar="K", help="orders the trials (default 0)")
     simulate.add_argument("--trials", type=int, default=None, metavar="N",
                           help="trials per setting (default: every recorded curve once)")
+    from qkvsearch.spaces.loader import SIMULATED_SEARCHERS
+
     simulate.add_argument("--searcher", nargs="+", default=["shuffle"], metavar="NAME",
-                          choices=("shuffle", "random", "tpe", "nsga2", "gp"),
-                          help="the campaign's searchers over the table's configurations: random, tpe, nsga2, "
-                               "gp; shuffle (default): every recorded curve once, in an order drawn from the seed. "
-                               "Several: each x each scheduler setting")
+                          choices=SIMULATED_SEARCHERS,
+                          help="the campaign's searchers over the table's configurations: "
+                               f"{', '.join(SIMULATED_SEARCHERS[1:])}; shuffle (default): every recorded curve "
+                               "once, in an order drawn from the seed. Several: each x each scheduler setting")
     simulate.add_argument("--constraints", nargs="+", default=None, metavar="METRIC:max=X",
                           help="cost constraints (METRIC:max=X, METRIC:min=X) on the table's cost columns: an "
                                "infeasible proposal takes no trial slot and the searcher learns it")
@@ -246,9 +248,10 @@ def cmd_validate(args) -> int:
 def _infeasible_shares(spec) -> str:
     """Per searcher, the share of proposals that break the constraints (searchers.infeasible_share)."""
     from qkvsearch.search.campaign.searchers import ESTIMATE_TRIALS, infeasible_share
+    from qkvsearch.spaces.loader import ehvi_problem
 
-    shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS)
-              for a in ("random", "tpe", "nsga2", "gp")}
+    searchers = ("random", "tpe", "nsga2", "gp", *(() if ehvi_problem(spec.objectives) else ("ehvi",)))
+    shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS) for a in searchers}
     return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
 
 

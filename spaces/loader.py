@@ -22,6 +22,7 @@ from qkvsearch.spaces.errors import Collector, SpecError, clip, hint, show
 from qkvsearch.spaces.keys import (
     CHECK_NAMES,
     COST_METRICS,
+    COUNTED_METRICS,
     FINETUNE_METRIC,
     KEYS,
     METRICS,
@@ -61,7 +62,10 @@ from qkvsearch.spaces.stages import parse_stages
 from qkvsearch.spaces.tracking import parse_tracking
 
 PRESET_DIR = Path(__file__).parent / "presets"
-ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp")
+ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi")
+# What `qkvsearch simulate --searcher` offers: the campaign's algorithms but grid, and shuffle (every
+# recorded curve once, in an order drawn from the seed).
+SIMULATED_SEARCHERS = ("shuffle", *(a for a in ALGORITHMS if a != "grid"))
 GP_STARTUP_TRIALS = 10  # gp: random trials before the Gaussian process leads (Optuna's default)
 TRIAL_SCHEDULERS = ("fifo", "asha", "moasha")   # not the learning-rate schedules (spaces.keys.LR_SCHEDULES)
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
@@ -420,7 +424,7 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     space = dimensions.parse_space(raw.get("space"), c)
     objectives = _parse_objectives(raw.get("objectives"), c)
     constraints = _parse_constraints(raw.get("constraints"), c)
-    search = _parse_search(raw.get("search"), space, c, len(objectives))
+    search = _parse_search(raw.get("search"), space, c, objectives)
     scheduler = _parse_scheduler(raw.get("scheduler"), objectives, train, c)
     resources = _parse_resources(raw.get("resources"), c)
     checkpoints = _parse_checkpoints(raw.get("checkpoints"), c)
@@ -572,7 +576,18 @@ def _parse_constraints(raw, c: Collector) -> list[Constraint]:
     return out
 
 
-def _parse_search(raw, space: Space, c: Collector, n_objectives: int = 1) -> SearchSpec:
+def ehvi_problem(objectives) -> str | None:
+    """Why search.algorithm ehvi (search.campaign.known_cost) cannot serve these objectives, or None: it
+    needs one training objective and one or two cost objectives counted before training."""
+    metrics = [o.metric for o in objectives]
+    counted = [m for m in metrics if m in COUNTED_METRICS]
+    if len(metrics) - len(counted) == 1 and 1 <= len(counted) <= 2:
+        return None
+    return (f"ehvi expects one training objective and one or two objectives counted before training "
+            f"({', '.join(COUNTED_METRICS)}), given {', '.join(metrics)}")
+
+
+def _parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     raw = _mapping(raw, c, "search", "a mapping (algorithm, num_trials, seed, ...)")
     if raw is None:
         raw = {}
@@ -580,17 +595,18 @@ def _parse_search(raw, space: Space, c: Collector, n_objectives: int = 1) -> Sea
                                    "warm_start"))
     # A space with errors lost dimensions: its size and default algorithm would contradict the user.
     space_ok = not _section_failed(c, "space")
-    # A space of ranges: GP for several objectives (benchmarks/README.md, "Searchers compared": of random, TPE,
-    # NSGA-II and GP it holds the most hypervolume at 50 trained configurations on NAS-Bench-201 CIFAR-10 and
-    # CIFAR-100, as much as 393 and 150 random ones), random for one.
-    default_algorithm = "grid" if space.enumerable else "gp" if n_objectives > 1 else "random"
+    # A space of ranges, several objectives: ehvi where it applies, else GP (benchmarks/README.md, "Searchers
+    # compared": on NAS-Bench-201 CIFAR-10 and CIFAR-100, ehvi holds the most hypervolume at 50 trained
+    # configurations, then GP); random for one objective.
+    several = ("ehvi" if ehvi_problem(objectives) is None else "gp") if len(objectives) > 1 else "random"
+    default_algorithm = "grid" if space.enumerable else several
     algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
                                        c, "search.algorithm")
     seed = _opt(raw, "seed", integer(0), 0, c, "search")
     # A key that does not apply to the algorithm is reported as such, without also judging its value.
     repeats = _only_for(raw, "repeats", POS_INT, "grid", algorithm, c, " (use num_trials)")
     population = _only_for(raw, "population_size", integer(2), "nsga2", algorithm, c)
-    startup = _only_for(raw, "n_startup_trials", POS_INT, "gp", algorithm, c)
+    startup = _only_for(raw, "n_startup_trials", POS_INT, ("gp", "ehvi"), algorithm, c)
     warm = raw.get("warm_start")
     if warm is not None and not (isinstance(warm, str) and warm.strip()):
         c.expected("search.warm_start", "a campaign folder or URI (a string)", warm)
@@ -620,7 +636,9 @@ def _parse_search(raw, space: Space, c: Collector, n_objectives: int = 1) -> Sea
                                     "the same one (add space dimensions, or set num_trials: 1)")
     if algorithm == "nsga2" and population is None:
         population = max(2, min(50, num_trials // 2))   # Optuna's default (50) when the budget allows
-    if algorithm == "gp" and startup is None:
+    if algorithm == "ehvi" and ehvi_problem(objectives):
+        c.add("search.algorithm", ehvi_problem(objectives))
+    if algorithm in ("gp", "ehvi") and startup is None:
         startup = max(1, min(GP_STARTUP_TRIALS, num_trials // 4))   # Optuna's default (10) when the budget allows
     return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm.strip() if warm else None)
 
@@ -644,12 +662,13 @@ def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok
     return SearchSpec("grid", size, seed, None, repeats)
 
 
-def _only_for(raw: dict, key: str, check, algorithm_needed: str, algorithm, c: Collector, advice: str = ""):
-    """The value of a search key that only one algorithm reads; None when absent, invalid or not applicable."""
+def _only_for(raw: dict, key: str, check, needed: str | tuple, algorithm, c: Collector, advice: str = ""):
+    """The value of a search key that only some algorithms read; None when absent, invalid or not applicable."""
     if raw.get(key) is None:
         return None
-    if algorithm is not dimensions.ABSENT and algorithm != algorithm_needed:
-        c.add(f"search.{key}", f"applies to algorithm {algorithm_needed} only, not {algorithm}{advice}")
+    needed = (needed,) if isinstance(needed, str) else needed
+    if algorithm is not dimensions.ABSENT and algorithm not in needed:
+        c.add(f"search.{key}", f"applies to algorithm {', '.join(needed)} only, not {algorithm}{advice}")
         return None
     return _opt(raw, key, check, None, c, "search")
 

@@ -177,12 +177,12 @@ class Constraint:
 
 @dataclass(frozen=True)
 class SearchSpec:
-    algorithm: str                      # grid | random | tpe | nsga2 | gp
+    algorithm: str                      # grid | random | tpe | nsga2 | gp | ehvi
     num_trials: int                     # grid: grid size x repeats
     seed: int = 0
     population_size: int | None = None  # nsga2 only
     repeats: int = 1                    # grid only: each grid point runs this many times
-    n_startup_trials: int | None = None  # gp only: random trials before the Gaussian process leads
+    n_startup_trials: int | None = None  # gp, ehvi: random trials before the Gaussian process leads
     warm_start: str | None = None       # an earlier campaign folder (or URI) whose results the searcher learns first
 
     def to_dict(self) -> dict:

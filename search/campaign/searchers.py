@@ -1,5 +1,6 @@
-"""Searchers: grid (the space's configurations in order) and Optuna (random, TPE, NSGA-II, GP), each wrapped
-in `TrialConfigs`, which turns a suggestion into the trial's resolved config and cost, once.
+"""Searchers: grid (the space's configurations in order), Optuna (random, TPE, NSGA-II, GP) and ehvi
+(search.campaign.known_cost), each wrapped in `TrialConfigs`, which turns a suggestion into the trial's
+resolved config and cost, once.
 
 Cost constraints act before a proposal becomes a trial: parameters and MACs are known from the config
 (trainers.cost), so a proposal that breaks a constraint takes no trial slot. It is recorded
@@ -410,7 +411,7 @@ def make_sampler(search):
     if algorithm == "gp":  # log-EHVI for several objectives; running trials and constraints taken into account
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=search.n_startup_trials or 10,
                                          warn_independent_sampling=False)
-    raise ValueError(f"search.algorithm: expected one of grid, random, tpe, nsga2, gp, given {algorithm!r}")
+    raise ValueError(f"search.algorithm: expected one of random, tpe, nsga2, gp (an Optuna sampler), given {algorithm!r}")
 
 
 def build_search(spec, exp: str | None = None, storage=None) -> tuple[TrialConfigs, int]:
@@ -425,6 +426,10 @@ def build_search(spec, exp: str | None = None, storage=None) -> tuple[TrialConfi
         grid = GridSearcher(spec.space, search.repeats, base["seed"])
         wrapper = TrialConfigs(grid, base, skip_duplicates=True, **wrapped)
         return _warmed(spec, wrapper), dimensions.count(spec.space) * search.repeats
+    if search.algorithm == "ehvi":
+        from qkvsearch.search.campaign.known_cost import KnownCostSearch
+
+        return _warmed(spec, TrialConfigs(KnownCostSearch(spec), base, **wrapped)), search.num_trials
     searcher = CampaignOptunaSearch(
         space=partial(suggest_config, spec),  # define-by-run: returns the keys it chose
         metric=[o.metric for o in spec.objectives],

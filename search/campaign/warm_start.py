@@ -100,6 +100,9 @@ def warm_start(spec, wrapper) -> int:
         wrapper.warm.add(k["key"])
         if hasattr(searcher, "teller"):
             _tell(searcher, k)
+        elif hasattr(searcher, "tell_known"):  # search.campaign.known_cost
+            value = k["metrics"].get(searcher.metric[searcher.train])
+            searcher.tell_known(k["key"], value if k["status"] == "completed" else None)
     log.info(f"search.warm_start: {len(known)} earlier trial(s) of {spec.search.warm_start} lie in this space")
     return len(known)
 

@@ -23,9 +23,10 @@ from qkvsearch.search.records.layout import PLANNED_KEY
 from qkvsearch.search.simulation.curves import COST_COLUMNS, Curves
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.spaces.loader import SIMULATED_SEARCHERS
 from qkvsearch.spaces.schema import Constraint, SearchSpec, violations
 
-SEARCHERS = ("shuffle", "random", "tpe", "nsga2", "gp")
+SEARCHERS = SIMULATED_SEARCHERS
 
 MAX_PROPOSALS = 200  # proposals for one trial (duplicates, infeasible, absent) before the searcher finishes
 
@@ -186,6 +187,50 @@ class FeasibleShuffle:
         pass
 
 
+class KnownCostTable:
+    """``ehvi`` (search.campaign.known_cost) over a table: the candidates are its configurations, their
+    costs its cost columns (known before training), the training objective its one other objective.
+    Nothing infeasible is proposed; a configuration is proposed once."""
+
+    def __init__(self, curves: Curves, seed: int, num_trials: int | None = None, constraints=()):
+        from qkvsearch.search.campaign.known_cost import KnownCostEHVI, encode
+
+        train = [(i, d) for i, (m, d) in enumerate(curves.objectives) if m not in TABLE_COSTS]
+        costs = [(m, d) for m, d in curves.objectives if m in TABLE_COSTS]
+        if len(train) != 1 or not 1 <= len(costs) <= 2:
+            raise BadInput(f"searcher: ehvi expects one objective besides one or two cost columns "
+                           f"({', '.join(TABLE_COSTS)}), given {', '.join(m for m, _ in curves.objectives)}")
+        self.curves, self.max_t, self.train = curves, curves.max_t, train[0][0]
+        known = [curve_cost(curves, c) for c in range(len(curves))]
+        cost = [[k[m] if d == "min" else -k[m] for m, d in costs] for k in known]
+        feasible = [not violations(tuple(constraints), k) for k in known]
+        configs = [{k: _plain(v) for k, v in cfg.items()} for cfg in curves.configs]
+        self.core = KnownCostEHVI(encode(configs), cost, feasible, train[0][1] == "max", seed)
+        self.num_trials = len(curves) if num_trials is None else num_trials
+        self.trial_of: dict[str, int] = {}
+        self.suggested = self.proposals = self.infeasible = self.duplicates = 0
+
+    def suggest(self, trial_id: str):
+        if self.suggested >= self.num_trials:
+            return None
+        c = self.core.propose()
+        if c is None:
+            return None
+        self.trial_of[trial_id] = c
+        self.suggested += 1
+        self.proposals += 1
+        return {"curve": c}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        pass
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        c = self.trial_of.pop(trial_id)
+        result = {PLANNED_KEY: float(self.max_t), EPOCH: 0.0, **(result or {})} if result else None
+        state, values = outcome_state(result, error, self.curves.metrics)
+        self.core.observe(c, values[self.train] if state == optuna.trial.TrialState.COMPLETE else None)
+
+
 def make_searcher(name: str, curves: Curves, seed: int, num_trials: int | None = None, constraints=()):
     """The replay's searcher by name (SEARCHERS); ``shuffle`` without constraints is ShuffledCurves itself."""
     from qkvsearch.search.simulation.replay import ShuffledCurves
@@ -194,4 +239,6 @@ def make_searcher(name: str, curves: Curves, seed: int, num_trials: int | None =
         if constraints:
             return FeasibleShuffle(curves, seed, num_trials, constraints)
         return ShuffledCurves(len(curves), seed, num_trials)
+    if name == "ehvi":
+        return KnownCostTable(curves, seed, num_trials, constraints)
     return TableSearch(curves, name, seed, num_trials, constraints)

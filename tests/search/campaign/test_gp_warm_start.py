@@ -1,5 +1,5 @@
 """Live campaigns on local Ray: a constrained GP campaign whose infeasible proposals take no trial slot, and
-a wider campaign warm-started from it that trains nothing already known."""
+wider campaigns warm-started from it (random search, and ehvi) that train nothing already known."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,3 +57,15 @@ def test_gp_campaign_skips_infeasible_proposals_and_a_warm_start_retrains_nothin
     assert retrained == []
     assert any(r["status"] == "completed" and r["config"]["embedding"] == "psne" for r in second)
     assert any(r["status"] == "duplicate" and r["duplicate_of"].startswith(f"{exp}/") for r in second)
+
+    # ehvi, warm-started: what the first campaign trained is never proposed; the rest is, once each
+    from qkvsearch.search.campaign.driver import build_trial
+    from qkvsearch.spaces import base_config, dimensions
+
+    known_cost = _spec(tmp_path, "ehvi-wider", {"embedding": ["linear", "sne", "psne"], "hidden_width": [0.5]},
+                       {"algorithm": "ehvi", "num_trials": 3, "seed": 0, "warm_start": str(exp)})
+    spec3 = load_campaign(known_cost)
+    third = load_records(launch(spec3))
+    space = {identity(build_trial(base_config(spec3), c)["config"]) for c in dimensions.iterate(spec3.space)}
+    assert sorted(identity(r["config"]) for r in third) == sorted(space - trained)  # each once, none known
+    assert all(r["status"] == "completed" for r in third)

@@ -173,14 +173,16 @@ def grid_table(epochs: int = 9) -> pd.DataFrame:
                          "epoch": np.tile(e, n), "top1": top1.reshape(-1), "params_m": np.repeat(params, epochs)})
 
 
-@pytest.mark.parametrize("searcher", ["shuffle", "random", "tpe", "nsga2", "gp"])
+@pytest.mark.parametrize("searcher", ["shuffle", "random", "tpe", "nsga2", "gp", "ehvi"])
 def test_each_searcher_drives_a_table_replay_deterministically_for_a_seed(searcher):
     curves = curves_from_frame(grid_table(), "g", TWO)
     setting = Setting("moasha", 1, 3, 2)
     a, b, c = (simulate(curves, setting, concurrency=2, seed=s, num_trials=14, searcher=searcher) for s in (3, 3, 4))
     assert _trace(a) == _trace(b) and a.trials == 14 and a.end_curve.tolist() != c.end_curve.tolist()
     assert len(set(a.end_curve.tolist())) == 14  # a configuration is trained once
-    if searcher != "shuffle":
+    if searcher == "ehvi":  # what it read: trained ones with their top1, stopped ones without a result
+        assert len(a.searcher.core.results) == a.complete > 0 and len(a.searcher.core.tried) == 14
+    elif searcher != "shuffle":
         import optuna
 
         states = [t.state for t in a.searcher.study.trials]
@@ -203,6 +205,8 @@ def test_constrained_replay_trains_only_feasible_curves_and_the_searcher_learns_
     assert all(t.values[1] > 4.5 for t in told if t.values)  # its exact cost objective
     with pytest.raises(BadInput, match="constraints: expected METRIC:max=X"):
         parse_constraints(["top1:max=3"], curves)
+    known = simulate(curves, Setting("fifo"), concurrency=2, seed=0, num_trials=10, searcher="ehvi", constraints=cons)
+    assert known.infeasible_share == 0 and all(curves.results[c][0]["params_m"] <= 4.5 for c in known.end_curve)
 
 
 @pytest.mark.timeout(120)
