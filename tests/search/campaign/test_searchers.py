@@ -136,7 +136,7 @@ def test_gp_is_an_algorithm_with_its_own_seed_and_startup_design():
     small = load_campaign({**CONSTRAINED, "search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 2}})
     sampler = make_sampler(small.search)
     assert isinstance(sampler, optuna.samplers.GPSampler) and sampler._n_startup_trials == 2
-    with pytest.raises(SpecError, match="search.n_startup_trials: applies to algorithm gp only, not tpe"):
+    with pytest.raises(SpecError, match="search.n_startup_trials: applies to algorithm gp, ehvi only, not tpe"):
         load_campaign({**CONSTRAINED, "search": {"algorithm": "tpe", "num_trials": 8, "n_startup_trials": 2}})
 
 
