@@ -268,7 +268,7 @@ class KnownCostSearch(Searcher):
         they are made again, identically, from the spec and its seed."""
         state = {**self.__dict__, "candidates": [], "identities": {}, "core": None}
         if self.core is not None:
-            state["progress"] = {k: getattr(self.core, k) for k in ("results", "tried", "running", "rng")}
+            state["progress"] = {k: getattr(self.core, k) for k in ("results", "tried", "running", "rng", "kernel")}
         return state
 
     def tell_known(self, key: str, value: float | None) -> None:
