@@ -250,7 +250,7 @@ def _infeasible_shares(spec) -> str:
     from qkvsearch.search.campaign.searchers import ESTIMATE_TRIALS, infeasible_share
     from qkvsearch.spaces.loader import ehvi_problem
 
-    searchers = ("random", "tpe", "nsga2", "gp", *(() if ehvi_problem(spec.objectives) else ("ehvi",)))
+    searchers = ("random", "tpe", "nsga2", "gp", *(() if ehvi_problem(o.metric for o in spec.objectives) else ("ehvi",)))
     shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS) for a in searchers}
     return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
 

@@ -576,15 +576,16 @@ def _parse_constraints(raw, c: Collector) -> list[Constraint]:
     return out
 
 
-def ehvi_problem(objectives) -> str | None:
-    """Why search.algorithm ehvi (search.campaign.known_cost) cannot serve these objectives, or None: it
-    needs one training objective and one or two cost objectives counted before training."""
-    metrics = [o.metric for o in objectives]
-    counted = [m for m in metrics if m in COUNTED_METRICS]
-    if len(metrics) - len(counted) == 1 and 1 <= len(counted) <= 2:
+def ehvi_problem(metrics, costs=COUNTED_METRICS) -> str | None:
+    """Why search.algorithm ehvi (search.campaign.known_cost) cannot serve objectives of these metrics, or
+    None: it needs one training objective and one or two cost objectives (``costs``: metrics known before
+    training, a campaign's counted ones by default)."""
+    metrics = list(metrics)
+    known = [m for m in metrics if m in costs]
+    if len(metrics) - len(known) == 1 and 1 <= len(known) <= 2:
         return None
     return (f"ehvi expects one training objective and one or two objectives counted before training "
-            f"({', '.join(COUNTED_METRICS)}), given {', '.join(metrics)}")
+            f"({', '.join(costs)}), given {', '.join(metrics)}")
 
 
 def _parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
@@ -598,7 +599,8 @@ def _parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     # A space of ranges, several objectives: ehvi where it applies, else GP (benchmarks/README.md, "Searchers
     # compared": on NAS-Bench-201 CIFAR-10 and CIFAR-100, ehvi holds the most hypervolume at 50 trained
     # configurations, then GP); random for one objective.
-    several = ("ehvi" if ehvi_problem(objectives) is None else "gp") if len(objectives) > 1 else "random"
+    known_cost = ehvi_problem(o.metric for o in objectives)
+    several = ("ehvi" if known_cost is None else "gp") if len(objectives) > 1 else "random"
     default_algorithm = "grid" if space.enumerable else several
     algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
                                        c, "search.algorithm")
@@ -636,8 +638,8 @@ def _parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                                     "the same one (add space dimensions, or set num_trials: 1)")
     if algorithm == "nsga2" and population is None:
         population = max(2, min(50, num_trials // 2))   # Optuna's default (50) when the budget allows
-    if algorithm == "ehvi" and ehvi_problem(objectives):
-        c.add("search.algorithm", ehvi_problem(objectives))
+    if algorithm == "ehvi" and known_cost:
+        c.add("search.algorithm", known_cost)
     if algorithm in ("gp", "ehvi") and startup is None:
         startup = max(1, min(GP_STARTUP_TRIALS, num_trials // 4))   # Optuna's default (10) when the budget allows
     return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm.strip() if warm else None)

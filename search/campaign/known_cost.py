@@ -241,6 +241,7 @@ class KnownCostSearch(Searcher):
         self.progress: dict | None = None         # what a pickled core had learnt (its candidates are rebuilt)
 
     def _build(self) -> None:
+        from qkvsearch.search.analysis.pareto import to_minimise
         from qkvsearch.search.campaign.driver import build_trial
         from qkvsearch.spaces import base_config
         from qkvsearch.spaces.keys import identity
@@ -249,8 +250,8 @@ class KnownCostSearch(Searcher):
         base = base_config(self.spec)
         self.candidates = candidate_configs(self.spec)
         trials = [build_trial(base, c) for c in self.candidates]
-        cost = [[t["cost"].get(o.metric, math.inf) * (1 if o.mode == "min" else -1) for o in self.costs]
-                for t in trials]
+        cost = to_minimise([[t["cost"].get(o.metric, math.inf) for o in self.costs] for t in trials],
+                           [o.mode for o in self.costs])
         feasible = [not t.get("invalid") and not violations(self.spec.constraints, t["cost"]) for t in trials]
         self.identities = {identity(t["config"]): i for i, t in enumerate(trials) if not t.get("invalid")}
         search = self.spec.search

@@ -84,10 +84,10 @@ def task_options(cpus_per_worker: float, gpus_per_worker: float, idle: bool) -> 
     from qkvsearch.ray_private import all_gpus_visible
 
     gpu = gpus_per_worker > 0
+    if gpu and not idle:
+        return {"num_cpus": cpus_per_worker, "num_gpus": 1}
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if not idle:
-        if gpu:
-            return {"num_cpus": cpus_per_worker, "num_gpus": 1}
         return {"num_cpus": max([cpus_per_worker, *(n["Resources"].get("CPU", 0.0) for n in nodes)]), "num_gpus": 0}
     node = max(nodes, key=lambda n: n["Resources"].get("GPU" if gpu else "CPU", 0.0))
     return {"num_cpus": 0, "num_gpus": 0, "runtime_env": all_gpus_visible() if gpu else None,

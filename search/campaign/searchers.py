@@ -116,7 +116,7 @@ class TrialConfigs(Searcher):
         self.proposals = 0                     # configurations proposed (duplicates skipped by a grid excluded)
         self.infeasible = 0                    # of which broke a constraint and took no trial slot
         self.measurer = measurer               # None: the campaign measures nothing
-        self.waiting: list[tuple[str, dict]] = []  # (parked id, trial): proposals whose model is being measured
+        self.waiting: list[tuple[str, str, dict]] = []  # (parked id, measured_key, trial): being measured
         self.ahead = 1                         # at most this many wait (the campaign's concurrency)
         self.live: set[str] = set()            # trials suggested and not yet ended
 
@@ -171,28 +171,27 @@ class TrialConfigs(Searcher):
 
     def _park(self, trial_id: str, trial: dict) -> None:
         """The proposal waits for its model's measurement under a name of its own; trial_id asks anew."""
-        parked = f"{trial_id}-measuring"
+        parked, key = f"{trial_id}-measuring", measured_key(trial["config"])
         if hasattr(self.searcher, "rename"):
             self.searcher.rename(trial_id, parked)
-        self.waiting.append((parked, trial))
-        self.measurer.start(measured_key(trial["config"]), trial["config"], idle=not self.live)
+        self.waiting.append((parked, key, trial))
+        self.measurer.start(key, trial["config"], idle=not self.live)
 
     def _measured_trial(self, trial_id: str):
         """The first waiting proposal whose measurement is done and that meets the constraints, as trial_id's
         trial; those that break one are rejected on the way. None while none is ready."""
-        for _, trial in self.waiting:  # again after a restore; at once (idle) once no trial is live
-            self.measurer.start(measured_key(trial["config"]), trial["config"], idle=not self.live)
+        for _, key, trial in self.waiting:  # again after a restore; at once (idle) once no trial is live
+            self.measurer.start(key, trial["config"], idle=not self.live)
         self.measurer.poll()
         while True:
-            ready = next((w for w in self.waiting if self.measurer.result(measured_key(w[1]["config"])) is not None),
-                         None)
+            ready = next((w for w in self.waiting if self.measurer.result(w[1]) is not None), None)
             if ready is None:
                 return None
             self.waiting.remove(ready)
-            parked, trial = ready
+            parked, key, trial = ready
             if hasattr(self.searcher, "rename"):
                 self.searcher.rename(parked, trial_id)
-            trial = _with_measured(trial, self.measurer.result(measured_key(trial["config"])))
+            trial = _with_measured(trial, self.measurer.result(key))
             broken = violations(self.constraints, trial["cost"])
             if broken and "measure_error" not in trial:
                 self._reject(trial_id, trial, "; ".join(broken))

@@ -193,19 +193,21 @@ class KnownCostTable:
     Nothing infeasible is proposed; a configuration is proposed once."""
 
     def __init__(self, curves: Curves, seed: int, num_trials: int | None = None, constraints=()):
+        from qkvsearch.search.analysis.pareto import to_minimise
         from qkvsearch.search.campaign.known_cost import KnownCostEHVI, encode
+        from qkvsearch.spaces.loader import ehvi_problem
 
-        train = [(i, d) for i, (m, d) in enumerate(curves.objectives) if m not in TABLE_COSTS]
+        problem = ehvi_problem(curves.metrics, TABLE_COSTS)
+        if problem:
+            raise BadInput(f"searcher: {problem}")
+        self.curves, self.max_t = curves, curves.max_t
+        self.train = next(i for i, m in enumerate(curves.metrics) if m not in TABLE_COSTS)
         costs = [(m, d) for m, d in curves.objectives if m in TABLE_COSTS]
-        if len(train) != 1 or not 1 <= len(costs) <= 2:
-            raise BadInput(f"searcher: ehvi expects one objective besides one or two cost columns "
-                           f"({', '.join(TABLE_COSTS)}), given {', '.join(m for m, _ in curves.objectives)}")
-        self.curves, self.max_t, self.train = curves, curves.max_t, train[0][0]
         known = [curve_cost(curves, c) for c in range(len(curves))]
-        cost = [[k[m] if d == "min" else -k[m] for m, d in costs] for k in known]
+        cost = to_minimise([[k[m] for m, _ in costs] for k in known], [d for _, d in costs])
         feasible = [not violations(tuple(constraints), k) for k in known]
         configs = [{k: _plain(v) for k, v in cfg.items()} for cfg in curves.configs]
-        self.core = KnownCostEHVI(encode(configs), cost, feasible, train[0][1] == "max", seed)
+        self.core = KnownCostEHVI(encode(configs), cost, feasible, curves.directions[self.train] == "max", seed)
         self.num_trials = len(curves) if num_trials is None else num_trials
         self.trial_of: dict[str, int] = {}
         self.suggested = self.proposals = self.infeasible = self.duplicates = 0

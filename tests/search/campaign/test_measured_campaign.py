@@ -134,7 +134,7 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
     searcher.set_search_properties(None, None, {})
     searcher.set_max_concurrency(2)
     assert searcher.suggest("t0") is None          # both first models measured at once: none is a trial yet
-    assert [t["config"]["depth"] for _, t in searcher.waiting] == [1, 12]
+    assert [t["config"]["depth"] for _, _, t in searcher.waiting] == [1, 12]
 
     def next_trial(trial_id: str) -> dict:
         deadline = time.monotonic() + 120
