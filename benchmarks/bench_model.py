@@ -10,8 +10,9 @@ All models are timed in every round, in a rotating order (interleaved A/B), afte
     python benchmarks/bench_model.py --architecture   # attention and key choices at 65 and 1025 tokens
 
 ``--architecture``: a ViT of the Vision X-formers size (d 128, depth 4, 4 heads, MLP 256) at 32 px with
-patch 4 (65 tokens) and patch 1 (1025 tokens); each attention over softmax (timm's SDPA) and the
-manifold key over the shared key, all timed side by side in one run per token count.
+patch 4 (65 tokens) and patch 1 (1025 tokens): each attention, position, stem and key choice, and the
+MLP-Mixer of the same width and depth, against softmax attention (timm's SDPA) with learned positions,
+timm's patch embedding and the shared key; all timed side by side in one run per token count.
 """
 from __future__ import annotations
 
@@ -40,12 +41,27 @@ ARCH_VARIANTS = {  # name -> architecture keys; compared with "softmax"
     "softmax": dict(attention="softmax"),
     "performer": dict(attention="performer", attn_features=64),
     "linformer": dict(attention="linformer", attn_proj_len=64),
+    "linformer_shared_kv": dict(attention="linformer_shared_kv", attn_proj_len=64),
     "nystrom": dict(attention="nystrom", attn_landmarks=32),
     "fnet": dict(attention="fnet"),
+    "rope": dict(pos_embed="rope"),
+    "rope1d": dict(pos_embed="rope1d"),
+    "conv": dict(patch_embed="conv"),
+    "conv_plain": dict(patch_embed="conv_plain"),
+    "mlp_mixer": dict(model="mixer_s16_224", num_heads=None, mlp_ratio=1.0),   # token-mixing: one unit a patch
     "manifold": dict(key="manifold", key_charts=8),
     "manifold-kua": dict(key="manifold", key_charts=8, key_aggregation="kua"),
 }
 ARCH_PATCHES = {65: 4, 1025: 1}   # tokens -> patch size at 32 px
+
+
+def arch_config(name: str, patch: int) -> dict:
+    """The model keys of one variant at one patch size (the MLP-Mixer's token-mixing width: the patch count,
+    as the Vision X-formers paper sized it)."""
+    cfg = {**ARCH_BASE, "patch_size": patch, **ARCH_VARIANTS[name]}
+    if cfg["model"].startswith("mixer_"):
+        cfg["token_mlp_ratio"] = (ARCH_BASE["img_size"] // patch) ** 2 / ARCH_BASE["embed_dim"]
+    return cfg
 
 
 def parse_args() -> argparse.Namespace:
@@ -62,7 +78,7 @@ def parse_args() -> argparse.Namespace:
                    help="models to time (linear is always added: the others are compared with it)")
     p.add_argument("--quick", action="store_true", help="smoke-test size: batch 4, 3 rounds")
     p.add_argument("--architecture", action="store_true",
-                   help="time the attention and key choices (trainers.attention) instead of the embeddings")
+                   help="time the attention, position, stem and key choices instead of the embeddings")
     args = p.parse_args()
     args.batch = args.batch or (4 if args.quick else 8)
     args.rounds = args.rounds or (3 if args.quick else 12)
@@ -123,19 +139,18 @@ def best_ratio(times: dict, a: str, b: str) -> float:
 
 def architecture(args, device: torch.device) -> None:
     """Each attention / key choice over softmax at 65 and 1025 tokens, next to its MAC ratio."""
-    print(f"{'tokens':>6} {'choice':<13} {'params':>8} {'GMACs':>7} {'ms/step':>9} {'time ratio':>10} "
+    print(f"{'tokens':>6} {'choice':<19} {'params':>8} {'GMACs':>7} {'ms/step':>9} {'time ratio':>10} "
           f"{'best ratio':>10} {'MAC ratio':>10}")
     for tokens, patch in ARCH_PATCHES.items():
-        base = {**ARCH_BASE, "patch_size": patch}
         models = {}
-        for name, keys in ARCH_VARIANTS.items():
+        for name in ARCH_VARIANTS:
             torch.manual_seed(0)
-            models[name] = build_model({**base, **keys}).to(device).train()
-        x = torch.randn(args.batch, 3, base["img_size"], base["img_size"], device=device)
+            models[name] = build_model(arch_config(name, patch)).to(device).train()
+        x = torch.randn(args.batch, 3, ARCH_BASE["img_size"], ARCH_BASE["img_size"], device=device)
         times = measure(models, x, device, args.rounds, args.warmup)
-        costs = {n: model_cost({**base, **ARCH_VARIANTS[n]}) for n in models}
+        costs = {n: model_cost(arch_config(n, patch)) for n in models}
         for n in models:
-            print(f"{tokens:>6} {n:<13} {costs[n]['params_m']:>7.3f}M {costs[n]['gmacs']:>7.3f} "
+            print(f"{tokens:>6} {n:<19} {costs[n]['params_m']:>7.3f}M {costs[n]['gmacs']:>7.3f} "
                   f"{1e3 * statistics.median(times[n]):>9.1f} {paired_ratio(times, n, 'softmax'):>9.3f}x "
                   f"{best_ratio(times, n, 'softmax'):>9.3f}x {costs[n]['gmacs'] / costs['softmax']['gmacs']:>9.3f}x")
 

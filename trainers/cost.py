@@ -16,25 +16,31 @@
 solved (``width``) and its cost, computed once when the trial is built; everything downstream (the trial
 process, its workers, records, Parquet, reports) takes them from there.
 
-How: the linear baseline (timm's model with the trial's architecture keys: trainers.attention) is built
-and counted once on the meta device per (model, num_classes, img_size, in_chans, architecture) and cached; each variant is then the baseline minus the
-replaced q/k/v projections plus the closed-form cost of its embedding (trainers.embeddings), so a
-configuration costs microseconds. ``measure_cost(cfg)`` builds and counts the variant itself (the slow,
-direct check the closed form is tested against).
+How: timm's model of the trial's family at its macro shape, with timm's own choices (softmax attention,
+learned positions, PatchEmbed, the model's own q/k/v projections), is built and counted once on the meta
+device per (model, num_classes, img_size, in_chans, macro shape) and cached (``base_profile``). Every
+registered choice then replaces what it replaces by its class's own exact counts, the counts of the
+classes production builds (trainers.choices; each checked against the built module by
+tests/trainers/test_choices.py): the mixer of every block, the positions and the stem
+(``Host.substitutions``), the key and the q/k/v embedding of every fused-qkv site. So a configuration
+costs microseconds. ``measure_cost(cfg)`` builds and counts the whole variant itself (the slow, direct
+check the counts are tested against).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
 from torch import nn
 
 from qkvsearch.spaces.keys import ConfigError, fill
-from qkvsearch.trainers.attention import Arch
+from qkvsearch.trainers.architecture import Arch
 from qkvsearch.trainers.attention.fft import flop_counter
 from qkvsearch.trainers.attention.manifold import ManifoldKey
-from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, embedding_macs, embedding_params
+from qkvsearch.trainers.attention.shape import Shape
+from qkvsearch.trainers.choices import EMBEDDINGS, family_of
+from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, Linear
 from qkvsearch.trainers.models import (
     EmbeddingSpec,
     ModelConfig,
@@ -43,6 +49,7 @@ from qkvsearch.trainers.models import (
     codes_params,
     embedded_sites,
     find_sites,
+    qkv_free,
     resolve_width,
 )
 
@@ -50,18 +57,19 @@ __all__ = ["count_macs", "measure_cost", "model_cost", "resolve_trial"]
 
 
 @dataclass(frozen=True)
-class HostProfile:
-    """The linear baseline: total params and MACs, its q/k/v sites and their token counts."""
+class BaseProfile:
+    """timm's model with its own choices: total params and MACs, its q/k/v sites with their token counts,
+    the stage shape the registered classes count at and its number of blocks."""
 
     params: int
     macs: int
     sites: tuple[Site, ...]
     tokens: dict  # site path -> tokens N entering the site (batch 1)
-    key_params: int = 0  # manifold keys (they belong to the q/k/v embedding)
-    mixer: str | None = None
+    stage: Shape | None    # read off timm's model, before an architecture fits it (Host.stage)
+    blocks: int
 
 
-def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int]:
+def input_size(model: nn.Module, img_size: int | None) -> tuple[int, int]:
     if img_size is not None:
         return img_size, img_size
     size = model.pretrained_cfg["input_size"]  # (C, H, W) of timm's default config
@@ -70,7 +78,7 @@ def _input_size(model: nn.Module, img_size: int | None) -> tuple[int, int]:
 
 def count_macs(model: nn.Module, in_chans: int, img_size: int | None) -> int:
     """MACs (= counted FLOPs / 2) of one eval forward of one image; runs on the model's device (meta ok)."""
-    h, w = _input_size(model, img_size)
+    h, w = input_size(model, img_size)
     device = next(model.parameters()).device
     x = torch.zeros(1, in_chans, h, w, device=device)
     was_training = model.training
@@ -87,18 +95,19 @@ def _linear_macs(site: Site, tokens: int) -> int:
     """MACs of the host's own projections at a site: fused qkv on all tokens; ClassAttn's q on one."""
     if site.class_attn:
         return site.dim * site.dim_out + 2 * tokens * site.dim * site.dim_out
-    return embedding_macs("linear", site.dim, 0, tokens, site.dim_out, parts=site.parts)
+    return Linear.macs(site.dim, 0, tokens, site.dim_out, parts=site.parts)
 
 
 @lru_cache(maxsize=64)
-def host_profile(model: str, num_classes: int | None, img_size: int | None, in_chans: int,
-                 arch: Arch | None = None) -> HostProfile:
-    """Build timm's model on the meta device, count it, and record each site's token count."""
-    arch = arch or Arch()
+def base_profile(model: str, num_classes: int | None, img_size: int | None, in_chans: int,
+                 macro: Arch) -> BaseProfile:
+    """Build timm's model at the ``macro`` shape with timm's own choices on the meta device, count it, and
+    record each site's token count and the stage shape."""
     with torch.device("meta"):
         linear = EmbeddingSpec.from_cfg({"embedding": "linear"})
         host = ModelConfig(model, linear, num_classes, img_size, in_chans, drop_path_rate=0.0,
-                           arch=arch).create_host()  # counted only
+                           arch=macro).create_host()  # counted only
+    stage = family_of(model).read_stage(host)
     sites = find_sites(host)
     tokens: dict[str, int] = {}
     hooks = [host.get_submodule(s.path).register_forward_pre_hook(
@@ -109,32 +118,59 @@ def host_profile(model: str, num_classes: int | None, img_size: int | None, in_c
         for hook in hooks:
             hook.remove()
     params = sum(p.numel() for p in host.parameters())
-    keys = sum(p.numel() for m in host.modules() if isinstance(m, ManifoldKey) for p in m.parameters())
-    return HostProfile(params, macs, sites, tokens, keys, arch.attention)
+    return BaseProfile(params, macs, sites, tokens, stage, len(getattr(host, "blocks", ())))
+
+
+def _keyed(sites: tuple[Site, ...], key: type) -> tuple[Site, ...]:
+    """The sites as the key leaves them: a manifold key takes the k out of each fused [q | k | v]."""
+    if key.parts == 3:
+        return sites
+    return tuple(s if s.class_attn else replace(s, linear_params=s.linear_params // 3 * key.parts, parts=key.parts)
+                 for s in sites)
 
 
 def model_cost(cfg: dict) -> dict:
     """Cost of ``build_model(cfg)`` (see the module docstring); unknown keys of ``cfg`` are ignored."""
     spec = ModelConfig.from_cfg(cfg)
-    host = host_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, spec.arch)
+    arch, family = spec.arch, family_of(spec.model)
+    base = base_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, arch.macro())
+    stage = family.stage(base.stage, arch, spec.model)
+    params, macs = base.params, base.macs
+    for default, chosen, times, shape in family.substitutions(arch, stage, base.blocks):
+        params += times * (chosen.params(shape) - default.params(shape))
+        macs += times * (chosen.macs(shape) - default.macs(shape))
+    # the key, then the embedding, replace q/k/v projections of the sites (fused qkv: the mixer keeps them)
+    qkv_free = family.qkv_free(arch)
+    sites = () if qkv_free else base.sites
+    key, key_params, key_macs = arch.key_class, 0, 0
+    keyed = _keyed(sites, key)
+    for s, k in zip(sites, keyed):
+        if k is not s:   # [q | k | v] -> [q | v] and a key apart
+            tokens = base.tokens[s.path]
+            at = Shape.of_tokens(s.dim, tokens, charts=arch.key_charts, aggregation=arch.key_aggregation)
+            key_params, key_macs = key_params + key.params(at), key_macs + key.macs(at)
+            params += k.linear_params - s.linear_params
+            macs += _linear_macs(k, tokens) - _linear_macs(s, tokens)
     emb = spec.emb
-    sites = embedded_sites(emb, host.sites, spec.model, host.mixer)
-    h = resolve_width(emb, sites, host.params)
-    n = emb.code_size or 0
-    kind = emb.kind
-    lin_params = sum(s.linear_params for s in sites)
-    lin_macs = sum(_linear_macs(s, host.tokens[s.path]) for s in sites)
-    if kind == "linear":
-        embed_params, embed_macs = lin_params, lin_macs
-    else:
+    sites = embedded_sites(emb, keyed, spec.model, qkv_free)
+    h = resolve_width(emb, sites, base.params)
+    kind, n = emb.kind, emb.code_size or 0
+    embed_params = sum(s.linear_params for s in sites)
+    embed_macs = sum(_linear_macs(s, base.tokens[s.path]) for s in sites)
+    if kind != "linear":
+        params -= embed_params
+        macs -= embed_macs
         embed_params = codes_params(emb, sites) + sum(
-            embedding_params(kind, s.dim, h, s.dim_out, n, s.parts) for s in sites)
-        embed_macs = sum(embedding_macs(kind, s.dim, h, host.tokens[s.path], s.dim_out, n, s.parts)
+            EMBEDDINGS[kind].params(s.dim, h, s.dim_out, n, s.parts) for s in sites)
+        embed_macs = sum(EMBEDDINGS[kind].macs(s.dim, h, base.tokens[s.path], s.dim_out, n, s.parts)
                          for s in sites)
-    params = host.params - lin_params + embed_params
-    macs = host.macs - lin_macs + embed_macs
-    return {"params": params, "params_m": params / 1e6, "embed_params": embed_params + host.key_params,
-            "gmacs": macs / 1e9, "width": h}
+        params += embed_params
+        macs += embed_macs
+    params += key_params
+    macs += key_macs
+    embed_params += key_params + family.qkv_free_params(arch, stage, base.blocks)
+    return {"params": params, "params_m": params / 1e6, "embed_params": embed_params, "gmacs": macs / 1e9,
+            "width": h}
 
 
 # Beyond what any one node holds (4e11 bytes of fp32 weights alone): a width no machine could train.
@@ -158,10 +194,11 @@ def resolve_trial(cfg: dict) -> tuple[dict, dict]:
 def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
     """The q/k/v embedding modules of a built model (for linear: the host's own projections)."""
     keys = [m for m in model.modules() if isinstance(m, ManifoldKey)]
+    keys += [p for m in model.modules() if hasattr(m, "qkv_projections") for p in m.qkv_projections()]
     if spec.emb.kind != "linear":
         return keys + [m for m in model.modules() if isinstance(m, (SNE, PSNE, FSNE))]
     out = []
-    for s in embedded_sites(spec.emb, find_sites(model), spec.model, spec.arch.attention):
+    for s in embedded_sites(spec.emb, find_sites(model), spec.model, qkv_free(model)):
         attn = model.get_submodule(s.path)
         out += [attn.q, attn.k, attn.v] if s.class_attn else [attn.qkv.qv if s.parts == 2 else attn.qkv]
     return keys + out

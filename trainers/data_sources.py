@@ -1,8 +1,10 @@
-"""Dataset formats beside trainers.data's CIFAR and ImageFolder: the embedded digits (and their split
-for out-of-distribution tests), STL-10's binary files, Stanford Cars' devkit annotations, and the image
-sets an OOD stage scores (search.campaign.stages).
+"""Dataset formats read into sources (trainers.sources): CIFAR's python pickles, the embedded digits (and
+their split for out-of-distribution tests), STL-10's binary files, Stanford Cars' devkit annotations, and
+the image sets an OOD stage scores (search.campaign.stages). An ImageFolder is torchvision's
+(trainers.data).
 
 Files, as their authors ship them (data_path is the folder holding them, or its parent):
+- CIFAR-10 / -100 (``cifar-10-batches-py/``, ``cifar-100-python/``): the python pickle version.
 - STL-10 (``stl10_binary/``): train_X.bin / test_X.bin, uint8 (N, 3, 96, 96) with each channel stored
   column-major; train_y.bin / test_y.bin, uint8 labels 1..10. The unlabelled split is not read.
 - Stanford Cars (torchvision's layout): devkit/cars_train_annos.mat and cars_test_annos_withlabels.mat,
@@ -15,17 +17,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from qkvsearch.trainers.data import (
+from qkvsearch.trainers.sources import (
     IMAGE_EXTENSIONS,
     DatasetError,
     PilSource,
     TensorSource,
-    _tensors,
+    as_tensors,
     eval_transform,
 )
 
@@ -36,6 +39,73 @@ NOISE_SEED = 0
 STL10_DIR, STL10_SIDE = "stl10_binary", 96
 CARS_FILES = {"train": ("devkit/cars_train_annos.mat", "cars_train"),
               "val": ("cars_test_annos_withlabels.mat", "cars_test")}
+CIFAR_FILES = {
+    "cifar10": (["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"],
+                ["test_batch"], b"labels", "data_batch_1..5 and test_batch", "cifar-10-batches-py"),
+    "cifar100": (["train"], ["test"], b"fine_labels", "train and test", "cifar-100-python"),
+}
+
+
+# ---------------------------------------------------------------------------------------------- CIFAR
+
+
+def _cifar_dir(ds, path):
+    """The folder with the pickles: data_path itself or its <cifar-10-batches-py> subfolder."""
+    sub = os.path.join(path, CIFAR_FILES[ds][4])
+    return sub if os.path.isdir(sub) else path
+
+
+def check_cifar(ds, path):
+    train, test, label_key, expected, _ = CIFAR_FILES[ds]
+    folder = _cifar_dir(ds, path)
+    missing = [f for f in train + test if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise DatasetError(f"data_path: expected {folder!r} to hold {expected} "
+                           f"(the python pickle version of {ds.upper()}); missing: {', '.join(missing)}")
+    _read_cifar_file(os.path.join(folder, test[0]), label_key)  # the smallest file: format check
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """CIFAR pickles hold dicts of bytes, lists and numpy arrays: refuse any other class."""
+
+    def find_class(self, module, name):
+        if module.split(".")[0] == "numpy" and name in ("_reconstruct", "ndarray", "dtype", "scalar"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a CIFAR pickle")
+
+
+def _read_cifar_file(file, label_key):
+    """-> (images uint8 (N, 3, 32, 32), labels int64 (N,)) of one CIFAR pickle."""
+    try:
+        with open(file, "rb") as f:
+            d = _CifarUnpickler(f, encoding="bytes").load()
+        data = np.asarray(d[b"data"], dtype=np.uint8)
+        labels = np.asarray(d[label_key], dtype=np.int64)
+        images = data.reshape(len(data), 3, 32, 32)
+    except Exception as e:  # any failure here means "not a CIFAR pickle": say which file and why
+        raise DatasetError(f"data_path: expected {file!r} to be a CIFAR python pickle with keys "
+                           f"b'data' (N x 3072 uint8) and {label_key!r}, could not read it: {e}") from e
+    if len(labels) != len(images):
+        raise DatasetError(f"data_path: {file!r} holds {len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
+def cifar(cfg):
+    ds = cfg["dataset"]
+    train_files, test_files, label_key, _, _ = CIFAR_FILES[ds]
+    folder = _cifar_dir(ds, cfg["data_path"])
+    splits = []
+    for files in (train_files, test_files):
+        parts = [_read_cifar_file(os.path.join(folder, f), label_key) for f in files]
+        splits.append(as_tensors(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])))
+    _check_labels(splits[0][1], cfg)
+    return splits
+
+
+def _check_labels(labels, cfg):
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= cfg["num_classes"]):
+        raise DatasetError(f"data_path: expected labels in 0..{cfg['num_classes'] - 1} in {cfg['data_path']!r}, "
+                           f"found {int(labels.min())}..{int(labels.max())}")
 
 
 # ---------------------------------------------------------------------------------------------- digits
@@ -45,7 +115,7 @@ def digits(cfg):
     """sklearn's 1,797 8x8 digits (values 0..16) as uint8 (N, 1, 8, 8), stratified split by val_fraction."""
     images, labels = _digit_images()
     val = _stratified_pick(labels, cfg["val_fraction"], DIGITS_SPLIT_SEED)
-    return _tensors(images[~val], labels[~val]), _tensors(images[val], labels[val])
+    return as_tensors(images[~val], labels[~val]), as_tensors(images[val], labels[val])
 
 
 def digits_0to8(cfg):
@@ -120,7 +190,7 @@ def _read_stl10(folder: str, split: str):
 
 def stl10(cfg):
     folder = _stl10_dir(cfg["data_path"])
-    return [_tensors(*_read_stl10(folder, split)) for split in ("train", "test")]
+    return [as_tensors(*_read_stl10(folder, split)) for split in ("train", "test")]
 
 
 # ---------------------------------------------------------------------------------------------- Stanford Cars
@@ -190,8 +260,6 @@ def image_files(folder: str) -> list[str]:
 def ood_source(fmt: str, path: str | None, cfg: dict):
     """The images of one OOD set as a source (labels all -1), for a model fed cfg's img_size / in_chans.
     fmt: one of spaces.stages.OOD_FORMATS."""
-    from qkvsearch.trainers.data import CIFAR_FILES, _cifar_dir, _read_cifar_file
-
     size, chans = cfg["img_size"], cfg["in_chans"]
     if fmt == "imagefolder":
         files = image_files(path)
@@ -209,4 +277,4 @@ def ood_source(fmt: str, path: str | None, cfg: dict):
     else:  # digits_heldout
         images, labels = _digit_images()
         images = images[labels == HELD_OUT_DIGIT]
-    return TensorSource(*_tensors(images, np.full(len(images), -1)), size, chans)
+    return TensorSource(*as_tensors(images, np.full(len(images), -1)), size, chans)

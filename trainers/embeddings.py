@@ -12,6 +12,12 @@ psne       ``σ(X Wq1) Ws2``                               second layer Ws2 (h×
 fsne       ``σ((X ⊕ Cq) Ws1) Ws2``, Ws1: (d+n)×h           both layers; codes Cq, Ck, Cv ∈ R^(1×n)
 =========  =============================================  ==========================================
 
+Each kind is one class (the registry ``trainers.choices.EMBEDDINGS``) that builds itself (``build``) and
+counts one module's parameters (without codes: shared codes count once, per-block codes per module) and
+its MACs over N tokens at batch 1, as the module computes them (F-SNE in its factored form).
+``parts``: 3 embeds ``[q | k | v]``; 2 embeds ``[q | v]`` (the key is computed apart, see
+trainers.attention.manifold).
+
 Every layer has a bias. Weights are initialised like timm's ViT/XCiT linears (truncated normal,
 std 0.02, zero bias); codes start from N(0, 1) so that Q, K and V differ from the first step
 (codes of std 0.02 would make the three nearly identical and break the symmetry slowly).
@@ -23,7 +29,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-from qkvsearch.spaces.keys import ACTIVATIONS, EMBEDDINGS, KEYS
+from qkvsearch.spaces.keys import ACTIVATIONS, KEYS
 
 DEFAULT_ACTIVATION = KEYS["activation"].default
 DEFAULT_CODE_SIZE = KEYS["code_size"].default
@@ -88,6 +94,20 @@ class SNE(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden={self.hidden}, dim_out={self.dim_out}"
 
+    @classmethod
+    def build(cls, dim, hidden, dim_out=None, activation=DEFAULT_ACTIVATION, code_size=0, codes=None, parts=3):
+        return cls(dim, hidden, dim_out, activation, parts)
+
+    @classmethod
+    def params(cls, dim, hidden, dim_out=None, code_size=0, parts=3) -> int:
+        o = dim if dim_out is None else dim_out
+        return parts * (dim * hidden + hidden + hidden * o + o)
+
+    @classmethod
+    def macs(cls, dim, hidden, tokens, dim_out=None, code_size=0, parts=3) -> int:
+        o = dim if dim_out is None else dim_out
+        return tokens * (parts * dim * hidden + parts * hidden * o)
+
 
 class PSNE(nn.Module):
     """Partially-shared non-linear embedding: separate first layers, one shared second layer Ws2.
@@ -113,6 +133,17 @@ class PSNE(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden={self.hidden}, dim_out={self.dim_out}"
+
+    @classmethod
+    def build(cls, dim, hidden, dim_out=None, activation=DEFAULT_ACTIVATION, code_size=0, codes=None, parts=3):
+        return cls(dim, hidden, dim_out, activation, parts)
+
+    macs = classmethod(SNE.macs.__func__)   # SNE's products: one shared second-layer weight, the same matmuls
+
+    @classmethod
+    def params(cls, dim, hidden, dim_out=None, code_size=0, parts=3) -> int:
+        o = dim if dim_out is None else dim_out
+        return parts * (dim * hidden + hidden) + hidden * o + o
 
 
 def make_codes(code_size: int, parts: int = 3) -> nn.Parameter:
@@ -176,55 +207,39 @@ class FSNE(nn.Module):
         return f"dim={self.dim}, hidden={self.hidden}, code_size={self.code_size}, dim_out={self.dim_out}"
 
 
-def build_embedding(
-    kind: str,
-    dim: int,
-    hidden: int,
-    dim_out: int | None = None,
-    activation: str = DEFAULT_ACTIVATION,
-    code_size: int = DEFAULT_CODE_SIZE,
-    codes: nn.Parameter | None = None,
-    parts: int = 3,
-) -> nn.Module:
-    """One non-linear embedding module (``sne``, ``psne`` or ``fsne``); ``linear`` stays timm's own.
 
-    ``parts``: 3 embeds ``[q | k | v]``; 2 embeds ``[q | v]`` (the key is computed apart, see
-    trainers.attention.manifold)."""
-    if kind == "sne":
-        return SNE(dim, hidden, dim_out, activation, parts)
-    if kind == "psne":
-        return PSNE(dim, hidden, dim_out, activation, parts)
-    if kind == "fsne":
-        return FSNE(dim, hidden, code_size, dim_out, activation, codes, parts)
-    raise ValueError(f"embedding: expected one of {EMBEDDINGS[1:]} here, given {kind!r}")
+    @classmethod
+    def build(cls, dim, hidden, dim_out=None, activation=DEFAULT_ACTIVATION, code_size=DEFAULT_CODE_SIZE,
+              codes=None, parts=3):
+        return cls(dim, hidden, code_size, dim_out, activation, codes, parts)
 
-
-def embedding_params(kind: str, dim: int, hidden: int, dim_out: int | None = None, code_size: int = 0,
-                     parts: int = 3) -> int:
-    """Parameters of one module, without codes (count shared codes once, per-block codes per module)."""
-    o, p = (dim if dim_out is None else dim_out), parts
-    if kind == "linear":
-        return dim * p * o + p * o
-    if kind == "sne":
-        return p * (dim * hidden + hidden + hidden * o + o)
-    if kind == "psne":
-        return p * (dim * hidden + hidden) + hidden * o + o
-    if kind == "fsne":
+    @classmethod
+    def params(cls, dim, hidden, dim_out=None, code_size=0, parts=3) -> int:
+        """Without the codes (network-wide codes count once: trainers.models.codes_params)."""
+        o = dim if dim_out is None else dim_out
         return (dim + code_size) * hidden + hidden + hidden * o + o
-    raise ValueError(f"embedding: expected one of {EMBEDDINGS}, given {kind!r}")
+
+    @classmethod
+    def macs(cls, dim, hidden, tokens, dim_out=None, code_size=0, parts=3) -> int:
+        """Factored form: N·d·h (tokens, once) + 3·n·h (codes) + 3·N·h·d_out."""
+        o = dim if dim_out is None else dim_out
+        return tokens * dim * hidden + parts * code_size * hidden + tokens * parts * hidden * o
 
 
-def embedding_macs(kind: str, dim: int, hidden: int, tokens: int, dim_out: int | None = None,
-                   code_size: int = 0, parts: int = 3) -> int:
-    """Multiply-accumulates of one forward over ``tokens`` tokens (batch 1), as the module computes them.
+class Linear(nn.Linear):
+    """``linear``: the model's own fused projection (d -> parts·d_out with bias), which stays timm's
+    ``nn.Linear`` in a model; this class only builds and counts one like it."""
 
-    F-SNE is counted in its factored form: N·d·h (tokens, once) + 3·n·h (codes) + 3·N·h·d_out.
-    """
-    o, p = (dim if dim_out is None else dim_out), parts
-    if kind == "linear":
-        return tokens * dim * p * o
-    if kind in ("sne", "psne"):
-        return tokens * (p * dim * hidden + p * hidden * o)
-    if kind == "fsne":
-        return tokens * dim * hidden + p * code_size * hidden + tokens * p * hidden * o
-    raise ValueError(f"embedding: expected one of {EMBEDDINGS}, given {kind!r}")
+    @classmethod
+    def build(cls, dim, hidden=0, dim_out=None, activation=DEFAULT_ACTIVATION, code_size=0, codes=None, parts=3):
+        return cls(dim, parts * (dim if dim_out is None else dim_out))
+
+    @classmethod
+    def params(cls, dim, hidden=0, dim_out=None, code_size=0, parts=3) -> int:
+        o = dim if dim_out is None else dim_out
+        return dim * parts * o + parts * o
+
+    @classmethod
+    def macs(cls, dim, hidden, tokens, dim_out=None, code_size=0, parts=3) -> int:
+        o = dim if dim_out is None else dim_out
+        return tokens * dim * parts * o

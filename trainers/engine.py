@@ -1,7 +1,7 @@
 """The per-rank training engine, free of Ray: one Run object, train_one_epoch, evaluate, checkpoint I/O.
 
-Used by both adapters in trainers.loop: the Ray Train worker (train_worker) and the plain
-`python -m qkvsearch.trainers.loop` path (one process, or torchrun + torch.distributed).
+Used by both adapters: the Ray Train worker (trainers.loop.train_worker) and the plain path
+(trainers.cli, `python -m qkvsearch.trainers.loop`: one process, or torchrun + torch.distributed).
 
 Rules that make a run reproducible and resumable:
 - every rank builds the model after torch.manual_seed(seed): the same initial weights everywhere;
@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from qkvsearch.spaces.errors import reason
-from qkvsearch.spaces.keys import EPOCH, MODEL_GROUPS, batch_plan, names, require_filled
+from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
+from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.storage import read_bytes, write_bytes
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)

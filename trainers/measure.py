@@ -47,7 +47,8 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
-from qkvsearch.spaces.keys import MEASURED_METRICS, MODEL_GROUPS, identity, names
+from qkvsearch.spaces.keys import MODEL_GROUPS, identity, names
+from qkvsearch.spaces.metrics import MEASURED_METRICS
 from qkvsearch.storage import read_json, write_json
 from qkvsearch.trainers.engine import autocast_context
 
@@ -261,7 +262,7 @@ def plan(cfg: dict, device=None, *, batch: int = 64, latency_batch: int = 1, tra
 
 def measure(cfg: dict, device=None, *, metrics=MEASURED_METRICS, rel_ci: float = REL_CI, max_s: float = MAX_S,
             **how) -> dict:
-    """Measure a filled trial config (module docstring). metrics: which of spaces.keys.MEASURED to measure
+    """Measure a filled trial config (module docstring). metrics: which of spaces.metrics.MEASURED to measure
     (latency_ms also gives latency_p90_ms; peak_mem_gb comes with train_step_ms); how: ``plan``'s batch,
     latency_batch, train_batch, compile."""
     from qkvsearch.trainers import build_model

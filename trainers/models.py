@@ -11,16 +11,13 @@ with their defaults, in qkvsearch.spaces.keys.KEYS; other keys are ignored). Wid
 
 ``linear`` leaves timm's model untouched (its state_dict loads strictly, outputs are bitwise equal).
 
-The architecture keys (attention, pos_embed, patch_embed, key, the macro shape; trainers.attention) decide
-the host: timm's model built with them (``ModelConfig.create_host``); the embedding is then applied to the
-host's q/k/v sites (with ``key: manifold``, to its q and v only). timm's own model is untouched unless an
-architecture key differs from its default.
+The architecture keys (attention, pos_embed, patch_embed, key, the macro shape; trainers.architecture)
+decide the host: timm's model of the model's family built with them (``create_host``, trainers.hosts);
+the embedding (a class of the registry trainers.choices.EMBEDDINGS) is then applied to the host's q/k/v
+sites (with ``key: manifold``, to its q and v only). timm's own model is untouched unless an architecture
+key differs from its default.
 
-The variants are also registered with timm as ``qkv_<timm name>`` (every ``xcit_*`` model plus ViT/DeiT
-tiny/small/base at patch 16, 224; ``register_qkv_model(name)`` adds others), taking the model keys as
-keyword arguments::
-
-    timm.create_model("qkv_xcit_nano_12_p16_224", embedding="fsne", code_size=8)
+The variants are also registered with timm as ``qkv_<timm name>`` (trainers.registry).
 """
 from __future__ import annotations
 
@@ -28,18 +25,18 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import timm
 import torch
 from timm.models.cait import ClassAttn
+from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
+from qkvsearch.spaces.checks import PAPER_WIDTH
 from qkvsearch.spaces.errors import show
-from qkvsearch.spaces.keys import MODEL_GROUPS, PAPER_WIDTH, VIT, ConfigError, fill, model_family
-from qkvsearch.trainers.attention import Arch, add_manifold_keys
+from qkvsearch.spaces.keys import MODEL_GROUPS, ConfigError, fill
+from qkvsearch.trainers.architecture import Arch
 from qkvsearch.trainers.attention.manifold import KeyedQKV
-from qkvsearch.trainers.attention.mixers import FNetMixer
-from qkvsearch.trainers.embeddings import build_embedding, embedding_params, make_codes
-from qkvsearch.trainers.registry import register_qkv_model  # noqa: F401  (public re-export)
+from qkvsearch.trainers.choices import EMBEDDINGS, family_of
+from qkvsearch.trainers.embeddings import make_codes
 
 __all__ = [
     "EmbeddingSpec",
@@ -49,7 +46,6 @@ __all__ = [
     "apply_embedding",
     "build_model",
     "find_sites",
-    "register_qkv_model",
 ]
 
 PAPER_WIDTH_RATIO = {"sne": 0.5, "psne": 0.75, "fsne": 1.0}  # Table 1: h as a fraction of d
@@ -108,38 +104,16 @@ class ModelConfig:
 
     def _check_patches(self, host: nn.Module) -> None:
         """A ViT crops an image its patches do not tile, silently: refuse such an img_size."""
-        patch = getattr(getattr(host, "patch_embed", None), "patch_size", None)
+        embed = getattr(host, "patch_embed", None) or getattr(host, "stem", None)   # ViT, XCiT / MLP-Mixer
+        patch = getattr(embed, "patch_size", None)
         patch = patch[0] if isinstance(patch, (tuple, list)) else patch
         if self.img_size is not None and isinstance(patch, int) and self.img_size % patch:
             raise _bad("img_size", f"a multiple of {self.model}'s patch size {patch}", self.img_size)
 
 
 def create_host(model: str, arch: Arch, kwargs: dict) -> nn.Module:
-    """timm's ``model`` built with ``kwargs`` and the architecture ``arch`` (macro shape as timm's keyword
-    arguments; on a ViT/DeiT the mixer, positions and stem as attn_layer / pos_embed / embed_layer,
-    found from a meta-device probe of the macro shape), then the manifold keys put in."""
-    kwargs = {**kwargs, **arch.macro_kwargs()}
-    if model_family(model) == VIT and not arch.timm_default:
-        with torch.device("meta"):
-            probe = _create(model, arch, {**kwargs, "depth": 1})   # token count, grid, heads: one block is enough
-        kwargs.update(arch.vit_kwargs(probe))
-    host = _create(model, arch, kwargs)
-    add_manifold_keys(host, arch)
-    return host
-
-
-def _create(model: str, arch: Arch, kwargs: dict) -> nn.Module:
-    try:
-        return timm.create_model(model, pretrained=False, **kwargs)
-    except TypeError as err:  # e.g. a CNN: "__init__() got an unexpected keyword argument 'img_size'"
-        raise _bad("model", f"a timm vision transformer with a fused qkv (XCiT, ViT, DeiT) accepting "
-                            f"{sorted(kwargs)} ({err})", model) from err
-    except AssertionError as err:  # "`patch_size` should divide image dimensions evenly", "dim % heads"
-        text = str(err)
-        if "patch_size" in text or not text:
-            raise _bad("img_size", f"a multiple of {model}'s patch size ({err})", kwargs.get("img_size")) from err
-        raise _bad("num_heads", f"a number of heads that divides embed_dim for {model} ({text})",
-                   arch.num_heads) from err
+    """timm's ``model`` built with ``kwargs`` and the architecture ``arch`` by its family (trainers.hosts)."""
+    return family_of(model).create(model, arch, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- sites
@@ -167,10 +141,10 @@ def find_sites(model: nn.Module) -> tuple[Site, ...]:
     for path, m in model.named_modules():
         qkv = getattr(m, "qkv", None)
         if isinstance(qkv, KeyedQKV):  # a manifold key: q and v only
-            qv = qkv.qv
+            qv, parts = qkv.qv, type(qkv.key).parts
             dim = qv.in_features if isinstance(qv, nn.Linear) else qv.dim
-            dim_out = qv.out_features // 2 if isinstance(qv, nn.Linear) else qv.dim_out
-            sites.append(Site(path, False, dim, dim_out, _params(qv), parts=2))
+            dim_out = qv.out_features // parts if isinstance(qv, nn.Linear) else qv.dim_out
+            sites.append(Site(path, False, dim, dim_out, _params(qv), parts=parts))
         elif isinstance(qkv, nn.Linear) and qkv.out_features % 3 == 0:
             sites.append(Site(path, False, qkv.in_features, qkv.out_features // 3, _params(qkv)))
         elif isinstance(m, ClassAttn):
@@ -201,9 +175,9 @@ def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int)
         return h
     if w != "match":
         return w
-    n = emb.code_size or 0
-    b = sum(embedding_params(emb.kind, s.dim, 0, s.dim_out, n, s.parts) for s in sites)  # params at h = 0
-    a = sum(embedding_params(emb.kind, s.dim, 1, s.dim_out, n, s.parts) for s in sites) - b  # per unit of h
+    n, cls = emb.code_size or 0, EMBEDDINGS[emb.kind]
+    b = sum(cls.params(s.dim, 0, s.dim_out, n, s.parts) for s in sites)  # params at h = 0
+    a = sum(cls.params(s.dim, 1, s.dim_out, n, s.parts) for s in sites) - b  # per unit of h
     budget = sum(s.linear_params for s in sites) - b - codes_params(emb, sites)
     h = budget // a
     if h < 1:
@@ -220,11 +194,11 @@ def codes_params(emb: EmbeddingSpec, sites: tuple[Site, ...]) -> int:
 
 
 def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str,
-                   mixer: str | None = None) -> tuple[Site, ...]:
+                   qkv_free: bool = False) -> tuple[Site, ...]:
     """The sites ``emb`` replaces: every fused-qkv site, plus class attention if ``class_attn``
-    (none with ``mixer`` fnet, which has no q/k/v)."""
+    (none where the token mixing has no fused q/k/v: ``qkv_free``, e.g. FNet or an MLP-Mixer)."""
     inc = tuple(s for s in sites if emb.class_attn or not s.class_attn)
-    if not inc and mixer == "fnet":
+    if not inc and qkv_free:
         return inc
     if not inc:
         raise _bad("model", "a timm model whose attention has a fused qkv nn.Linear (XCiT, ViT, DeiT)",
@@ -276,8 +250,7 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     """
     emb = EmbeddingSpec.from_cfg({k: v for k, v in embedding_keys.items() if v is not None})
     name = getattr(model, "default_cfg", {}).get("architecture", type(model).__name__)
-    mixer = "fnet" if any(isinstance(m, FNetMixer) for m in model.modules()) else None
-    sites = embedded_sites(emb, find_sites(model), name, mixer)
+    sites = embedded_sites(emb, find_sites(model), name, qkv_free(model))
     h = resolve_width(emb, sites, _params(model))
     model.qkv_config = dict(embedding=emb.kind, hidden_width=emb.hidden_width, width=h,
                             code_size=emb.code_size, code_sharing=emb.code_sharing,
@@ -291,8 +264,8 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
         with torch.device(ref.device):
             if emb.kind == "fsne" and (codes is None or emb.code_sharing == "per_block"):
                 codes = make_codes(emb.code_size, site.parts)  # (3, n); one Parameter for every shared site
-            new = build_embedding(emb.kind, site.dim, h, site.dim_out, emb.activation,
-                                  emb.code_size, codes, site.parts).to(ref.dtype)
+            new = EMBEDDINGS[emb.kind].build(site.dim, h, site.dim_out, emb.activation, emb.code_size, codes,
+                                             site.parts).to(ref.dtype)
         if site.class_attn:
             _set_submodule(model, site.path, EmbeddedClassAttn(attn, new))
         elif site.parts == 2:
@@ -302,6 +275,11 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     if codes is not None:
         model.no_weight_decay = partial(_no_weight_decay, getattr(model, "no_weight_decay", None))
     return model
+
+
+def qkv_free(model: nn.Module) -> bool:
+    """The model's token mixing has no fused q/k/v (FNet, Linformer with shared keys and values, MLP-Mixer)."""
+    return isinstance(model, MlpMixer) or any(getattr(type(m), "fused_qkv", True) is False for m in model.modules())
 
 
 CODES_PATTERN = "*.codes"  # fnmatch pattern, as timm's optimizer factory matches no_weight_decay names

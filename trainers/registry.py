@@ -9,7 +9,8 @@ from __future__ import annotations
 import timm
 from timm.models import register_model
 
-from qkvsearch.spaces.keys import REGISTERED_PREFIX, names
+from qkvsearch.spaces.checks import REGISTERED_PREFIX
+from qkvsearch.spaces.keys import names
 
 __all__: list[str] = []  # timm adds each registered entrypoint's name
 
@@ -20,8 +21,8 @@ def register_qkv_model(name: str) -> str:
     Keyword arguments of ``timm.create_model("qkv_<name>", ...)`` that are embedding keys (embedding,
     hidden_width, code_size, code_sharing, activation, embed_class_attn, width) choose the embedding;
     the attention-design keys (attention, attn_features, attn_proj_len, attn_landmarks, pos_embed,
-    patch_embed, key, key_charts, key_aggregation, key_context) the architecture (trainers.attention);
-    the others (depth, embed_dim, num_heads, mlp_ratio, patch_size included) go to timm's ``<name>``.
+    patch_embed, key, key_charts, key_aggregation, key_context) the architecture (trainers.architecture);
+    the others (the macro shape: depth, embed_dim, num_heads, mlp_ratio, patch_size) go to timm's ``<name>``.
     """
     reg = REGISTERED_PREFIX + name
     if reg in globals() and timm.is_model(reg):
@@ -29,8 +30,11 @@ def register_qkv_model(name: str) -> str:
 
     def entrypoint(pretrained: bool = False, **kwargs):
         from qkvsearch.spaces.keys import DESIGN_KEYS, fill
-        from qkvsearch.trainers.attention import Arch
-        from qkvsearch.trainers.models import apply_embedding, create_host
+        from qkvsearch.trainers.architecture import Arch
+        from qkvsearch.trainers.models import (  # timm has finished importing by now
+            apply_embedding,
+            create_host,
+        )
 
         embedding_keys = {k: kwargs.pop(k) for k in (*names("embedding"), "width") if k in kwargs}
         design = {k: kwargs.pop(k) for k in DESIGN_KEYS if k in kwargs}

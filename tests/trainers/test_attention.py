@@ -1,65 +1,30 @@
-"""trainers.attention: every registered block at two shapes (forward, backward, closed-form params and MACs
-against the built module and FlopCounterMode), the linear attentions against exact softmax attention,
-and whole models: closed-form cost against direct counting, timm's registry."""
+"""trainers.attention: the methods against what they reduce to or reproduce (Linformer with E = F = I and
+Nyström with a landmark per token are softmax attention, Performer approaches it; the Vision X-formers
+paper's RoPE, Linformer and stem as its code computes them), and whole models: closed-form cost against
+direct counting, timm's registry. Each registered class's own counts: tests/trainers/test_choices.py."""
 import math
 
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from timm.layers import apply_rot_embed_cat
+from torch import nn
 
-from qkvsearch.trainers.attention import BLOCKS, Shape
-from qkvsearch.trainers.attention.fft import fft_macs, flop_counter
-from qkvsearch.trainers.attention.mixers import favor, gaussian_orthogonal, nystrom
+from qkvsearch.trainers.attention.fft import fft_macs
+from qkvsearch.trainers.attention.linformer import Linformer
+from qkvsearch.trainers.attention.linformer_shared_kv import LinformerSharedKV
+from qkvsearch.trainers.attention.nystrom import nystrom
+from qkvsearch.trainers.attention.performer import favor, gaussian_orthogonal
+from qkvsearch.trainers.attention.positions import Rope1d, SequenceRotation
+from qkvsearch.trainers.attention.shape import Shape
+from qkvsearch.trainers.attention.stems import PlainConvStem
+from qkvsearch.trainers.choices import MIXERS
 from qkvsearch.trainers.cost import measure_cost, model_cost
-
-SHAPES = [  # N = 17 (padded to 24 by 8 landmarks) and N = 50 (padded to 56), patch 1 and patch 2
-    Shape(dim=32, heads=4, grid=(4, 4), size=8, patch=1, charts=4, aggregation="vanilla"),
-    Shape(dim=48, heads=2, grid=(7, 7), size=7, patch=2, in_chans=1, charts=3, aggregation="kua", context=True),
-]
-AGGREGATED = [Shape(dim=32, heads=4, grid=(4, 4), charts=4, aggregation=a) for a in ("simple", "spatial")]
-
-
-def _forward(name, module, x):
-    if name == ("pos_embed", "rope"):
-        return apply_rot_embed_cat(x, module.get_embed())
-    if name == ("pos_embed", "learned"):
-        return x + module[0]
-    return module(x)
-
-
-@pytest.mark.parametrize("name", list(BLOCKS), ids="-".join)
-@pytest.mark.parametrize("shape", SHAPES, ids=["small", "large"])
-def test_block_counts_equal_built_module_and_flop_counter(name, shape):
-    block = BLOCKS[name]
-    torch.manual_seed(0)
-    module = block.build(shape)
-    x = block.example(shape).requires_grad_()
-    assert sum(p.numel() for p in module.parameters()) == block.params(shape)
-    module.eval()
-    with torch.no_grad(), flop_counter() as counter:
-        _forward(name, module, x)
-    assert counter.get_total_flops() // 2 == block.macs(shape)
-    module.train()
-    y = _forward(name, module, x)
-    y.float().square().mean().backward()
-    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
-    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
-
-
-@pytest.mark.parametrize("shape", AGGREGATED, ids=lambda s: s.aggregation)
-def test_manifold_key_aggregations_count_exactly(shape):
-    block = BLOCKS[("key", "manifold")]
-    module = block.build(shape)
-    assert sum(p.numel() for p in module.parameters()) == block.params(shape)
-    with torch.no_grad(), flop_counter() as counter:
-        module(block.example(shape))
-    assert counter.get_total_flops() // 2 == block.macs(shape)
 
 
 def test_fft_has_a_cost():
-    assert BLOCKS[("attention", "fnet")].macs(SHAPES[0]) == fft_macs((1, 17, 32), (1, 2)) > 0
+    s = Shape(dim=32, heads=4, grid=(4, 4))
+    assert MIXERS["fnet"].macs(s) == fft_macs((1, 17, 32), (1, 2)) > 0
     assert fft_macs((1, 16, 8), (1, 2)) == round(2.5 * 128 * (4 + 3))
 
 
@@ -69,9 +34,7 @@ def _qkv(n=40, d=16, seed=0):
 
 
 def test_linformer_with_identity_projections_is_softmax_attention():
-    from qkvsearch.trainers.attention.mixers import XAttention
-
-    attn = XAttention(48, 3, qkv_bias=True, mixer="linformer", size=20, tokens=20).eval()
+    attn = Linformer.layer(Shape(48, 3, grid=(1, 20), prefix=0, size=20))(48, 3, qkv_bias=True).eval()
     with torch.no_grad():
         attn.proj_k.copy_(torch.eye(20))
         attn.proj_v.copy_(torch.eye(20))
@@ -98,6 +61,72 @@ def test_performer_approaches_softmax_attention_as_features_grow():
         torch.manual_seed(1)
         errors.append((favor(q, k, v, gaussian_orthogonal(m, 16)) - exact).abs().mean().item())
     assert errors[2] < errors[0] / 3 and errors[2] < 0.02, errors
+
+
+
+
+def _rotate_every_two(x):
+    """The paper's code: pairs (x0, x1) -> (-x1, x0), (x2, x3) -> (-x3, x2), ..."""
+    x1, x2 = x.view(*x.shape[:-1], -1, 2).unbind(-1)
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def _paper_rope(t: torch.Tensor) -> torch.Tensor:
+    """The Vision X-formers code's rotation of (B, h, N, dh): positions 0..N-1, inv_freq over dh, base 10000,
+    sin and cos each repeated twice in place."""
+    n, d = t.shape[-2:]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    angles = torch.einsum("i,j->ij", torch.arange(n).float(), inv_freq)
+    sin, cos = (f(angles).repeat_interleave(2, -1) for f in (torch.sin, torch.cos))
+    return t * cos + _rotate_every_two(t) * sin
+
+
+def test_rope1d_is_the_papers_rotation_class_token_at_position_0():
+    q, k = torch.randn(2, 4, 1025, 32), torch.randn(2, 4, 1025, 32)
+    rot = Rope1d.rotation(32, (32, 32), 1, 1025)
+    assert isinstance(rot, SequenceRotation) and not list(rot.state_dict())   # nothing to checkpoint
+    qr, kr = rot(q, k)
+    torch.testing.assert_close(qr, _paper_rope(q))
+    torch.testing.assert_close(kr, _paper_rope(k))
+    torch.testing.assert_close(qr[:, :, 0], q[:, :, 0])   # the class token: angle 0
+    # relative: q_i·k_j depends on i - j only
+    a = torch.randn(32)
+    one = rot(a.expand(1, 1, 1025, 32), a.expand(1, 1, 1025, 32))[0][0, 0]
+    assert torch.allclose(one[3] @ one[5], one[10] @ one[12], atol=1e-3)
+
+
+@pytest.mark.parametrize("rotary", [False, True], ids=["learned", "rope1d"])
+def test_linformer_shared_kv_is_the_papers_linformer(rotary):
+    """lucidrains' LinformerSelfAttention(share_kv=True, one_kv_head=True) as the paper used it, written out:
+    keys = values = one head from one projection, E projects both, every query head attends to them."""
+    torch.manual_seed(0)
+    d, h, n, k = 32, 4, 17, 8
+    s = Shape(d, h, grid=(4, 4), prefix=1, size=k, rotary=rotary, qkv_bias=False)
+    attn = LinformerSharedKV.layer(s, Rope1d if rotary else None)(d, h, qkv_bias=False).eval()
+    assert attn.kv.out_features == d // h and attn.proj_kv.shape == (n, k)
+    x = torch.randn(2, n, d)
+    queries = (x @ attn.q.weight.T).view(2, n, h, d // h).transpose(1, 2)         # (B, h, N, dh)
+    kv = (x @ attn.kv.weight.T).unsqueeze(1)                                       # (B, 1, N, dh)
+    keys = kv
+    if rotary:
+        queries, keys = _paper_rope(queries), _paper_rope(kv)
+    values = kv                                              # the paper's code takes them before rotating the keys
+    keys, values = (torch.einsum("bhnd,nk->bhkd", t, attn.proj_kv) for t in (keys, values))
+    dots = torch.einsum("bhnd,bhkd->bhnk", queries, keys.expand(-1, h, -1, -1)) * (d // h) ** -0.5
+    out = torch.einsum("bhnk,bhkd->bhnd", dots.softmax(-1), values.expand(-1, h, -1, -1))
+    ref = attn.proj(out.transpose(1, 2).reshape(2, n, d))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_conv_plain_is_the_papers_stem():
+    """Three biased 3x3 convs 3 -> 32 -> 64 -> 128, stride 1, nothing between (93,248 parameters at d 128)."""
+    stem = PlainConvStem(32, 1, 3, 128)
+    assert [type(m) for m in stem.proj] == [nn.Conv2d] * 3
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride, c.bias is not None) for c in stem.proj] == \
+        [(3, 32, (3, 3), (1, 1), True), (32, 64, (3, 3), (1, 1), True), (64, 128, (3, 3), (1, 1), True)]
+    assert sum(p.numel() for p in stem.parameters()) == 93_248
+    assert stem(torch.randn(1, 3, 32, 32)).shape == (1, 1024, 128)
 
 
 TINY = dict(model="vit_tiny_patch16_224", img_size=16, num_classes=10, depth=2, embed_dim=32, num_heads=2,
@@ -139,7 +168,7 @@ def test_registered_timm_entrypoint_takes_architecture_keys():
     model = timm.create_model("qkv_vit_tiny_patch16_224", attention="nystrom", attn_landmarks=4, key="manifold",
                               embedding="psne", img_size=16, num_classes=10, depth=2, embed_dim=32, num_heads=2,
                               patch_size=4)
-    assert type(model.blocks[0].attn).__name__ == "XAttention" and model.blocks[0].attn.mixer == "nystrom"
+    assert type(model.blocks[0].attn).__name__ == "Nystrom" and model.blocks[0].attn.size == 4
     assert type(model.blocks[0].attn.qkv).__name__ == "KeyedQKV"
     out = model(torch.randn(2, 3, 16, 16))
     assert out.shape == (2, 10) and math.isfinite(out.sum().item())

@@ -82,7 +82,7 @@ def test_cifar_pickle_refuses_foreign_objects(tmp_path):
     _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
     with open(tmp_path / "test_batch", "wb") as fh:
         pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": DatasetError("x")}, fh)
-    with pytest.raises(DatasetError, match=r"unexpected object qkvsearch.trainers.data.DatasetError"):
+    with pytest.raises(DatasetError, match=r"unexpected object qkvsearch.trainers.sources.DatasetError"):
         check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
 
 
@@ -199,3 +199,13 @@ def test_randaugment_posterize_at_full_magnitude_does_not_crash():
     img = Image.fromarray(np.full((8, 8, 3), 200, np.uint8))
     out = AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)(img)
     assert np.asarray(out).max() == 128  # 1 bit kept: 200 -> 128
+
+
+def test_every_dataset_a_campaign_file_may_name_has_a_reader():
+    from qkvsearch.spaces.keys import DATASET_INFO
+    from qkvsearch.trainers.data import READERS
+
+    assert set(READERS) == set(DATASET_INFO)
+    for name, reader in READERS.items():  # what reads data_path checks it first; what is made in memory does not
+        assert (reader.check is not None) == DATASET_INFO[name].needs_path and bool(reader.expected) == (
+            reader.check is not None), name

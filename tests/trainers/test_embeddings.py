@@ -1,18 +1,10 @@
-"""The q/k/v embedding modules: layout, factored F-SNE, parameter and MAC formulas."""
+"""The q/k/v embedding modules: layout, factored F-SNE (their counts: tests/trainers/test_choices.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
-from qkvsearch.trainers.embeddings import (
-    FSNE,
-    PSNE,
-    SNE,
-    build_embedding,
-    embedding_macs,
-    embedding_params,
-    make_codes,
-)
+from qkvsearch.trainers.choices import EMBEDDINGS
+from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, make_codes
 
 B, N, D, H = 2, 5, 16, 12
 
@@ -85,34 +77,10 @@ def test_fsne_uses_given_codes_object():
         FSNE(D, H, 5, codes=codes)
 
 
-@pytest.mark.parametrize("kind", ["sne", "psne", "fsne"])
-@pytest.mark.parametrize("dim_out", [D, 8])
-def test_param_formula_matches_modules(kind, dim_out):
-    m = build_embedding(kind, D, H, dim_out, code_size=4)
-    own_codes = 3 * 4 if kind == "fsne" else 0
-    assert sum(p.numel() for p in m.parameters()) == embedding_params(kind, D, H, dim_out, 4) + own_codes
-    linear = torch.nn.Linear(D, 3 * dim_out)
-    assert sum(p.numel() for p in linear.parameters()) == embedding_params("linear", D, 0, dim_out)
-
-
-@pytest.mark.parametrize("kind", ["sne", "psne", "fsne"])
-def test_mac_formula_matches_flop_counter(kind):
-    m = build_embedding(kind, D, H, code_size=4)
-    with FlopCounterMode(display=False) as counter:
-        m(torch.randn(1, N, D))
-    assert counter.get_total_flops() // 2 == embedding_macs(kind, D, H, N, code_size=4)
-
-
-def test_linear_macs_formula():
-    with FlopCounterMode(display=False) as counter:
-        torch.nn.Linear(D, 3 * D)(torch.randn(1, N, D))
-    assert counter.get_total_flops() // 2 == embedding_macs("linear", D, 0, N)
-
-
 def test_bad_arguments_raise_value_error():
     with pytest.raises(ValueError, match="activation.*'tanh'"):
         SNE(D, H, activation="tanh")
-    with pytest.raises(ValueError, match="embedding.*'mlp'"):
-        build_embedding("mlp", D, H)
+    with pytest.raises(ValueError, match='embedding: expected one of linear, sne, psne, fsne, given "mlp"'):
+        EMBEDDINGS["mlp"]
     with pytest.raises(ValueError, match="code_size.*0"):
         make_codes(0)

@@ -66,14 +66,14 @@ def test_imagefolder_trains_through_persistent_pinned_loaders(tmp_path):
 def test_ray_train_trial_on_one_gpu(tmp_path):
     import ray
 
-    from qkvsearch.trainers.loop import run_trainer
+    from qkvsearch.trainers.loop import RunSettings, run_trainer
 
     if ray.is_initialized():
         pytest.skip("needs its own Ray with the GPU")
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        result = run_trainer(fill(SMALL), num_workers=1, cpus_per_worker=2, gpus_per_worker=1,
-                             name="gpu", storage_path=str(tmp_path))
+        result = run_trainer(fill(SMALL), RunSettings(num_workers=1, cpus_per_worker=2, gpus_per_worker=1,
+                             name="gpu", storage_path=str(tmp_path)))
     finally:
         ray.shutdown()
     history = result.return_value

@@ -13,7 +13,7 @@ from helpers import REPO
 from qkvsearch.spaces.keys import fill
 from qkvsearch.trainers import engine
 from qkvsearch.trainers.engine import DivergenceError, Run, load_state
-from qkvsearch.trainers.loop import find_divergence, main, run_trainer
+from qkvsearch.trainers.loop import RunSettings, find_divergence, main, run_trainer
 
 # A ~2.5M-parameter XCiT with the fully-shared embedding; 16x16 digits, 1 token: fast on one core.
 TINY = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 32, "img_size": 16,
@@ -156,14 +156,20 @@ def test_cli_reads_floats_like_1e_3(tmp_path):
 
 
 def test_missing_dataset_fails_before_any_worker(tmp_path):
+    def run(workers):
+        return RunSettings(num_workers=workers, name="never", storage_path=str(tmp_path / "runs"))
+
     with pytest.raises(ValueError, match=r"data_path: expected a folder holding data_batch_1..5 and test_batch"):
-        run_trainer(fill({**TINY, "dataset": "cifar10", "data_path": str(tmp_path / "absent")}), num_workers=2,
-                    name="never", storage_path=str(tmp_path / "runs"))
+        run_trainer(fill({**TINY, "dataset": "cifar10", "data_path": str(tmp_path / "absent")}), run(2))
     assert not (tmp_path / "runs").exists()  # Ray never given the trainer
     with pytest.raises(ValueError, match=r"batch_size: expected a multiple of the workers per trial \(3\)"):
-        run_trainer(fill(TINY), num_workers=3, name="never", storage_path=str(tmp_path / "runs"))
+        run_trainer(fill(TINY), run(3))
     with pytest.raises(ValueError, match=r"config: expected a filled trial config"):
-        run_trainer(TINY, num_workers=1, name="never", storage_path=str(tmp_path / "runs"))
+        run_trainer(TINY, run(1))
+    with pytest.raises(ValueError, match=r"num_workers: expected an int >= 0 \(0: in this process\), given -1"):
+        run(-1)
+    with pytest.raises(TypeError):
+        RunSettings(1, "never", str(tmp_path))   # keywords only
 
 
 def test_example_trial_yaml_is_valid():
@@ -198,8 +204,8 @@ def test_two_worker_ddp_learns_digits_and_replicas_agree(ray_local, tmp_path):
     cfg = fill({**TINY, "model": "xcit_nano_12_p8_224", "epochs": 3, "batch_size": 32, "batch_per_worker": 8,
                 "max_steps_per_epoch": 12, "val_fraction": 0.2})  # 2 workers x 8 images x 2 micro-steps (no_sync)
     log = tmp_path / "reports.jsonl"
-    result = run_trainer(cfg, num_workers=2, name="ddp2", storage_path=str(tmp_path),
-                         callbacks=[_report_recorder(str(log))])
+    result = run_trainer(cfg, RunSettings(num_workers=2, name="ddp2", storage_path=str(tmp_path),
+                         callbacks=[_report_recorder(str(log))]))
     reports = _recorded(log)
     assert [len(r["ranks"]) for r in reports] == [2, 2, 2] and all(r["checkpoint"] for r in reports)
     for r in reports:  # both ranks hold identical parameters after every epoch
@@ -228,15 +234,15 @@ def test_ray_divergence_then_resume_matches_straight_run(ray_local, tmp_path, on
     cfg = fill({**TINY, "epochs": 2, "max_steps_per_epoch": 3, "drop_path_rate": 0.1})
     monkeypatch.setenv("QKVSEARCH_FAULTS", '[{"nan_at_update": 4}]')  # read by run_trainer, carried to workers
     with pytest.raises(ray.train.TrainingFailedError) as err:
-        run_trainer(cfg, num_workers=1, name="nan", storage_path=str(tmp_path))
+        run_trainer(cfg, RunSettings(num_workers=1, name="nan", storage_path=str(tmp_path)))
     monkeypatch.delenv("QKVSEARCH_FAULTS")
     div = find_divergence(err.value)
     assert isinstance(div, DivergenceError) and (div.epoch, div.step) == (2, 1)
     assert "non-finite loss nan at epoch 2 step 1" in str(err.value)
 
     log = tmp_path / "reports.jsonl"
-    resumed = run_trainer(cfg, num_workers=1, name="nan", storage_path=str(tmp_path),
-                          callbacks=[_report_recorder(str(log))])
+    resumed = run_trainer(cfg, RunSettings(num_workers=1, name="nan", storage_path=str(tmp_path),
+                          callbacks=[_report_recorder(str(log))]))
     # epoch 1 came from the checkpoint: reported again (it may not have reached the search), then epoch 2
     assert [r["ranks"][0]["epoch"] for r in _recorded(log)] == [1, 2]
     assert [m["epoch"] for m in resumed.return_value] == [1, 2]
@@ -248,8 +254,8 @@ def test_ray_divergence_then_resume_matches_straight_run(ray_local, tmp_path, on
         assert r["top1"] == m["top1"] and r["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
 
     log.unlink()
-    again = run_trainer(cfg, num_workers=1, name="nan", storage_path=str(tmp_path),
-                        callbacks=[_report_recorder(str(log))])  # finished: re-reports, trains nothing
+    again = run_trainer(cfg, RunSettings(num_workers=1, name="nan", storage_path=str(tmp_path),
+                        callbacks=[_report_recorder(str(log))]))  # finished: re-reports, trains nothing
     assert [r["ranks"][0] for r in _recorded(log)] == resumed.return_value
     assert again.metrics == resumed.metrics and again.return_value == resumed.return_value
 
@@ -267,13 +273,13 @@ def test_local_mode_keeps_checkpoints_and_resumes_like_a_train_run(ray_local, tm
 
     monkeypatch.setenv("QKVSEARCH_FAULTS", '[{"nan_at_update": 7}]')  # the first update of epoch 3
     with pytest.raises(DivergenceError) as err:
-        run_trainer(cfg, num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report)
+        run_trainer(cfg, RunSettings(num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report))
     monkeypatch.delenv("QKVSEARCH_FAULTS")
     assert find_divergence(err.value) is err.value and (err.value.epoch, err.value.step) == (3, 1)
     assert reports == [(1.0, "checkpoint_epoch_0001"), (2.0, "checkpoint_epoch_0002")]
 
     reports.clear()
-    resumed = run_trainer(cfg, num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report)
+    resumed = run_trainer(cfg, RunSettings(num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report))
     # epochs 1 and 2 came from the checkpoint: both are reported again (the search may have missed
     # either), with no new checkpoint
     assert reports == [(1.0, None), (2.0, None), (3.0, "checkpoint_epoch_0003")]

@@ -169,7 +169,7 @@ def test_match_is_largest_width_within_baseline(kind):
     (dict(drop_path_rate=1.5), "drop_path_rate", "1.5"),
     (dict(model="resnet18"), "model", '"resnet18"'),  # no fused qkv
     (dict(model="no_such_model"), "model", '"no_such_model"'),
-    (dict(model=None), "model", "with a fused qkv)"),  # required
+    (dict(model=None), "model", "or an MLP-Mixer)"),  # required
     (dict(img_size=40), "img_size", "40"),  # XCiT p16 asserts; a ViT would crop silently
 ])
 def test_bad_config_raises_value_error_naming_field(change, field, given):
@@ -207,3 +207,54 @@ def test_fsne_codes_are_not_weight_decayed_like_cls_token():
     assert "cls_token" in model.no_weight_decay()
     decayed = [g for g in opt.param_groups if g["weight_decay"] > 0]
     assert decayed and all(p.ndim > 1 for g in decayed for p in g["params"])
+
+
+MIXER_MODEL = dict(model="mixer_s16_224", img_size=16, num_classes=10, depth=1, embed_dim=32, patch_size=4)
+LINFORMER_KV = dict(VIT, img_size=16, depth=1, embed_dim=32, num_heads=2, patch_size=4,
+                    attention="linformer_shared_kv", attn_proj_len=8)
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (dict(LINFORMER_KV, embedding="sne"), 'embedding: expected linear with attention linformer_shared_kv (keys and '
+                                          'values are one projection of one head: there is no q/k/v to embed), '
+                                          'given "sne"'),
+    (dict(LINFORMER_KV, key="manifold"), 'key: expected shared with attention linformer_shared_kv (its keys are its '
+                                         'values: a key apart has no meaning), given "manifold"'),
+    (dict(MIXER_MODEL, embedding="fsne"), 'embedding: expected linear with model mixer_s16_224 (an MLP-Mixer mixes '
+                                          'tokens by MLPs: there is no q/k/v to embed), given "fsne"'),
+    (dict(MIXER_MODEL, key="manifold"), 'key: expected shared with model mixer_s16_224 (an MLP-Mixer mixes tokens by '
+                                        'MLPs: there is no key), given "manifold"'),
+    (dict(MIXER_MODEL, num_heads=4), "num_heads: expected null unless the model is a ViT or DeiT or an XCiT "
+                                     "(mixer_s16_224 is an MLP-Mixer: token-mixing MLPs, no attention, class token or "
+                                     "positions), given 4"),
+    (dict(MIXER_MODEL, pos_embed="rope1d"), 'pos_embed: expected null unless the model is a ViT or DeiT '
+                                            '(mixer_s16_224 is an MLP-Mixer'),
+    (dict(VIT, token_mlp_ratio=2.0), "token_mlp_ratio: expected null unless the model is an MLP-Mixer"),
+    (dict(LINFORMER_KV, attn_proj_len=18), "attn_proj_len: expected at most the token count 17"),
+    (dict(LINFORMER_KV, attention="softmax", attn_proj_len=None, num_heads=4, embed_dim=36, pos_embed="rope1d"),
+     "pos_embed: expected an even head dim (embed_dim / num_heads) for rope1d (dims rotate in pairs), given rope1d "
+     "with head dim 9"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
+def test_choices_that_cannot_work_together_are_refused_by_name(cfg, message):
+    for count in (build_model, model_cost):
+        with pytest.raises(ValueError) as err:
+            count(cfg)
+        assert str(err.value).startswith(message), str(err.value)
+
+
+def test_the_mlp_mixer_is_timms_reshaped_with_the_chosen_stem():
+    from timm.models.mlp_mixer import MlpMixer
+
+    from qkvsearch.trainers.attention.stems import PlainConvStem
+
+    torch.manual_seed(0)
+    model = build_model(dict(MIXER_MODEL, token_mlp_ratio=2.0, mlp_ratio=0.5, patch_embed="conv_plain"))
+    assert type(model) is MlpMixer and isinstance(model.stem, PlainConvStem) and len(model.blocks) == 1
+    block = model.blocks[0]
+    assert (block.mlp_tokens.fc1.in_features, block.mlp_tokens.fc1.out_features) == (16, 64)   # 16 patches, 2 d
+    assert block.mlp_channels.fc1.out_features == 16                                          # 0.5 d
+    out = model(torch.randn(2, 3, 16, 16))
+    assert out.shape == (2, 10)
+    out.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert build_model(MIXER_MODEL).qkv_config["embedding"] == "linear"   # nothing to embed: timm's model as built

@@ -1,4 +1,5 @@
-"""The manifold key: a key computed apart from query and value (Meng et al., "A Manifold Representation
+"""The two key choices (``key``): ``shared``, the key the q/k/v embedding makes with q and v (nothing of
+its own), and ``manifold``: a key computed apart from query and value (Meng et al., "A Manifold Representation
 of the Key in Vision Transformers", arXiv 2402.00534), following the paper's description (no public code).
 
 Per block, tokens x (B, N, d) are expanded into H charts, each chart a trainable per-channel scale of
@@ -27,23 +28,38 @@ timm's attention (ViT) and XCA (XCiT) read it.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
+from qkvsearch.spaces.keys import KEY_AGGREGATIONS
+from qkvsearch.trainers.attention.shape import Counted, Shape
 from qkvsearch.trainers.embeddings import GroupedLinear
-
-AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
 
 
 def chart_width(dim: int, charts: int) -> int:
     return max(1, dim // charts)
 
 
-class ManifoldKey(nn.Module):
+class SharedKey(Counted):
+    """The key comes from the q/k/v embedding with q and v: nothing of its own to build or count."""
+
+    parts: ClassVar[int] = 3   # the embedding makes [q | k | v]
+
+    @classmethod
+    def build(cls, s: Shape) -> None:
+        return None
+
+
+class ManifoldKey(nn.Module, Counted):
+    parts: ClassVar[int] = 2   # the embedding makes [q | v]; this module the key
+
     def __init__(self, dim: int, charts: int = 8, aggregation: str = "vanilla", context: bool = False):
         super().__init__()
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"key_aggregation: expected one of {', '.join(AGGREGATIONS)}, given {aggregation!r}")
+        if aggregation not in KEY_AGGREGATIONS:
+            raise ValueError(f"key_aggregation: expected one of {', '.join(KEY_AGGREGATIONS)}, given "
+                             f"{aggregation!r}")
         r = chart_width(dim, charts)
         self.dim, self.charts, self.hidden, self.aggregation, self.context = dim, charts, r, aggregation, context
         self.scale = nn.Parameter(torch.ones(charts, dim))                      # (H, d)
@@ -79,22 +95,26 @@ class ManifoldKey(nn.Module):
                f"context={self.context}"
 
 
-def manifold_params(dim: int, charts: int, aggregation: str) -> int:
-    d, H, r = dim, charts, chart_width(dim, charts)
-    extra = {"vanilla": 0, "simple": H, "spatial": d * H + H, "kua": H * d * d + d}[aggregation]
-    return H * d + H * (d * r + r) + H * (r * d + d) + extra
+    @classmethod
+    def build(cls, s: Shape) -> ManifoldKey:
+        return cls(s.dim, s.charts, s.aggregation, s.context)
 
+    @classmethod
+    def params(cls, s: Shape) -> int:
+        d, H, r = s.dim, s.charts, chart_width(s.dim, s.charts)
+        extra = {"vanilla": 0, "simple": H, "spatial": d * H + H, "kua": H * d * d + d}[s.aggregation]
+        return H * d + H * (d * r + r) + H * (r * d + d) + extra
 
-def manifold_macs(dim: int, charts: int, aggregation: str, tokens: int) -> int:
-    d, H, r = dim, charts, chart_width(dim, charts)
-    extra = {"vanilla": 0, "simple": 0, "spatial": d * H, "kua": H * d * d}[aggregation]
-    return tokens * (2 * H * d * r + extra)
+    @classmethod
+    def macs(cls, s: Shape) -> int:
+        """Over ``s.tokens`` tokens (a site's token count)."""
+        d, H, r = s.dim, s.charts, chart_width(s.dim, s.charts)
+        extra = {"vanilla": 0, "simple": 0, "spatial": d * H, "kua": H * d * d}[s.aggregation]
+        return s.tokens * (2 * H * d * r + extra)
 
 
 class KeyedQKV(nn.Module):
     """``[q | k | v]`` (B, N, 3d) from a q/v embedding ``qv`` (B, N, 2d) and a separate key module."""
-
-    qkv_parts = 2   # what trainers.models.find_sites reads: qv embeds two of the three
 
     def __init__(self, qv: nn.Module, key: nn.Module):
         super().__init__()

@@ -1,0 +1,92 @@
+"""Where a run keeps its checkpoints, in the layout a Ray Train run writes
+(``<storage>/<run name>/checkpoint_epoch_NNNN/state.pt``), and ``LocalRun``: the checkpoints and reports
+of a run in Train's local mode, which keeps none itself. No Ray import here (trainers.loop holds them).
+"""
+from __future__ import annotations
+
+import re
+
+from qkvsearch.spaces.metrics import EPOCH
+
+__all__ = ["LocalRun", "checkpoint_dir_name", "epoch_checkpoint"]
+
+
+def checkpoint_dir_name(epoch: float) -> str:
+    return f"checkpoint_epoch_{int(epoch):04d}"
+
+
+def _checkpoint_dir(run_dir: str, epoch: float) -> str:
+    """Where a run (run_dir: <storage>/<run name>, a path or a URI) keeps its checkpoint of `epoch`."""
+    return f"{run_dir.rstrip('/')}/{checkpoint_dir_name(epoch)}"
+
+
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_epoch_(\d+)$")
+
+
+def epoch_checkpoint(run_dir: str, epoch: float) -> str | None:
+    """This run's checkpoint folder of `epoch` where it holds a state file, else None (run_dir:
+    <storage>/<run name>, a path or a URI). A resumed run reports its restored epoch again without a
+    checkpoint, though the checkpoint it resumed from is that epoch's."""
+    from qkvsearch.storage import exists
+    from qkvsearch.trainers.engine import STATE_FILE
+
+    path = _checkpoint_dir(run_dir, epoch)
+    return path if exists(f"{path}/{STATE_FILE}") else None
+
+
+class LocalRun:
+    """Checkpoints and reports of a run in Train's local mode. There ray.train.report keeps the last metrics
+    in memory only (no checkpoint persisted, no callback run, get_checkpoint() None at start), and inside a
+    Tune trial ray.train.report, get_context and get_checkpoint raise (use ray.tune's): so none is called.
+
+    Checkpoints go to <run_dir>/checkpoint_epoch_NNNN/state.pt, the folders a TorchTrainer run writes, the
+    newest num_to_keep kept; restore() reads the newest. on_report(metrics, checkpoint_path | None) gets
+    every epoch (Tune's report, inside a trial).
+    """
+
+    def __init__(self, run_dir: str, num_to_keep: int | None, on_report=None):
+        self.run_dir, self.num_to_keep, self.on_report = run_dir.rstrip("/"), num_to_keep, on_report
+
+    def _checkpoints(self) -> list[tuple[int, str]]:
+        """(epoch, path inside the filesystem) of every checkpoint folder holding a state file, oldest first."""
+        import pyarrow.fs as pafs
+
+        from qkvsearch.storage import open_location
+        from qkvsearch.trainers.engine import STATE_FILE
+
+        fs, root = open_location(self.run_dir)
+        found = []
+        for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+            m = _CHECKPOINT_DIR.match(info.base_name)
+            if m and info.type == pafs.FileType.Directory and \
+                    fs.get_file_info(f"{info.path}/{STATE_FILE}").type == pafs.FileType.File:
+                found.append((int(m.group(1)), info.path))
+        return sorted(found)
+
+    def restore(self) -> dict | None:
+        from qkvsearch.trainers.engine import load_state
+
+        found = self._checkpoints()
+        if not found:
+            return None
+        return load_state(f"{self.run_dir}/{found[-1][1].rsplit('/', 1)[-1]}")
+
+    def report(self, metrics: dict, state_fn) -> None:
+        from qkvsearch.trainers.engine import save_state
+
+        path = None
+        if state_fn is not None:
+            path = _checkpoint_dir(self.run_dir, metrics[EPOCH])
+            save_state(state_fn(), path)
+            self._prune()
+        if self.on_report is not None:
+            self.on_report(metrics, path)
+
+    def _prune(self) -> None:
+        if not self.num_to_keep:
+            return
+        from qkvsearch.storage import open_location
+
+        fs, _ = open_location(self.run_dir)
+        for _, old in self._checkpoints()[:-self.num_to_keep]:
+            fs.delete_dir(old)
