@@ -18,9 +18,9 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
       seed: {int: [0, 3]}
       variants: [{embedding: linear}, {embedding: sne, hidden_width: 0.5}]   # explicit combinations
     objectives: [{metric: top1, mode: max}, {metric: gmacs, mode: min}]   # mode defaults per metric
-    constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs)
+    constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs), bounds >= 0
     search: {algorithm: nsga2, num_trials: 64, seed: 0, population_size: 16}
-          # grid | random | tpe | nsga2 | gp (n_startup_trials: n); grid: num_trials = grid size x repeats
+          # grid | random | tpe | nsga2 | gp, ehvi (n_startup_trials: n < num_trials); grid: num_trials = grid size x repeats
           # (repeats: n); warm_start: <earlier campaign folder or URI>: its results are known, not retrained
     scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3, brackets: 3}   # fifo | asha (metric, mode) | moasha
           # brackets: asynchronous Hyperband (default: 3 for moasha, fewer when fewer rungs fit; 1 for asha)
@@ -46,7 +46,8 @@ smoke_test(spec); list_presets();
 preset_path(name). Errors: SpecError (a ValueError) listing every problem, one per line.
 """
 from qkvsearch.spaces.errors import BadInput, SpecError
-from qkvsearch.spaces.loader import list_presets, load_campaign, preset_path
+from qkvsearch.spaces.loader import load_campaign
+from qkvsearch.spaces.reading import list_presets, preset_path
 from qkvsearch.spaces.schema import CampaignSpec, Dimension, Space
 from qkvsearch.spaces.trials import base_config, expand_space, smoke_test, suggest_config
 

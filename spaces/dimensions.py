@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from qkvsearch.spaces.checks import Bad, Check
 from qkvsearch.spaces.errors import Collector, hint
 from qkvsearch.spaces.errors import show as _show
-from qkvsearch.spaces.keys import APPLIES_WHEN, SEARCHABLE, Bad, Check
+from qkvsearch.spaces.keys import APPLIES_WHEN, SEARCHABLE
 from qkvsearch.spaces.schema import Dimension, FrozenMap, Space, tagged
 
 KINDS = ("choice", "grid", "int", "float")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 
 class BadInput(ValueError):
@@ -169,3 +169,8 @@ class Collector:
     def raise_if_any(self, source: str | None = None) -> None:
         if self.errors:
             raise SpecError(self.errors, source)
+
+
+def section_failed(problems: Sequence[str], section: str) -> bool:
+    """Whether one of ``problems`` (a Collector's errors, or what spaces.loader.read_stored_spec returns) concerns ``section``."""
+    return any(e == section or e.startswith((f"{section}.", f"{section}:", f"{section}[")) for e in problems)

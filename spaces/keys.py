@@ -6,36 +6,67 @@ sets it, and one line of doc. Everything else derives from this table: the spec 
 tables and searchable keys, ``fill`` (defaults and checks of a config), the model and cost configs,
 the Parquet column types, the report's tables and search/RESULTS_SCHEMA.md.
 
-A check normalises a value (ints given for float keys become floats) or raises ``Bad``; its
-``expected`` text ("a positive int") is what error messages print: ``<key>: expected <what>, given <value>``.
+Each key's check (type and allowed values) is one of spaces.checks.
 """
 from __future__ import annotations
 
-import contextvars
-import difflib
 import json
-import math
-import numbers
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qkvsearch.spaces.checks import (
+    AUTO_AUGMENT,
+    AUTO_FLAG,
+    FLAG,
+    FRACTION,
+    HIDDEN_WIDTH,
+    MAX_BLOCKS,
+    MAX_MLP_RATIO,
+    MAX_PIXELS,
+    MAX_UNITS,
+    MODEL_NAME,
+    NONNEG_INT,
+    NONNEG_NUM,
+    OPTIMIZER,
+    PAPER_WIDTH,
+    POS_INT,
+    POS_NUM,
+    REGISTERED_PREFIX,
+    TEXT,
+    Bad,
+    Check,
+    integer,
+    number,
+    one_of,
+)
+from qkvsearch.spaces.choices import (
+    ATTENTION_CHOICES,
+    EMBEDDING_CHOICES,
+    FAMILIES,
+    KEY_CHOICES,
+    MIXER,
+    POSITION_CHOICES,
+    STEM_CHOICES,
+    VIT,
+    XCIT,
+    sized_by,
+    unmet_need,
+)
+from qkvsearch.spaces.choices import model_family as _family
 from qkvsearch.spaces.errors import BadInput, hint, show
 
-EMBEDDINGS = ("linear", "sne", "psne", "fsne")
+EMBEDDINGS = tuple(EMBEDDING_CHOICES)  # the choice keys' values: spaces.choices, one table each
 ACTIVATIONS = ("relu", "gelu")          # the embedding's sigma (trainers.embeddings.make_activation)
 LR_SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "constant", "none")
-AUTO_AUGMENT_PREFIXES = ("rand", "augmix", "trivial", "original", "v0", "3a")
-MAX_WIDTH_RATIO = 4.0
-ATTENTIONS = ("softmax", "performer", "linformer", "nystrom", "fnet")   # trainers.attention
-POS_EMBEDS = ("learned", "rope", "none")
-PATCH_EMBEDS = ("linear", "conv")
-KEY_KINDS = ("shared", "manifold")
+ATTENTIONS = tuple(ATTENTION_CHOICES)
+POS_EMBEDS = tuple(POSITION_CHOICES)
+PATCH_EMBEDS = tuple(STEM_CHOICES)
+KEY_KINDS = tuple(KEY_CHOICES)
 KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
 # the size key of each attention that has one
-ATTENTION_SIZE_KEY = {"performer": "attn_features", "linformer": "attn_proj_len", "nystrom": "attn_landmarks"}
-VIT, XCIT = "vit", "xcit"   # model families: XCiT keeps its own attention, conv stem and positions
+ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}
 
 
 @dataclass(frozen=True)
@@ -57,193 +88,6 @@ DATASET_INFO: dict[str, Dataset] = {
     "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
 }
 DATASETS = tuple(DATASET_INFO)
-
-
-class Bad(Exception):
-    """A value failed its check; ``expected`` overrides the check's own text when set."""
-
-    def __init__(self, expected: str | None = None):
-        super().__init__(expected)
-        self.expected = expected
-
-
-@dataclass(frozen=True)
-class Check:
-    expected: str                      # "a positive int"
-    plural: str                        # "positive ints" (for "expected a list of positive ints")
-    fn: Callable[[Any], Any]           # value -> normalised value, raises Bad
-    numeric: str | None = None         # "int" or "float": int/float ranges may be searched over this key
-    options: tuple = ()                # closed set of strings, for did-you-mean hints
-    arrow: str = "string"              # Parquet column type: int64 | float64 | bool | string
-
-    def __call__(self, value):
-        return self.fn(value)
-
-    def or_none(self) -> Check:
-        def fn(v):
-            return None if v is None else self.fn(v)
-
-        return Check(f"{self.expected} or null", f"{self.plural} or nulls", fn, self.numeric, self.options,
-                     self.arrow)
-
-
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v) -> bool:
-    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def finite(v, default=None):
-    """A reported or recorded value as a float when it is a finite real number (numpy scalars too; never
-    a bool or a string), else ``default``: the one test every reader of metrics applies."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return default
-    v = float(v)
-    return v if math.isfinite(v) else default
-
-
-EPOCH = "epoch"   # the epoch number's key: in a trial's results (Tune's time attribute), its epochs file and tables
-
-
-def integer(low: int) -> Check:
-    word = {0: "non-negative", 1: "positive"}.get(low)
-    expected = f"a {word} int" if word else f"an int >= {low}"
-    plural = f"{word} ints" if word else f"ints >= {low}"
-
-    def fn(v):
-        if not is_int(v) or v < low:
-            raise Bad
-        return v
-
-    return Check(expected, plural, fn, "int", arrow="int64")
-
-
-def number(low: float, high: float | None = None, low_open=False, high_open=True) -> Check:
-    """A float in an interval; low_open/high_open say whether the bounds are excluded."""
-    if high is None:
-        text = f"> {low:g}" if low_open else f">= {low:g}"
-    else:
-        text = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-
-    def fn(v):
-        if not is_number(v):
-            raise Bad
-        if v < low or (low_open and v == low):
-            raise Bad
-        if high is not None and (v > high or (high_open and v == high)):
-            raise Bad
-        return float(v)
-
-    return Check(f"a number {text}", f"numbers {text}", fn, "float", arrow="float64")
-
-
-def one_of(*options: str) -> Check:
-    text = ", ".join(options)
-
-    def fn(v):
-        if v not in options:
-            raise Bad
-        return v
-
-    return Check(f"one of {text}", f"values among {text}", fn, None, options)
-
-
-def _text(v):
-    if not isinstance(v, str) or not v.strip():
-        raise Bad
-    return v
-
-
-def _flag(v):
-    if not isinstance(v, bool):
-        raise Bad
-    return v
-
-
-def _auto_augment(v):
-    if not isinstance(v, str) or not v.startswith(AUTO_AUGMENT_PREFIXES):
-        raise Bad
-    return v
-
-
-TEXT = Check("a non-empty string", "non-empty strings", _text)
-AUTO_AUGMENT = Check("a timm auto_augment string such as rand-m9-mstd0.5-inc1",
-                     "timm auto_augment strings", _auto_augment)
-FLAG = Check("true or false", "booleans", _flag, arrow="bool")
-AUTO_FLAG = Check("true, false or auto", "true, false or auto", lambda v: v if v == "auto" else _flag(v),
-                  options=("auto",))  # Parquet: string ("true", "false", "auto")
-POS_INT = integer(1)
-NONNEG_INT = integer(0)
-POS_NUM = number(0, low_open=True)
-NONNEG_NUM = number(0)
-FRACTION = number(0, 1)  # [0, 1)
-
-WIDTH_TEXT = (f'a positive int (absolute), a ratio in (0, {MAX_WIDTH_RATIO:g}] of the token dim, "match" '
-              f'or "paper"')
-PAPER_WIDTH = "paper"   # the paper's Table 1 width: d/2 sne, 3d/4 psne, d fsne
-
-
-def _hidden_width(v):
-    if v is None:
-        return PAPER_WIDTH
-    if v in ("match", PAPER_WIDTH):
-        return v
-    if is_int(v):
-        if v < 1:
-            raise Bad("a positive int width")
-        return v
-    if isinstance(v, float):
-        if not (0 < v <= MAX_WIDTH_RATIO) or not math.isfinite(v):
-            raise Bad(f"a width ratio in (0, {MAX_WIDTH_RATIO:g}] of the token dim")
-        return v
-    raise Bad
-
-
-HIDDEN_WIDTH = Check(WIDTH_TEXT, 'widths (positive ints, ratios in (0, 4], "match" or "paper")',
-                     _hidden_width, "int+float")   # Parquet: string (ints, ratios and words in one column)
-
-
-# False while a spec is read back from a campaign file (names were checked when it was launched): model and
-# optimizer names are then taken as given, so that reading a campaign never imports timm (nor torch).
-CHECK_NAMES: contextvars.ContextVar[bool] = contextvars.ContextVar("CHECK_NAMES", default=True)
-
-
-def _timm_model(v):
-    """A timm model name; ``qkv_<name>`` (our registered variants) means ``<name>``."""
-    if not isinstance(v, str) or not v.strip():
-        raise Bad
-    name = v[len(REGISTERED_PREFIX):] if v.startswith(REGISTERED_PREFIX) else v
-    if not CHECK_NAMES.get():
-        return name
-    import timm  # lazy: importing the spec layer stays free of torch and timm
-
-    if timm.is_model(name):
-        return name
-    close = difflib.get_close_matches(name, timm.list_models(exclude_filters=[REGISTERED_PREFIX + "*"]), n=3, cutoff=0.7)
-    hint = f" (close matches: {', '.join(close)})" if close else ""
-    raise Bad(f"the name of a timm model, e.g. xcit_nano_12_p16_224{hint}")
-
-
-def _timm_optimizer(v):
-    if not isinstance(v, str) or not v.strip():
-        raise Bad
-    if not CHECK_NAMES.get():
-        return v.lower()
-    from timm.optim import list_optimizers  # lazy, as above
-
-    known = list_optimizers()
-    if v.lower() in known:
-        return v.lower()
-    close = difflib.get_close_matches(v.lower(), known, n=1)
-    raise Bad("a timm optimizer name such as adamw" + (f" (did you mean {close[0]}?)" if close else ""))
-
-
-REGISTERED_PREFIX = "qkv_"
-MODEL_NAME = Check("the name of a timm model, e.g. xcit_nano_12_p16_224", "timm model names", _timm_model)
-OPTIMIZER = Check("a timm optimizer name such as adamw", "timm optimizer names", _timm_optimizer)
-
 
 
 # ---------------------------------------------------------------------------------------------- the keys
@@ -280,9 +124,9 @@ def _k(name, group, check, default, doc, **kw) -> Key:
 
 KEYS: dict[str, Key] = {k.name: k for k in (
     # model (campaign section `model`)
-    _k("model", "model", MODEL_NAME, None, "timm model: an XCiT, or a ViT/DeiT with a fused qkv",
+    _k("model", "model", MODEL_NAME, None, "timm model: an XCiT, a ViT/DeiT with a fused qkv, or an MLP-Mixer",
        section="model", section_key="name", required=True),
-    _k("img_size", "model", integer(8).or_none(), None,
+    _k("img_size", "model", integer(8, MAX_PIXELS).or_none(), None,
        "input size; null: the dataset's (32, imagefolder 224), or timm's for a bare model",
        unit="px", section="model"),
     _k("num_classes", "model", integer(2).or_none(), None,
@@ -291,29 +135,35 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("in_chans", "model", POS_INT, 3, "input channels", section="model", searchable=False),
     _k("drop_path_rate", "model", FRACTION, 0.0, "stochastic depth rate", section="model"),
     # macro shape (timm constructor arguments; the space sets them)
-    _k("depth", "model", POS_INT.or_none(), None, "transformer blocks; null: timm's for the model",
+    _k("depth", "model", integer(1, MAX_BLOCKS).or_none(), None, "transformer blocks; null: timm's for the model",
        unit="blocks"),
-    _k("embed_dim", "model", POS_INT.or_none(), None, "token dim d; null: timm's for the model",
+    _k("embed_dim", "model", integer(1, MAX_UNITS).or_none(), None, "token dim d; null: timm's for the model",
        unit="channels"),
-    _k("num_heads", "model", POS_INT.or_none(), None, "attention heads; null: timm's for the model"),
-    _k("mlp_ratio", "model", POS_NUM.or_none(), None, "MLP hidden width / d; null: timm's for the model"),
-    _k("patch_size", "model", POS_INT.or_none(), None, "patch side; null: timm's for the model", unit="px"),
-    # attention design (trainers.attention): ViT/DeiT only, except key
+    _k("num_heads", "model", integer(1, MAX_UNITS).or_none(), None, "attention heads; null: timm's for the model",
+       families=(VIT, XCIT)),
+    _k("mlp_ratio", "model", number(0, MAX_MLP_RATIO, low_open=True, high_open=False).or_none(), None,
+       "MLP hidden width / d (MLP-Mixer: the channel-mixing MLP's); null: timm's for the model"),
+    _k("token_mlp_ratio", "model", number(0, MAX_MLP_RATIO, low_open=True, high_open=False).or_none(), None,
+       "MLP-Mixer: token-mixing MLP hidden width / d; null: timm's for the model", families=(MIXER,)),
+    _k("patch_size", "model", integer(1, MAX_PIXELS).or_none(), None, "patch side; null: timm's for the model",
+       unit="px"),
+    # attention design (spaces.choices, trainers.architecture): ViT/DeiT only, except key and patch_embed
     _k("attention", "model", one_of(*ATTENTIONS), "softmax",
        "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True),
-    _k("attn_features", "model", POS_INT, 64, "Performer random features m", unit="features",
-       applies_key="attention", applies_to=("performer",), report=True),
-    _k("attn_proj_len", "model", POS_INT, 64, "Linformer projected length k", unit="tokens",
-       applies_key="attention", applies_to=("linformer",), report=True),
-    _k("attn_landmarks", "model", POS_INT, 32, "Nystromformer landmarks m", unit="tokens",
-       applies_key="attention", applies_to=("nystrom",), report=True),
-    _k("pos_embed", "model", one_of(*POS_EMBEDS), "learned", "positions: learned table | rope | none (ViT/DeiT)",
+    _k("attn_features", "model", integer(1, MAX_UNITS), 64, "Performer random features m", unit="features",
+       applies_key="attention", applies_to=sized_by("attn_features"), report=True),
+    _k("attn_proj_len", "model", integer(1, MAX_UNITS), 64, "Linformer projected length k", unit="tokens",
+       applies_key="attention", applies_to=sized_by("attn_proj_len"), report=True),
+    _k("attn_landmarks", "model", integer(1, MAX_UNITS), 32, "Nystromformer landmarks m", unit="tokens",
+       applies_key="attention", applies_to=sized_by("attn_landmarks"), report=True),
+    _k("pos_embed", "model", one_of(*POS_EMBEDS), "learned", "positions: " + " | ".join(POS_EMBEDS) + " (ViT/DeiT)",
        families=(VIT,), report=True),
     _k("patch_embed", "model", one_of(*PATCH_EMBEDS), "linear",
-       "patch embedding: linear (timm PatchEmbed) | conv (3-conv stem) (ViT/DeiT)", families=(VIT,), report=True),
+       "patch embedding: " + " | ".join(PATCH_EMBEDS) + " (ViT/DeiT, MLP-Mixer)", families=(VIT, MIXER),
+       report=True),
     _k("key", "model", one_of(*KEY_KINDS), "shared",
        "key: shared (from the q/k/v embedding) | manifold (charts, apart from q and v)", report=True),
-    _k("key_charts", "model", POS_INT, 8, "manifold key: charts H", applies_key="key", applies_to=("manifold",),
+    _k("key_charts", "model", integer(1, MAX_UNITS), 8, "manifold key: charts H", applies_key="key", applies_to=("manifold",),
        report=True),
     _k("key_aggregation", "model", one_of(*KEY_AGGREGATIONS), "vanilla",
        "manifold key: chart aggregation " + " | ".join(KEY_AGGREGATIONS), applies_key="key",
@@ -321,12 +171,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("key_context", "model", FLAG, False, "manifold key: add the token mean (context broadcasting)",
        applies_key="key", applies_to=("manifold",)),
     # embedding (the space sets them; the model section also sets embed_class_attn and activation)
-    _k("embedding", "embedding", one_of(*EMBEDDINGS), "linear", "q/k/v embedding: linear | sne | psne | fsne",
+    _k("embedding", "embedding", one_of(*EMBEDDINGS), "linear", "q/k/v embedding: " + " | ".join(EMBEDDINGS),
        report=True),
     _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
        "requested hidden width h: int, ratio of the token dim d, match (baseline params), paper (Table 1)",
        applies_to=("sne", "psne", "fsne"), report=True),
-    _k("code_size", "embedding", POS_INT, 8, "F-SNE code size n", unit="features", applies_to=("fsne",),
+    _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features", applies_to=("fsne",),
        report=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
        "F-SNE codes: one set for the network, or one per block", applies_to=("fsne",), report=True),
@@ -382,8 +232,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="train"),
 )}
 
-# The architecture keys (trainers.attention): the macro shape, then the attention design.
-MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "patch_size")
+# The architecture keys (trainers.architecture): the macro shape, then the attention design.
+MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size")
 DESIGN_KEYS = ("attention", "attn_features", "attn_proj_len", "attn_landmarks", "pos_embed", "patch_embed",
                "key", "key_charts", "key_aggregation", "key_context")
 ARCHITECTURE_KEYS = MACRO_KEYS + DESIGN_KEYS
@@ -414,32 +264,7 @@ APPLIES_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
     k.name: (k.applies_key, k.applies_to) for k in KEYS.values() if k.applies_to}
 REQUIRED_TRAIN_KEYS = tuple(k.section_key or k.name for k in KEYS.values() if k.section == "train" and k.required)
 
-# metric -> natural optimisation mode
-METRICS: dict[str, str] = {
-    "top1": "max", "top5": "max", "val_loss": "min", "train_loss": "min",     # per epoch
-    "images_per_s": "max", "epoch_s": "min", "train_s": "min",                # per epoch
-    "train_s_total": "min",                                                   # per trial: sum of train_s
-    "gmacs": "min", "params_m": "min", "params": "min", "embed_params": "min",  # cost, before training
-    "epoch_step_ms": "min", "epoch_peak_mem_gb": "min",                       # per epoch, as training saw them
-}
-# Cost measured on the trials' device before training (trainers.measure): metric -> (mode, unit, what).
-MEASURED: dict[str, tuple[str, str, str]] = {
-    "latency_ms": ("min", "ms", "inference of measure.latency_batch images (median; p90 kept)"),
-    "throughput": ("max", "images/s", "inference at measure.batch images a forward"),
-    "train_step_ms": ("min", "ms", "forward, backward and optimizer step at the trial's per-worker batch"),
-    "peak_mem_gb": ("min", "GB", "peak memory of that training step"),
-}
-METRICS.update({name: mode for name, (mode, _, _) in MEASURED.items()})
-MEASURED_METRICS = tuple(MEASURED)
-COUNTED_METRICS = ("params", "params_m", "embed_params", "gmacs")     # from the config alone (trainers.cost)
-COST_METRICS = COUNTED_METRICS + MEASURED_METRICS                     # known before training
-# Metrics of the stages after training (spaces.stages, search.campaign.stages), percent: objectives and
-# constraints of the stages' final front and report columns, never learnt by the searcher. top1@<dataset>:
-# a finetune stage's top-1; transfer_avg: their mean; the rest: an ood stage's means over its OOD sets.
-STAGE_METRICS: dict[str, str] = {
-    "transfer_avg": "max", "fpr95": "min", "det_err": "min", "auroc": "max", "aupr_in": "max", "aupr_out": "max"}
-FINETUNE_METRIC = "top1@"                                             # + the stage's dataset: max
-SCHEDULER_METRICS = ("top1", "top5", "val_loss", "train_loss")        # change from epoch to epoch
+# The metric vocabulary (objectives, constraints, reported metrics): spaces.metrics.
 
 
 # ---------------------------------------------------------------------------------------------- fill
@@ -501,14 +326,15 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
 
 
 def model_family(model) -> str:
-    return XCIT if isinstance(model, str) and model.removeprefix(REGISTERED_PREFIX).startswith("xcit") else VIT
+    return _family(model, REGISTERED_PREFIX)
 
 
 def _not_applicable(key: Key, out: Mapping, groups) -> str:
     """Why ``key`` is null for this config ('' when it applies); reads keys filled before it."""
-    if key.families and model_family(out.get("model")) not in key.families:
-        return (f"the model is a ViT or DeiT ({out.get('model')} keeps its cross-covariance attention, "
-                f"conv stem and Fourier positions)")
+    family = model_family(out.get("model"))
+    if key.families and family not in key.families:
+        labels = " or ".join(FAMILIES[f].label for f in key.families)
+        return f"the model is {labels} ({out.get('model')} {FAMILIES[family].keeps})"
     if not key.applies_to:
         return ""
     ak = KEYS[key.applies_key]
@@ -521,16 +347,10 @@ def _not_applicable(key: Key, out: Mapping, groups) -> str:
 
 
 def check_combinations(cfg: Mapping) -> None:
-    """Model keys that cannot work together (rules needing the resolved shape: trainers.attention)."""
-    if cfg.get("attention") == "fnet":
-        if cfg.get("embedding") != "linear":
-            raise _fail("embedding", "linear with attention fnet (FNet mixes tokens by Fourier transforms: "
-                                     "there is no q/k/v to embed)", cfg.get("embedding"))
-        if cfg.get("key") != "shared":
-            raise _fail("key", "shared with attention fnet (FNet has no key)", cfg.get("key"))
-        if cfg.get("pos_embed") == "rope":
-            raise _fail("pos_embed", "learned or none with attention fnet (RoPE rotates q and k, which FNet "
-                                     "has not)", "rope")
+    """Model keys that cannot work together (rules needing the resolved shape: trainers.architecture)."""
+    unmet = unmet_need(cfg, model_family(cfg.get("model")))   # what the chosen attention or family cannot work with
+    if unmet:
+        raise _fail(*unmet)
     if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") != "linear":
         raise _fail("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
                                         "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)",

@@ -1,4 +1,4 @@
-"""The campaign file's ``measure`` section: how the measured cost metrics (spaces.keys.MEASURED) are measured.
+"""The campaign file's ``measure`` section: how the measured cost metrics (spaces.metrics.MEASURED) are measured.
 
     measure:
       batch: 64                 # images a forward for throughput (inference)
@@ -13,8 +13,9 @@ device, precision, batch, compile mode and software versions (trainers.measure),
 """
 from __future__ import annotations
 
+from qkvsearch.spaces.checks import POS_INT, POS_NUM, Bad
 from qkvsearch.spaces.errors import Collector, hint, show
-from qkvsearch.spaces.keys import MEASURED_METRICS, POS_INT, POS_NUM, Bad
+from qkvsearch.spaces.metrics import MEASURED_METRICS
 from qkvsearch.spaces.schema import MeasureSpec
 
 MEASURE_KEYS = ("batch", "latency_batch", "metrics", "cache", "max_s")
@@ -56,6 +57,6 @@ def parse_measure(raw, c: Collector) -> MeasureSpec:
 
 def measured_metrics(spec) -> tuple[str, ...]:
     """The measured metrics a campaign needs: named by an objective, a constraint or measure.metrics, in
-    spaces.keys.MEASURED order; () when none (nothing is measured)."""
+    spaces.metrics.MEASURED order; () when none (nothing is measured)."""
     named = {o.metric for o in spec.objectives} | {c.metric for c in spec.constraints} | set(spec.measure.metrics)
     return tuple(m for m in MEASURED_METRICS if m in named)

@@ -11,7 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from qkvsearch.spaces.keys import NONNEG_NUM, POS_INT, POS_NUM, section_keys
+from qkvsearch.spaces.checks import NONNEG_NUM, POS_INT, POS_NUM
+from qkvsearch.spaces.keys import section_keys
 
 
 class FrozenMap(Mapping):
@@ -269,16 +270,6 @@ class CheckpointsSpec:
     keep: str = "front"                 # one of KEEP_POLICIES
 
 
-# Experiment trackers a campaign can feed (search.campaign.tracking): tracker -> its settings and their
-# defaults. None: decided at launch (a location inside the campaign folder; the campaign's name as experiment,
-# project or study). wandb.mode: one of WANDB_MODES (offline writes run folders, nothing leaves the machine).
-TRACKERS = FrozenMap({
-    "mlflow": FrozenMap({"tracking_uri": None, "experiment": None}),
-    "wandb": FrozenMap({"project": None, "entity": None, "mode": "offline"}),
-    "tensorboard": FrozenMap(),
-    "optuna": FrozenMap({"storage": None}),
-})
-WANDB_MODES = ("offline", "online", "disabled")
 
 @dataclass(frozen=True)
 class MeasureSpec:
@@ -293,6 +284,67 @@ class MeasureSpec:
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
             "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages", "measure")
+
+
+# ---------------------------------------------------------------- the stages after training (spaces.stages)
+@dataclass(frozen=True)
+class FinetuneStage:
+    dataset: str
+    path: str | None
+    recipe: FrozenMap                    # trial key -> value: what replaces the trial's own keys
+    resources: FrozenMap = FrozenMap()   # WORKER_RESOURCES name -> value: what replaces the campaign's
+
+    @property
+    def name(self) -> str:
+        return f"finetune@{self.dataset}"
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, **({"path": self.path} if self.path else {}), **plain(self.recipe),
+                **({"resources": plain(self.resources)} if self.resources else {})}
+
+
+@dataclass(frozen=True)
+class OODSet:
+    name: str
+    format: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class OODStage:
+    in_distribution: str
+    datasets: tuple[OODSet, ...]
+    score: str = "msp"
+    resources: FrozenMap = FrozenMap()   # cpus_per_worker, gpus_per_worker of its one task
+    name = "ood"
+
+    def to_dict(self) -> dict:
+        return {"in_distribution": self.in_distribution, "score": self.score,
+                "datasets": [{k: v for k, v in vars(s).items() if v is not None} for s in self.datasets],
+                **({"resources": plain(self.resources)} if self.resources else {})}
+
+
+@dataclass(frozen=True)
+class StagesSpec:
+    finetune: tuple[FinetuneStage, ...] = ()
+    ood: OODStage | None = None
+    select: str = "front"
+    top_k: int | None = None
+    objectives: tuple[Objective, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.finetune or self.ood)
+
+    def to_dict(self) -> dict:
+        out: dict = {"finetune": [f.to_dict() for f in self.finetune], "select": self.select,
+                     "objectives": [vars(o) for o in self.objectives],
+                     "constraints": {c.metric: c.to_dict() for c in self.constraints}}
+        if self.ood is not None:
+            out["ood"] = self.ood.to_dict()
+        if self.top_k is not None:
+            out["top_k"] = self.top_k
+        return out
 
 
 @dataclass(frozen=True)
@@ -311,8 +363,8 @@ class CampaignSpec:
     description: str = ""
     source: str | None = field(default=None, compare=False)   # the file it came from, for messages
     checkpoints: CheckpointsSpec = field(default_factory=CheckpointsSpec)
-    tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> FrozenMap of its settings (TRACKERS)
-    stages: Any = field(default_factory=lambda: _no_stages())  # spaces.stages.StagesSpec; empty: none
+    tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> its settings (spaces.tracking.TRACKERS)
+    stages: StagesSpec = field(default_factory=StagesSpec)  # empty: none (spaces.stages parses it)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
 
     def to_dict(self) -> dict:
@@ -341,15 +393,9 @@ class CampaignSpec:
         return violations(self.constraints, cost)
 
 
-def _no_stages():
-    from qkvsearch.spaces.stages import StagesSpec  # it imports this module
-
-    return StagesSpec()
-
-
 def violations(constraints, cost: Mapping[str, float]) -> list[str]:
     """The messages of the constraints a cost (trainers.cost.model_cost output) breaks; [] = feasible.
-    A metric the cost lacks is not judged yet: a measured one (spaces.keys.MEASURED) is known only once
+    A metric the cost lacks is not judged yet: a measured one (spaces.metrics.MEASURED) is known only once
     the trial's device has measured it (trainers.measure), and is checked there, before training."""
     found = (c.violation(float(cost[c.metric])) for c in constraints if c.metric in cost)
     return [v for v in found if v]

@@ -24,22 +24,31 @@ A campaign without the section has no stages (``StagesSpec()``, empty) and runs 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from qkvsearch.spaces.checks import TEXT, Bad, is_number
+from qkvsearch.spaces.dimensions import ABSENT, check_value
 from qkvsearch.spaces.errors import Collector, hint, show
-from qkvsearch.spaces.keys import (
+from qkvsearch.spaces.keys import DATASET_INFO, KEYS, section_keys
+from qkvsearch.spaces.metrics import (
     COST_METRICS,
-    DATASET_INFO,
     FINETUNE_METRIC,
-    KEYS,
     METRICS,
+    OOD_METRICS,
+    STAGE_METRIC_LIST,
     STAGE_METRICS,
-    TEXT,
-    Bad,
-    is_number,
-    section_keys,
+    TRANSFER_AVG,
+    bound_problem,
 )
-from qkvsearch.spaces.schema import WORKER_RESOURCES, Constraint, FrozenMap, Objective, plain
+from qkvsearch.spaces.schema import (  # noqa: F401  (the stage specs: named by campaigns' pickles here)
+    WORKER_RESOURCES,
+    Constraint,
+    FinetuneStage,
+    FrozenMap,
+    Objective,
+    OODSet,
+    OODStage,
+    StagesSpec,
+)
 
 OOD_SCORES = ("msp", "energy", "max_logit")
 OOD_FORMATS = ("imagefolder", "cifar10", "cifar100", "stl10", "noise", "digits_heldout")
@@ -51,43 +60,7 @@ SELECTIONS = ("front", "top_k", "as_completed")
 RECIPE_KEYS = {**section_keys("train"), "img_size": KEYS["img_size"]}
 FINETUNE_FIELDS = ("dataset", "path", "resources", *RECIPE_KEYS)
 OOD_FIELDS = ("in_distribution", "datasets", "score", "resources")
-
-
-@dataclass(frozen=True)
-class FinetuneStage:
-    dataset: str
-    path: str | None
-    recipe: FrozenMap                    # trial key -> value: what replaces the trial's own keys
-    resources: FrozenMap = FrozenMap()   # WORKER_RESOURCES name -> value: what replaces the campaign's
-
-    @property
-    def name(self) -> str:
-        return f"finetune@{self.dataset}"
-
-    def to_dict(self) -> dict:
-        return {"dataset": self.dataset, **({"path": self.path} if self.path else {}), **plain(self.recipe),
-                **({"resources": plain(self.resources)} if self.resources else {})}
-
-
-@dataclass(frozen=True)
-class OODSet:
-    name: str
-    format: str
-    path: str | None = None
-
-
-@dataclass(frozen=True)
-class OODStage:
-    in_distribution: str
-    datasets: tuple[OODSet, ...]
-    score: str = "msp"
-    resources: FrozenMap = FrozenMap()   # cpus_per_worker, gpus_per_worker of its one task
-    name = "ood"
-
-    def to_dict(self) -> dict:
-        return {"in_distribution": self.in_distribution, "score": self.score,
-                "datasets": [{k: v for k, v in vars(s).items() if v is not None} for s in self.datasets],
-                **({"resources": plain(self.resources)} if self.resources else {})}
+STAGE_METRIC_STAGE = {m.name: m.stage for m in STAGE_METRIC_LIST}   # stage metric -> the stage measuring it
 
 
 def result_settings(stage) -> dict:
@@ -97,8 +70,6 @@ def result_settings(stage) -> dict:
 
 def _parse_resources(raw, where: str, names: tuple[str, ...], c: Collector) -> FrozenMap:
     """A stage's ``resources`` mapping (a subset of ``names``, checked as the resources section's)."""
-    from qkvsearch.spaces.dimensions import ABSENT, check_value
-
     if raw is None:
         return FrozenMap()
     if not isinstance(raw, Mapping):
@@ -114,29 +85,6 @@ def _parse_resources(raw, where: str, names: tuple[str, ...], c: Collector) -> F
     return FrozenMap(out)
 
 
-@dataclass(frozen=True)
-class StagesSpec:
-    finetune: tuple[FinetuneStage, ...] = ()
-    ood: OODStage | None = None
-    select: str = "front"
-    top_k: int | None = None
-    objectives: tuple[Objective, ...] = ()
-    constraints: tuple[Constraint, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.finetune or self.ood)
-
-    def to_dict(self) -> dict:
-        out: dict = {"finetune": [f.to_dict() for f in self.finetune], "select": self.select,
-                     "objectives": [vars(o) for o in self.objectives],
-                     "constraints": {c.metric: c.to_dict() for c in self.constraints}}
-        if self.ood is not None:
-            out["ood"] = self.ood.to_dict()
-        if self.top_k is not None:
-            out["top_k"] = self.top_k
-        return out
-
-
 def stage_metric_mode(metric, finetune_datasets) -> str | None:
     """A metric's natural mode when the stages can report it (or a pretraining metric), else None."""
     if not isinstance(metric, str):
@@ -144,6 +92,17 @@ def stage_metric_mode(metric, finetune_datasets) -> str | None:
     if metric.startswith(FINETUNE_METRIC):
         return "max" if metric[len(FINETUNE_METRIC):] in finetune_datasets else None
     return STAGE_METRICS.get(metric) or METRICS.get(metric)
+
+
+def _unmeasured(metric: str, finetune, ood) -> str | None:
+    """Why no stage of the campaign measures stage metric ``metric`` (its stage is absent), or None."""
+    stage = "finetune" if metric.startswith(FINETUNE_METRIC) else STAGE_METRIC_STAGE.get(metric)
+    if (stage == "ood" and ood is None) or (stage == "finetune" and not finetune):
+        present = [f"{FINETUNE_METRIC}<dataset>", TRANSFER_AVG] if finetune else []
+        present += list(OOD_METRICS) if ood is not None else []
+        return (f"expected a metric of a stage the campaign has ({', '.join(present) or 'none'}, or a pretraining "
+                f"metric), given {show(metric)}, which the {stage} stage measures: stages has no {stage} section")
+    return None
 
 
 def parse_stages(raw, c: Collector) -> StagesSpec:
@@ -157,7 +116,7 @@ def parse_stages(raw, c: Collector) -> StagesSpec:
     ood = _parse_ood(raw.get("ood"), datasets, c) if raw.get("ood") is not None else None
     select, top_k = _parse_selection(raw, c)
     objectives = _parse_objectives(raw.get("objectives"), finetune, ood, c)
-    constraints = _parse_constraints(raw.get("constraints"), datasets, c)
+    constraints = _parse_constraints(raw.get("constraints"), finetune, ood, c)
     if (objectives or constraints or "select" in raw) and not (finetune or ood):
         c.add("stages", "expected a finetune or an ood stage for the stage objectives and selection, given none")
     return StagesSpec(tuple(finetune), ood, select, top_k, tuple(objectives), tuple(constraints))
@@ -264,7 +223,8 @@ def _parse_selection(raw: Mapping, c: Collector) -> tuple[str, int | None]:
 def _parse_objectives(raw, finetune, ood, c: Collector) -> list[Objective]:
     datasets = [f.dataset for f in finetune]
     if raw is None:  # default: the stages' headline numbers
-        return ([Objective("transfer_avg", "max")] if finetune else []) + ([Objective("fpr95", "min")] if ood else [])
+        present = {"finetune": bool(finetune), "ood": ood is not None}
+        return [Objective(m.name, m.mode) for m in STAGE_METRIC_LIST if m.default and present[m.stage]]
     if not isinstance(raw, list) or not raw:
         c.expected("stages.objectives", "a non-empty list of {metric, mode}", raw)
         return []
@@ -282,6 +242,9 @@ def _parse_objectives(raw, finetune, ood, c: Collector) -> list[Objective]:
             known = [*STAGE_METRICS, *(FINETUNE_METRIC + d for d in datasets), *METRICS]
             c.expected(f"{path}.metric", "one of " + ", ".join(known), metric)
             continue
+        if problem := _unmeasured(metric, finetune, ood):
+            c.add(f"{path}.metric", problem)
+            continue
         mode = item.get("mode", mode)
         if mode not in ("max", "min"):
             c.expected(f"{path}.mode", "max or min", mode)
@@ -292,7 +255,8 @@ def _parse_objectives(raw, finetune, ood, c: Collector) -> list[Objective]:
     return out
 
 
-def _parse_constraints(raw, datasets: list[str], c: Collector) -> list[Constraint]:
+def _parse_constraints(raw, finetune, ood, c: Collector) -> list[Constraint]:
+    datasets = [f.dataset for f in finetune]
     if raw is None:
         return []
     if not isinstance(raw, Mapping):
@@ -305,9 +269,17 @@ def _parse_constraints(raw, datasets: list[str], c: Collector) -> list[Constrain
             c.expected(path, "a stage metric (" + ", ".join([*STAGE_METRICS, FINETUNE_METRIC + "<dataset>"])
                        + "; cost bounds go in constraints)", metric)
             continue
+        if problem := _unmeasured(metric, finetune, ood):
+            c.add(path, problem)
+            continue
         if not isinstance(bound, Mapping) or not bound or set(bound) - {"max", "min"} \
                 or not all(is_number(v) for v in bound.values()):
             c.expected(path, "{max: number} and/or {min: number}", bound)
+            continue
+        problems = [(side, p) for side, v in bound.items() if (p := bound_problem(metric, float(v)))]
+        for side, problem in problems:
+            c.add(f"{path}.{side}", problem)
+        if problems:
             continue
         out.append(Constraint(metric, *(float(bound[k]) if k in bound else None for k in ("max", "min"))))
     return out

@@ -6,19 +6,131 @@
       tensorboard: {}                                                  # event files in the folder
       optuna: {storage: sqlite:///optuna.db}                           # default: a journal file in the folder
 
-Each tracker's settings and defaults are declared once, in spaces.schema.TRACKERS; the trackers themselves
-live in qkvsearch.search.campaign.tracking.
+Everything about a tracker is one row of ``TRACKERS``: its settings and their defaults, where its data lives,
+the packages it needs and the extra that installs them, and the class that feeds it (search.campaign.tracking,
+imported when a campaign uses it).
+
+Where a tracker writes (its ``location`` setting: mlflow.tracking_uri, optuna.storage) is a URL of a scheme it
+takes (``schemes``) or a path. A path is a file inside the campaign folder when relative, never in the working
+directory, which differs between launch, resume and the Ray workers; so is the file of a relative SQLite URL
+(``sqlite:///optuna.db``). A path is the tracker's own kind of file (``path_url``: optuna's journal, mlflow's
+SQLite database). A value that reads as a mistyped URL (``sqlite//x``, ``http:/x``, a scheme the tracker does
+not take) is refused when the spec is read (``location_problem``), not when the campaign runs.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from qkvsearch.spaces.errors import Collector
-from qkvsearch.spaces.schema import TRACKERS, WANDB_MODES, CampaignSpec, FrozenMap, plain
+from qkvsearch.spaces.errors import Collector, show
+from qkvsearch.spaces.schema import CampaignSpec, FrozenMap, plain
 
-# The setting that says where a tracker writes; None puts it inside the campaign folder.
-LOCATION = {"mlflow": "tracking_uri", "optuna": "storage"}
+
+@dataclass(frozen=True)
+class TrackerInfo:
+    """One tracker. settings: setting -> default (None: decided at launch: a location inside the campaign
+    folder, or the campaign's name as experiment, project or study); location: the setting that says where it
+    writes (None: always inside the campaign folder); modules: what it imports; extra: the pip extra that
+    installs them; home: "module:Class" of the tracker; schemes: the URL schemes its location takes (before
+    a "+driver"); path_url: the URL a path stands for ("{path}": the path itself)."""
+
+    name: str
+    settings: FrozenMap
+    location: str | None
+    modules: tuple[str, ...]
+    extra: str
+    home: str
+    schemes: tuple[str, ...] = ()
+    path_url: str = "{path}"
+
+
+_HOME = "qkvsearch.search.campaign.tracking"
+TRACKERS = {t.name: t for t in (
+    # A path is a SQLite store: MLflow 3 refuses to create experiments in its file store (file://, a bare
+    # folder), and "databricks" alone names the workspace of the user's Databricks configuration.
+    TrackerInfo("mlflow", FrozenMap({"tracking_uri": None, "experiment": None}), "tracking_uri", ("mlflow",),
+                "mlflow", f"{_HOME}.mlflow_tracker:MLflowTracker",
+                ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks"), "sqlite:///{path}"),
+    # mode: offline writes run folders, nothing leaves the machine
+    TrackerInfo("wandb", FrozenMap({"project": None, "entity": None, "mode": "offline"}), None, ("wandb",),
+                "wandb", f"{_HOME}.wandb_tracker:WandbTracker"),
+    TrackerInfo("tensorboard", FrozenMap(), None, ("tensorboard",), "tensorboard",
+                f"{_HOME}.tensorboard_tracker:TensorBoardTracker"),
+    # A URL is an RDB storage (SQLAlchemy's dialects); a path, a journal file (optuna-dashboard opens either).
+    TrackerInfo("optuna", FrozenMap({"storage": None}), "storage", ("optuna",), "optuna-dashboard",
+                f"{_HOME}.optuna_tracker:OptunaTracker",
+                ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")),
+)}
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_BARE = ("databricks",)   # a scheme alone is a whole location: mlflow's "databricks"
+_URL_SCHEMES = {s for t in TRACKERS.values() for s in t.schemes} | {"file", "s3", "gs"}
+
+
+def is_url(value: str) -> bool:
+    """Whether a tracker location is a URL (scheme and colon first, or a bare scheme) rather than a path."""
+    return bool(_SCHEME.match(value)) or value in _BARE
+
+
+def location_problem(name: str, value: str) -> str | None:
+    """What is wrong with ``value`` as tracker ``name``'s location ("expected ..., given ..."), or None."""
+    info, text = TRACKERS[name], value.strip()
+    takes = ", ".join(f"{s}://" for s in info.schemes)
+    expected = f"a URL ({takes}) or a path (inside the campaign folder when relative)"
+    head = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)//", text)
+    if head and head.group(1).lower() in _URL_SCHEMES:
+        return f"expected {expected}, given {show(value)}, a URL without the ':' after its scheme"
+    if not is_url(text):
+        return None
+    if text in _BARE:
+        return None if text in info.schemes else f"expected {expected}, given {show(value)}"
+    scheme = _SCHEME.match(text).group(1).lower()
+    base, rest = scheme.split("+")[0], text[len(scheme) + 1:]
+    if not rest.startswith("//"):
+        return (f"expected {expected}, given {show(value)}, which is neither: a URL has '//' after '{scheme}:', "
+                f"and a path with ':' in its first part reads as a URL (write ./{text} for such a path)")
+    if base not in info.schemes:
+        return f"expected {expected}, given {show(value)}, whose scheme {scheme} {name} does not take"
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (parsing the port raises on one that is not a number)
+    except ValueError as err:
+        return f"expected {expected}, given {show(value)}, which cannot be parsed ({err})"
+    if base == "sqlite":
+        if parts.netloc or not parts.path.strip("/"):
+            return (f"expected a SQLite URL naming a file (sqlite:///relative/file.db, sqlite:////absolute/"
+                    f"file.db), given {show(value)}" + ("" if parts.netloc else ", an in-memory database that "
+                                                        "is lost when the driver ends"))
+    elif base in ("http", "https") and not parts.hostname:
+        return f"expected {expected}, given {show(value)}, a URL without a host"
+    elif not rest[2:]:
+        return f"expected {expected}, given {show(value)}, a URL with nothing after its scheme"
+    return None
+
+
+def tracker_location(name: str, value: str, exp: str) -> str:
+    """The location tracker ``name`` opens for its setting ``value`` (module docstring): a URL as given, a
+    relative SQLite URL's file and a relative path inside the campaign folder ``exp``, a path as the
+    tracker's URL for it."""
+    text = value.strip()
+    if text.lower().startswith("sqlite:///") and not text[len("sqlite:///"):].startswith("/"):
+        return "sqlite:///" + os.path.join(exp, text[len("sqlite:///"):])
+    if is_url(text):
+        return text
+    return TRACKERS[name].path_url.format(path=os.path.join(exp, os.path.expanduser(text)))
+
+
+def _in_campaign_folder(value: str) -> bool:
+    """Whether a location is a file the campaign folder holds (a relative path or SQLite file)."""
+    text = value.strip()
+    if text.lower().startswith("sqlite:///"):
+        return not text[len("sqlite:///"):].startswith("/")
+    return not is_url(text) and not os.path.isabs(os.path.expanduser(text))
 
 
 def _remote(storage: str) -> bool:
@@ -43,7 +155,7 @@ def parse_tracking(raw, storage: str, c: Collector) -> FrozenMap:
 
 
 def _parse_tracker(name: str, given, storage: str, c: Collector) -> FrozenMap | None:
-    path, known = f"tracking.{name}", TRACKERS[name]
+    path, known = f"tracking.{name}", TRACKERS[name].settings
     if given is None:
         given = {}
     if not isinstance(given, dict):
@@ -57,17 +169,24 @@ def _parse_tracker(name: str, given, storage: str, c: Collector) -> FrozenMap | 
         if value is not None and not (isinstance(value, str) and value.strip()):
             c.expected(f"{path}.{key}", "a non-empty string", value)
             continue
+        problem = location_problem(name, value) if key == TRACKERS[name].location and value is not None else None
+        if problem:
+            c.add(f"{path}.{key}", problem)
+            continue
         values[key] = value
     if name == "wandb" and values["mode"] not in WANDB_MODES:
         c.expected(f"{path}.mode", " | ".join(WANDB_MODES), values["mode"])
     if _remote(storage):
-        where = LOCATION.get(name)
+        where = TRACKERS[name].location
         if where is None:
             c.add(path, f"writes its files into the campaign folder, which must be on a local disk (storage is "
                         f"{storage})")
         elif values[where] is None:
             c.add(f"{path}.{where}", f"required when storage is a bucket (the default is a file inside the "
                                      f"campaign folder; storage is {storage})")
+        elif _in_campaign_folder(values[where]):
+            c.add(f"{path}.{where}", f"expected a server URL or an absolute path when storage is a bucket, given "
+                                     f"{show(values[where])}, a file inside the campaign folder (storage is {storage})")
     return FrozenMap(values)
 
 

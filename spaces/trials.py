@@ -4,7 +4,7 @@ from __future__ import annotations
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.errors import SpecError
 from qkvsearch.spaces.keys import flatten
-from qkvsearch.spaces.schema import CampaignSpec, FrozenMap
+from qkvsearch.spaces.schema import CampaignSpec, FrozenMap, tagged
 from qkvsearch.spaces.stages import smoke_stages
 
 
@@ -43,7 +43,8 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
     - train: epochs <= 2, max_steps_per_epoch 2, batch_size 4 per worker (batch_per_worker unset,
       and batch keys dropped from the space), warmup_epochs 0, checkpoint_every 1;
     - search: at most max_trials trials; a larger grid keeps max_trials evenly spaced grid points
-      (first and last included) as explicit variants; nsga2 population 2; repeats 1;
+      (first and last included) as explicit variants; nsga2 population 2; gp and ehvi start-up trials
+      their default for that budget; repeats 1;
     - scheduler: grace_epochs 1;
     - stages: every fine-tuning 1 epoch of max_steps_per_epoch updates of batch_size images.
     Model, data, objectives, constraints, resources and storage are kept (the point is to exercise them).
@@ -72,6 +73,7 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
             d["space"] = {"variants": chosen} if any(chosen) else {}
     else:
         search["num_trials"] = min(spec.search.num_trials, max_trials)
+        search.pop("n_startup_trials", None)  # the default for the shrunk budget: the GP still leads
         if spec.search.algorithm == "nsga2":
             search["population_size"] = 2
     return load_campaign(d)
@@ -118,3 +120,34 @@ def suggest_config(spec: CampaignSpec, trial) -> dict:
         else:
             config[dim.key] = trial.suggest_float(dim.key, dim.low, dim.high, log=dim.log)
     return config
+
+
+def params_of(space, config: dict) -> tuple[dict, dict] | None:
+    """The define-by-run parameters (``suggest_config``) and Optuna distributions that draw ``config``, or None
+    when the space cannot draw it: the inverse of suggest_config, for results learnt from elsewhere."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    params, dists, chosen = {}, {}, {}
+    if space.variants:
+        index = next((i for i, v in enumerate(space.variants)
+                      if all(tagged(config.get(k)) == tagged(val) for k, val in v.items())), None)
+        if index is None:
+            return None
+        params["variant"], dists["variant"] = index, CategoricalDistribution(list(range(len(space.variants))))
+        chosen.update(space.variants[index])
+    for dim in space.dimensions:
+        if not dim.active(chosen):
+            continue
+        value = config.get(dim.key)
+        if dim.enumerable:
+            if tagged(value) not in {tagged(v) for v in dim.values}:
+                return None
+            dist = CategoricalDistribution(list(dim.values))
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not dim.low <= value <= dim.high:
+            return None
+        elif dim.kind == "int":
+            dist = IntDistribution(int(dim.low), int(dim.high), log=dim.log)
+        else:
+            dist = FloatDistribution(dim.low, dim.high, log=dim.log)
+        params[dim.key], dists[dim.key], chosen[dim.key] = value, dist, value
+    return params, dists

@@ -82,11 +82,13 @@ def test_conditions_are_implied_on_the_deciding_key(tmp_path):
 
 def test_xformers_preset_grid():
     trials = expand_space(load_campaign(PRESETS / "xformers-cifar10.yaml"))
-    combos = {(t["attention"], t["patch_embed"], t.get("pos_embed", "learned")) for t in trials}
-    assert len(trials) == len(combos) == 18
-    assert ("fnet", "conv", "learned") in combos and ("fnet", "linear", "rope") not in combos
-    assert all((t["embed_dim"], t["depth"], t["num_heads"], t["mlp_ratio"], t["patch_size"]) == (128, 4, 4, 2.0, 1)
-               for t in trials)
+    combos = {(t["model"], t.get("attention"), t["patch_embed"], t.get("pos_embed", "learned")) for t in trials}
+    assert len(trials) == len(combos) == 20
+    vit, mixer = "vit_tiny_patch16_224", "mixer_s16_224"
+    assert (vit, "fnet", "conv_plain", "learned") in combos and (vit, "fnet", "linear", "rope1d") not in combos
+    assert {c for c in combos if c[0] == mixer} == {(mixer, None, s, "learned") for s in ("linear", "conv_plain")}
+    shape = ("embed_dim", "depth", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size")
+    assert {tuple(t.get(k) for k in shape) for t in trials} == {(128, 4, 4, 2.0, None, 1), (128, 4, None, 1.0, 8.0, 1)}
 
 
 def test_image_size_is_searchable_and_the_token_count_follows_it(tmp_path):

@@ -49,6 +49,16 @@ def test_results_schema_document_lists_every_key_with_its_type_default_and_doc()
     assert block.strip().startswith(results.config_columns_markdown().strip())
 
 
+def test_results_schema_document_lists_every_stage_metric_from_its_declaration():
+    from qkvsearch.search.analysis.stages import stage_metric_markdown
+    from qkvsearch.spaces.metrics import OOD_METRICS, STAGE_METRIC_LIST, STAGE_METRICS
+    from qkvsearch.trainers.ood_metrics import ood_metrics
+
+    assert stage_metric_markdown() in SCHEMA.read_text()
+    scores = ood_metrics([0.9, 0.8, 0.7], [0.1, 0.6])  # what the OOD stage computes: every declared metric
+    assert list(scores) == list(OOD_METRICS) and set(STAGE_METRICS) == {m.name for m in STAGE_METRIC_LIST}
+
+
 def test_defaults_are_filled_once_and_input_is_not_mutated():
     given = dict(MODEL)
     cfg = fill(given)

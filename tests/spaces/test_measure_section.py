@@ -1,4 +1,4 @@
-"""The campaign file's measure section and the measured metrics (spaces.measure, spaces.keys.MEASURED)."""
+"""The campaign file's measure section and the measured metrics (spaces.measure, spaces.metrics.MEASURED)."""
 from __future__ import annotations
 
 import copy
@@ -8,8 +8,8 @@ import yaml
 
 from qkvsearch.search.cli import main
 from qkvsearch.spaces import SpecError, load_campaign
-from qkvsearch.spaces.keys import COST_METRICS, MEASURED, METRICS
 from qkvsearch.spaces.measure import measured_metrics
+from qkvsearch.spaces.metrics import COST_METRICS, MEASURED, METRICS
 from qkvsearch.spaces.schema import MeasureSpec, violations
 
 BASE = {"name": "m", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16}, "data": {"dataset": "digits"},

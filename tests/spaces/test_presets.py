@@ -121,29 +121,15 @@ def test_quickstart_model_is_small():
     assert out.shape == (2, 10)
 
 
-# The Vision X-formers paper's CIFAR-10 counts (dim 128, depth 4, 4 heads of 32, MLP 256, patch 1).
-XFORMERS_PAPER = {"softmax": 530_442, "performer": 531_978, "linformer": 415_754, "nystrom": 530_970,
-                  "fnet": 267_786}
+def test_xformers_preset_is_the_papers_grid():
+    """Every configuration of the preset is one of the Vision X-formers paper's designs at its size, and every
+    row of its Tables 1 and 6 is one of them (the counts by the paper's rule: tests/trainers/test_paper_counts.py)."""
+    from qkvsearch.spaces.keys import fill
+    from qkvsearch.trainers.paper_counts import paper_row, reference_rows
 
-
-def test_xformers_counts_differ_from_the_papers_only_by_what_is_explained():
-    """Its counter (torchsummary) skips bare Parameters: the 1025 x 128 position table and the class token.
-    Its ViT and Nystromformer have no qkv bias (timm's has, 3d a block); Performer's has one, as timm's.
-    Its Linformer shares one k/v head of 32 (to_q d x d, to_k d x 32) and its E (1025 x 64) goes uncounted;
-    here K and V are full (timm's fused qkv) and E, F (1025 x 64 each) are counted."""
-    from qkvsearch.trainers.cost import model_cost
-
-    d, depth, tokens, k = 128, 4, 32 * 32 + 1, 64
-    skipped = tokens * d + d
-    qkv_bias = depth * 3 * d
-    linformer = depth * ((d * 3 * d + 3 * d) - (d * d + d * 32) + 2 * tokens * k)
-    explained = {"softmax": skipped + qkv_bias, "performer": skipped, "nystrom": skipped + qkv_bias,
-                 "fnet": skipped, "linformer": skipped + linformer}
-    spec = load_campaign("xformers-cifar10")
-    for t in expand_space(spec):
-        if t["patch_embed"] == "linear" and t.get("pos_embed", "learned") == "learned":
-            got = model_cost(t)["params"]
-            assert got - XFORMERS_PAPER[t["attention"]] == explained[t["attention"]], t["attention"]
+    rows = [paper_row(fill(t)) for t in expand_space(load_campaign("xformers-cifar10"))]
+    assert all(r is not None for r in rows)
+    assert sorted(map(id, rows)) == sorted(map(id, reference_rows()))
 
 
 def test_architecture_open_is_an_nsga2_search_over_the_design_under_a_budget():

@@ -1,0 +1,142 @@
+"""The search algorithms a campaign file may name (``search.algorithm``) and the options each reads, with
+their defaults: declared once, read by the spec loader (spaces.loader), the searchers
+(search.searchers.SEARCHERS, one entry per name here) and `qkvsearch simulate`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.checks import POS_INT, integer, one_of
+from qkvsearch.spaces.errors import Collector, section_failed
+from qkvsearch.spaces.metrics import COUNTED_METRICS
+from qkvsearch.spaces.schema import SearchSpec, Space
+from qkvsearch.spaces.sections import as_mapping, optional
+
+ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi")
+# What `qkvsearch simulate --searcher` offers: the campaign's algorithms but grid, and shuffle (every recorded
+# curve once, in an order drawn from the seed).
+SIMULATED_SEARCHERS = ("shuffle", *(a for a in ALGORITHMS if a != "grid"))
+# search keys that only some algorithms read -> those algorithms
+OPTIONS = {"repeats": ("grid",), "population_size": ("nsga2",), "n_startup_trials": ("gp", "ehvi")}
+GP_STARTUP_TRIALS = 10   # gp, ehvi: random trials before the Gaussian process leads (Optuna's default)
+NSGA2_POPULATION = 50    # nsga2: Optuna's default population
+
+
+def default_startup(num_trials: int) -> int:
+    """n_startup_trials when the file gives none: Optuna's default, or a quarter of a smaller budget."""
+    return max(1, min(GP_STARTUP_TRIALS, num_trials // 4))
+
+
+def default_population(num_trials: int) -> int:
+    """population_size when the file gives none: Optuna's default, or half of a smaller budget."""
+    return max(2, min(NSGA2_POPULATION, num_trials // 2))
+
+
+def ehvi_problem(metrics, costs=COUNTED_METRICS) -> str | None:
+    """Why search.algorithm ehvi (search.searchers.ehvi) cannot serve objectives of these metrics, or None: it
+    needs one training objective and one or two cost objectives (``costs``: metrics known before training, a
+    campaign's counted ones by default)."""
+    metrics = list(metrics)
+    known = [m for m in metrics if m in costs]
+    if len(metrics) - len(known) == 1 and 1 <= len(known) <= 2:
+        return None
+    return (f"ehvi expects one training objective and one or two objectives counted before training "
+            f"({', '.join(costs)}), given {', '.join(metrics)}")
+
+
+def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
+    raw = as_mapping(raw, c, "search", "a mapping (algorithm, num_trials, seed, ...)")
+    if raw is None:
+        raw = {}
+    c.unknown_keys("search", raw, ("algorithm", "num_trials", "seed", "population_size", "repeats", "n_startup_trials",
+                                   "warm_start"))
+    # A space with errors lost dimensions: its size and default algorithm would contradict the user.
+    space_ok = not _failed(c, "space")
+    # A space of ranges, several objectives: ehvi where it applies, else GP (benchmarks/README.md, "Searchers
+    # compared": on NAS-Bench-201 CIFAR-10 and CIFAR-100, ehvi holds the most hypervolume at 50 trained
+    # configurations, then GP); random for one objective.
+    known_cost = ehvi_problem(o.metric for o in objectives)
+    several = ("ehvi" if known_cost is None else "gp") if len(objectives) > 1 else "random"
+    default_algorithm = "grid" if space.enumerable else several
+    algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
+                                       c, "search.algorithm")
+    seed = optional(raw, "seed", integer(0), 0, c, "search")
+    # A key that does not apply to the algorithm is reported as such, without also judging its value.
+    repeats = _only_for(raw, "repeats", POS_INT, OPTIONS["repeats"], algorithm, c, " (use num_trials)")
+    population = _only_for(raw, "population_size", integer(2), OPTIONS["population_size"], algorithm, c)
+    startup = _only_for(raw, "n_startup_trials", POS_INT, OPTIONS["n_startup_trials"], algorithm, c)
+    warm = raw.get("warm_start")
+    if warm is not None and not (isinstance(warm, str) and warm.strip()):
+        c.expected("search.warm_start", "a campaign folder or URI (a string)", warm)
+        warm = None
+    num_trials = optional(raw, "num_trials", POS_INT, None, c, "search")
+    if algorithm is dimensions.ABSENT:
+        return SearchSpec("random", num_trials or 1, seed)
+    if algorithm != "grid" and ("algorithm" in raw or space_ok):
+        ranges = [d.key for d in space.dimensions if not d.enumerable]
+        why = (f"given {algorithm}" if "algorithm" in raw
+               else f"the default is {default_algorithm} because space.{ranges[0]} is a range" if ranges else "")
+        for dim in space.dimensions:
+            if dim.kind == "grid":
+                c.add(f"space.{dim.key}.grid", f"grid values are enumerated, which only search.algorithm grid "
+                                               f"does ({why}); use choice")
+    if algorithm == "grid":
+        if raw.get("repeats") is not None and repeats is None:
+            return SearchSpec("grid", num_trials or 1, seed)   # no size to compare num_trials with
+        grid = _grid_search(space, num_trials, seed, repeats or 1, c, space_ok)
+        return replace(grid, warm_start=warm.strip()) if warm else grid
+    if num_trials is None:
+        if raw.get("num_trials") is None:
+            c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
+        num_trials = 1
+    elif num_trials > 1 and space_ok and space.enumerable and dimensions.count(space) == 1:
+        c.warn("search.num_trials", f"the space holds one configuration, so all {num_trials} trials would train "
+                                    "the same one (add space dimensions, or set num_trials: 1)")
+    if algorithm == "nsga2" and population is None:
+        population = default_population(num_trials)
+    if algorithm == "ehvi" and known_cost:
+        c.add("search.algorithm", known_cost)
+    if algorithm in OPTIONS["n_startup_trials"] and startup is None:
+        startup = default_startup(num_trials)
+    elif startup is not None and 1 < num_trials <= startup:  # one trial: nothing could make the GP lead
+        c.add("search.n_startup_trials", f"expected fewer than search.num_trials ({num_trials}), given {startup}: "
+                                         f"every trial would be a random start-up one and the Gaussian process "
+                                         f"would never lead (leave it out for min({GP_STARTUP_TRIALS}, "
+                                         f"num_trials // 4))")
+    return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm.strip() if warm else None)
+
+
+def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok: bool = True) -> SearchSpec:
+    ranges = [d.key for d in space.dimensions if not d.enumerable]
+    if ranges:
+        c.add("search.algorithm", "grid needs every dimension to be choice/grid, but "
+                                  + ", ".join(f"space.{k}" for k in ranges) + " is a range")
+        return SearchSpec("grid", num_trials or 1, seed, None, repeats)
+    points = dimensions.count(space)   # counted, not enumerated: a grid may hold 10^8 points
+    size = points * repeats
+    if not space_ok:
+        return SearchSpec("grid", size, seed, None, repeats)
+    if num_trials is not None and num_trials != size:
+        c.add("search.num_trials", f"grid runs every grid point x repeats = {size} trials, given {num_trials} "
+                                   "(leave num_trials out)")
+    elif points == 1 and repeats > 1:
+        c.warn("search.repeats", f"the space holds one configuration, so all {repeats} repeats would train "
+                                 "the same one (add space dimensions, or leave repeats out)")
+    return SearchSpec("grid", size, seed, None, repeats)
+
+
+def _only_for(raw: dict, key: str, check, needed: str | tuple, algorithm, c: Collector, advice: str = ""):
+    """The value of a search key that only some algorithms read; None when absent, invalid or not applicable."""
+    if raw.get(key) is None:
+        return None
+    needed = (needed,) if isinstance(needed, str) else needed
+    if algorithm is not dimensions.ABSENT and algorithm not in needed:
+        c.add(f"search.{key}", f"applies to algorithm {', '.join(needed)} only, not {algorithm}{advice}")
+        return None
+    return optional(raw, key, check, None, c, "search")
+
+
+def _failed(c: Collector, section: str) -> bool:
+    """Whether an error was recorded under a section ("space", "space.x", "space[0]")."""
+    return section_failed(c.errors, section)

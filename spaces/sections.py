@@ -1,0 +1,318 @@
+"""The sections of a campaign file, each checked against its declaration (spaces.keys, spaces.schema), every
+problem collected with the path of its field. The search section: spaces.search_options; space: spaces.dimensions;
+stages: spaces.stages; tracking: spaces.tracking; measure: spaces.measure."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+
+from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.checks import NONNEG_INT, POS_INT, integer, is_number, one_of
+from qkvsearch.spaces.errors import Collector, hint, show
+from qkvsearch.spaces.keys import (
+    KEYS,
+    REQUIRED_TRAIN_KEYS,
+    ConfigError,
+    batch_plan,
+    fill_from_dataset,
+    flatten,
+    section_keys,
+)
+from qkvsearch.spaces.metrics import (
+    COST_METRICS,
+    FINETUNE_METRIC,
+    METRICS,
+    SCHEDULER_METRICS,
+    STAGE_METRICS,
+    bound_problem,
+)
+from qkvsearch.spaces.schema import (
+    DEFAULT_OBJECTIVES,
+    KEEP_POLICIES,
+    WORKER_RESOURCES,
+    CheckpointsSpec,
+    Constraint,
+    DataSpec,
+    ModelSpec,
+    Objective,
+    ResourcesSpec,
+    SchedulerSpec,
+    Space,
+    TrainSpec,
+)
+
+TRIAL_SCHEDULERS = ("fifo", "asha", "moasha")   # not the learning-rate schedules (spaces.keys.LR_SCHEDULES)
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MISSING = object()
+
+
+def as_mapping(raw, c: Collector, path: str, what: str) -> dict | None:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        c.expected(path, what, raw)
+        return None
+    return dict(raw)
+
+
+def parse_section_keys(raw: dict, section: str, c: Collector) -> dict:
+    """Check each key of a campaign-file section against its declaration (spaces.keys); fill defaults."""
+    table = section_keys(section)
+    c.unknown_keys(section, raw, table)
+    out = {}
+    for name, key in table.items():
+        if raw.get(name) is not None:
+            value = dimensions.check_value(key.check, raw[name], c, f"{section}.{name}")
+            out[name] = key.default if value is dimensions.ABSENT else value
+        else:
+            out[name] = key.default
+    return out
+
+
+def section_path(message: str) -> str:
+    """``"<trial key>: ..."`` (a ConfigError) -> ``"<section>.<section key>: ..."`` where the key has a section."""
+    name, sep, rest = message.partition(":")
+    key = KEYS.get(name)
+    if not sep or key is None or key.section is None:
+        return message
+    return f"{key.section}.{key.section_key or key.name}:{rest}"
+
+
+def parse_name(raw, c: Collector) -> str:
+    if raw is MISSING:
+        c.add("name", "required (it names the experiment folder under storage)")
+    elif not isinstance(raw, str) or not NAME_RE.match(raw):
+        c.expected("name", "letters, digits, '.', '_' or '-' (it names the experiment folder)", raw)
+    return raw if isinstance(raw, str) else ""
+
+
+def parse_model(raw, c: Collector) -> ModelSpec:
+    raw = as_mapping(raw, c, "model", "a mapping (name, img_size, num_classes, ...)")
+    if raw is None:
+        return ModelSpec(None)
+    return ModelSpec(**parse_section_keys(raw, "model", c))
+
+
+def parse_data(raw, c: Collector) -> DataSpec:
+    raw = as_mapping(raw, c, "data", "a mapping (dataset, path, val_fraction)")
+    if raw is None:
+        return DataSpec()
+    return DataSpec(**parse_section_keys(raw, "data", c))
+
+
+def parse_train(raw, c: Collector):
+    raw = as_mapping(raw, c, "train", "a mapping of training keys (epochs, batch_size, lr, ...)")
+    if raw is None:
+        return TrainSpec()
+    for key in REQUIRED_TRAIN_KEYS:
+        if raw.get(key) is None:
+            c.add(f"train.{key}", "required (the number of epochs every trial trains for)")
+    return TrainSpec(**parse_section_keys(raw, "train", c))
+
+
+def parse_objectives(raw, c: Collector) -> list[Objective]:
+    if raw is None:
+        return list(DEFAULT_OBJECTIVES)
+    if not isinstance(raw, list) or not raw:
+        c.expected("objectives", "a non-empty list of {metric, mode}", raw)
+        return []
+    out, seen = [], set()
+    for i, item in enumerate(raw):
+        path = f"objectives[{i}]"
+        if isinstance(item, str):
+            item = {"metric": item}
+        if not isinstance(item, Mapping):
+            c.expected(path, "a mapping {metric, mode} or a metric name", item)
+            continue
+        c.unknown_keys(path, item, ("metric", "mode"))
+        metric = item.get("metric")
+        if metric not in METRICS:
+            staged = isinstance(metric, str) and (metric in STAGE_METRICS or metric.startswith(FINETUNE_METRIC))
+            c.add(f"{path}.metric", f"expected one of {', '.join(METRICS)}, given {show(metric)}"
+                  + (" (a stage metric: list it under stages.objectives; the searcher learns pretraining metrics)"
+                     if staged else hint(metric, METRICS, list_known=False) if isinstance(metric, str) else ""))
+            continue
+        mode = item.get("mode", METRICS[metric])
+        if mode not in ("max", "min"):
+            c.expected(f"{path}.mode", "max or min", mode)
+            continue
+        if metric in seen:
+            c.add(f"{path}.metric", f"duplicate objective {show(metric)}")
+        seen.add(metric)
+        out.append(Objective(metric, mode))
+    return out
+
+
+def parse_constraints(raw, c: Collector) -> list[Constraint]:
+    raw = as_mapping(raw, c, "constraints", "a mapping {cost metric: {max: x} or {min: x}}")
+    out = []
+    for metric, bound in (raw or {}).items():
+        path = f"constraints.{metric}"
+        if metric not in COST_METRICS:
+            why = " (constraints are checked before training)" if metric in METRICS else hint(metric, COST_METRICS)
+            c.add(path, f"expected a cost metric ({', '.join(COST_METRICS)}), given {show(metric)}{why}")
+            continue
+        if not isinstance(bound, Mapping) or not bound:
+            c.expected(path, "{max: number} and/or {min: number}", bound)
+            continue
+        c.unknown_keys(path, bound, ("max", "min"))
+        values = {}
+        for side in ("max", "min"):
+            if side in bound:
+                if not is_number(bound[side]):
+                    c.expected(f"{path}.{side}", "a number", bound[side])
+                elif problem := bound_problem(metric, float(bound[side])):
+                    c.add(f"{path}.{side}", problem)
+                else:
+                    values[side] = float(bound[side])
+        if "max" in values and "min" in values and values["min"] > values["max"]:
+            c.add(path, f"expected min <= max, given min {values['min']:g} > max {values['max']:g}")
+        if values:
+            out.append(Constraint(metric, values.get("max"), values.get("min")))
+    return out
+
+
+def parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> SchedulerSpec:
+    """The scheduler section. ``brackets`` (asha, moasha): Hyperband brackets, bracket s judging
+    trials first at grace_epochs * reduction_factor**s; at most one per rung that fits below
+    train.epochs. Left out (stored as None) it takes SchedulerSpec.bracket_count's default: 3 for
+    moasha (see there: measured with benchmarks/bench_search.py), 1 for asha (Ray's). None rather than
+    the number keeps a spec that shrinks train.epochs (smoke_test) valid."""
+    raw = as_mapping(raw, c, "scheduler", "a mapping (type, grace_epochs, reduction_factor, brackets)")
+    if raw is None:
+        return SchedulerSpec()
+    c.unknown_keys("scheduler", raw, ("type", "grace_epochs", "reduction_factor", "brackets", "metric", "mode"))
+    kind = dimensions.check_value(one_of(*TRIAL_SCHEDULERS), raw.get("type", "fifo"), c, "scheduler.type")
+    grace = optional(raw, "grace_epochs", POS_INT, 1, c, "scheduler")
+    factor = optional(raw, "reduction_factor", integer(2), 3, c, "scheduler")
+    brackets = optional(raw, "brackets", POS_INT, None, c, "scheduler")
+    epochs = train.epochs
+    if kind in ("asha", "moasha") and epochs is not None and grace > epochs:
+        c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), given {grace}")
+    if brackets is not None and kind not in ("asha", "moasha"):
+        if kind is not dimensions.ABSENT:  # an invalid type has its own message
+            c.add("scheduler.brackets", f"expected no brackets for type {kind} (they apply to asha and "
+                                        f"moasha), given {brackets}")
+        brackets = None
+    elif brackets is not None and epochs is not None and grace <= epochs:
+        rungs = SchedulerSpec.rung_epochs(grace, factor, epochs)
+        if brackets > max(1, len(rungs)):
+            listed = ", ".join(map(str, rungs)) or "none"
+            c.add("scheduler.brackets", f"expected at most {max(1, len(rungs))} (one per rung below train.epochs "
+                                        f"{epochs}: epochs {listed}), given {brackets}")
+    metric, mode = raw.get("metric"), raw.get("mode")
+    if kind != "asha":
+        for key in ("metric", "mode"):
+            if raw.get(key) is not None:
+                c.add(f"scheduler.{key}", f"applies to type asha only ({kind} uses the objectives)")
+        if kind == "moasha" and objectives and not any(o.metric in SCHEDULER_METRICS for o in objectives):
+            c.add("scheduler.type", "moasha stops trials on training metrics, but every objective is known "
+                                    "before training; add e.g. {metric: top1, mode: max} or use fifo")
+        return SchedulerSpec(kind if kind is not dimensions.ABSENT else "fifo", grace, factor, brackets=brackets)
+    metric, mode = _asha_target(metric, mode, objectives, c)
+    return SchedulerSpec("asha", grace, factor, metric, mode, brackets)
+
+
+def _asha_target(metric, mode, objectives, c: Collector):
+    if metric is None:
+        if not objectives:
+            return None, None
+        metric = objectives[0].metric
+        if metric not in SCHEDULER_METRICS:
+            c.add("scheduler.metric", f"asha stops trials on a training metric; the first objective {metric} "
+                                      f"is known before training (set scheduler.metric)")
+            return None, None
+        mode = mode or objectives[0].mode
+    elif metric not in SCHEDULER_METRICS:
+        c.add("scheduler.metric", f"expected one of {', '.join(SCHEDULER_METRICS)}, given {show(metric)}"
+              + (hint(metric, SCHEDULER_METRICS, list_known=False) if isinstance(metric, str) else ""))
+        return None, None
+    mode = mode or METRICS[metric]
+    if mode not in ("max", "min"):
+        c.expected("scheduler.mode", "max or min", mode)
+    return metric, mode
+
+
+def parse_resources(raw, c: Collector) -> ResourcesSpec:
+    raw = as_mapping(raw, c, "resources", "a mapping (workers_per_trial, cpus_per_worker, ...)")
+    if raw is None:
+        return ResourcesSpec()
+    keys = ("workers_per_trial", "cpus_per_worker", "gpus_per_worker", "max_concurrent_trials",
+            "placement_strategy", "max_failures")
+    c.unknown_keys("resources", raw, keys)
+    defaults = ResourcesSpec()
+    workers, cpus, gpus = (optional(raw, name, check, getattr(defaults, name), c, "resources")
+                           for name, check in WORKER_RESOURCES)
+    placement = optional(raw, "placement_strategy", one_of(*PLACEMENTS), "PACK", c, "resources")
+    failures = optional(raw, "max_failures", NONNEG_INT, ResourcesSpec.max_failures, c, "resources")
+    concurrent = raw.get("max_concurrent_trials", "auto")
+    if concurrent != "auto" and not (isinstance(concurrent, int) and not isinstance(concurrent, bool)
+                                     and concurrent >= 1):
+        c.expected("resources.max_concurrent_trials", 'a positive int or "auto"', concurrent)
+        concurrent = "auto"
+    return ResourcesSpec(workers, cpus, gpus, concurrent, placement, failures)
+
+
+def parse_checkpoints(raw, c: Collector) -> CheckpointsSpec:
+    """What ended trials keep of their checkpoints (spaces.schema.KEEP_POLICIES; search.campaign.retention)."""
+    raw = as_mapping(raw, c, "checkpoints", "a mapping (keep: " + " | ".join(KEEP_POLICIES) + ")")
+    if raw is None:
+        return CheckpointsSpec()
+    c.unknown_keys("checkpoints", raw, ("keep",))
+    return CheckpointsSpec(optional(raw, "keep", one_of(*KEEP_POLICIES), CheckpointsSpec.keep, c, "checkpoints"))
+
+
+def parse_storage(raw, c: Collector) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        c.expected("storage", "a local path or a URI (s3://, gs://, file://)", raw)
+        return "results/"
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", raw)
+    if scheme and scheme.group(1).lower() not in STORAGE_SCHEMES:
+        c.expected("storage", "a local path or a URI with scheme " + ", ".join(f"{s}://" for s in STORAGE_SCHEMES),
+                   raw)
+    return raw
+
+
+def dataset_defaults(model: ModelSpec, data: DataSpec, train, c: Collector) -> ModelSpec:
+    """img_size / num_classes from the dataset, and the rules that tie model keys to the data
+    (spaces.keys.fill_from_dataset, the rule every trial config goes through)."""
+    flat = {**flatten("model", model.as_dict()), **flatten("data", data.as_dict()),
+            "augment": train.augment, "randaugment": train.randaugment}
+    try:
+        fill_from_dataset(flat)
+    except ConfigError as err:
+        c.add("", section_path(str(err)))
+        return model
+    return replace(model, img_size=flat["img_size"], num_classes=flat.get("num_classes"))
+
+
+def cross_check(train, space: Space, resources: ResourcesSpec, c: Collector) -> None:
+    """Checks that span sections (run only when every section parsed cleanly)."""
+    if train.warmup_epochs > train.epochs:
+        c.add("train.warmup_epochs", f"expected at most train.epochs ({train.epochs}), given {train.warmup_epochs:g}")
+    workers = resources.workers_per_trial
+    mixing = {k: max(_values_of(k, getattr(train, k), space), key=lambda v: v or 0) for k in ("mixup", "cutmix")}
+    for batch in _values_of("batch_size", train.batch_size, space):
+        for bpw in _values_of("batch_per_worker", train.batch_per_worker, space):
+            try:
+                batch_plan({"batch_size": batch, "batch_per_worker": bpw, **mixing}, workers)
+            except ConfigError as err:
+                c.add("", f"train.{err}")
+
+
+def _values_of(key: str, base, space: Space) -> list:
+    """The values a train key can take over the space (base value where the space leaves it unset)."""
+    possible = dimensions.possible_values(key, space.dimensions, space.variants)
+    if possible is None:  # a range: checked per trial by the trainer
+        return [base]
+    return list(dict.fromkeys(base if v is dimensions.ABSENT else v for v in possible))
+
+
+def optional(raw: dict, key: str, check, default, c: Collector, section: str):
+    if raw.get(key) is None:
+        return default
+    value = dimensions.check_value(check, raw[key], c, f"{section}.{key}")
+    return default if value is dimensions.ABSENT else value
