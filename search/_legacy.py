@@ -19,22 +19,26 @@ import types
 MODULES = {
     "qkvsearch.search.storage": "qkvsearch.storage",
     "qkvsearch.search.schedulers": "qkvsearch.search.scheduling.tune_schedulers",
-    "qkvsearch.search.searchers": "qkvsearch.search.campaign.searchers",
     "qkvsearch.search.interrupts": "qkvsearch.search.campaign.interrupts",
     "qkvsearch.search.driver": "qkvsearch.search.campaign.driver",
     "qkvsearch.search.bridge": "qkvsearch.search.campaign.bridge",
+    # searchers whose objects were pickled whole: read as placeholders (search.searchers.legacy)
+    "qkvsearch.search.campaign.searchers": "qkvsearch.search.searchers.legacy",
+    "qkvsearch.search.campaign.known_cost": "qkvsearch.search.searchers.legacy",
 }
 # (package that replaced a module, name) -> the module that holds the name now
 NAMES = {
     ("qkvsearch.search.records", "TrialRecorder"): "qkvsearch.search.campaign.recording",
-    ("qkvsearch.search.campaign", "_Describe"): "qkvsearch.search.campaign.launch",
+    ("qkvsearch.search.campaign", "_Describe"): "qkvsearch.search.campaign.run",
 }
+# package that replaced a module -> the module that holds every old name of it (the flat search.searchers)
+PACKAGES = {"qkvsearch.search.searchers": "qkvsearch.search.searchers.legacy"}
 
 
 def attribute(package: str, name: str):
     """The object an old pickle names as ``<package>.<name>``; AttributeError when it names none."""
-    home = NAMES.get((package, name))
-    if home is None:
+    home = NAMES.get((package, name)) or PACKAGES.get(package)
+    if home is None or name.startswith("__"):
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     return getattr(importlib.import_module(home), name)
 

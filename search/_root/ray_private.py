@@ -39,6 +39,18 @@ def restored_run_config(tuner):
     return tuner._local_tuner.get_run_config()
 
 
+def restored_searcher(tuner):
+    """The search algorithm a restored ``Tuner`` unpickled from ``tuner.pkl``."""
+    return tuner._local_tuner._tune_config.search_alg
+
+
+def replace_restored_searcher(tuner, searcher) -> None:
+    """Give a restored ``Tuner`` the searcher a resumed driver built from its campaign's spec, in place of the
+    one it unpickled: ``Tuner.restore`` takes no searcher, and Tune restores the searcher's saved state into
+    whichever it holds when ``fit`` starts."""
+    tuner._local_tuner._tune_config.search_alg = searcher
+
+
 def save_experiment_now(tune_controller) -> None:
     """Have Tune save its experiment state (and copy it to storage) now. Schedulers get a wrapper that
     exposes no save; the controller behind it has ``checkpoint(force, wait)``. No controller (a scheduler

@@ -1,6 +1,10 @@
 """Every model a campaign's space can build, without training: `qkvsearch cost` and the checks of
-`validate` / `launch` (a width below one channel, an image size the patches do not tile, a model no
-machine could hold are found here, before anything is written).
+`validate` / `launch` (a width below one channel, an MLP without a hidden unit, an image size the patches
+do not tile, a model no machine could hold are found here, before anything is written).
+
+A model's size is first estimated in closed form from its macro keys (``check_size``), before it is built:
+counting a model builds it block by block on the meta device, which for a runaway size would take minutes
+and gigabytes; the estimate and the exact count share one bound (trainers.cost.MAX_PARAMS).
 
 Only keys that change the model matter (spaces.keys groups model and embedding); training keys are left
 out. Integer or float ranges over a model key (e.g. `hidden_width: {int: [32, 256]}`) are checked at
@@ -14,9 +18,9 @@ import logging
 
 from qkvsearch.spaces import SpecError, base_config, dimensions
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import ARCHITECTURE_KEYS, KEYS, MODEL_GROUPS, fill, identity, names
-from qkvsearch.spaces.loader import section_path
-from qkvsearch.trainers.cost import model_cost, resolve_trial
+from qkvsearch.spaces.keys import ARCHITECTURE_KEYS, KEYS, MODEL_GROUPS, ConfigError, fill, identity, names
+from qkvsearch.spaces.sections import section_path
+from qkvsearch.trainers.cost import MAX_PARAMS, model_cost, resolve_trial
 
 log = logging.getLogger(__name__)
 COST_KEYS = names(*MODEL_GROUPS)
@@ -63,6 +67,62 @@ def _where(message: str, labels: list[str]) -> str:
     return f"space ({shown}): {message}"
 
 
+DEFAULT_MLP_RATIO = 4.0  # timm's for ViT and XCiT: the estimate's stand-in for a null mlp_ratio
+
+
+def estimated_params(cfg: dict) -> float:
+    """A lower estimate of the parameters of the model ``cfg`` describes, from its macro keys alone: per block
+    (4 + 2 mlp_ratio) d^2 (the attention's q, k, v and output projections, the MLP's two layers), plus the
+    position table, tokens x d. A key left null (timm's default) counts as its smallest value, so the
+    estimate never exceeds the model's exact size by more than its rounding."""
+    depth, dim = cfg.get("depth") or 1, cfg.get("embed_dim") or 1
+    ratio = cfg.get("mlp_ratio") or DEFAULT_MLP_RATIO
+    img, patch = cfg.get("img_size"), cfg.get("patch_size")
+    tokens = (img // patch) ** 2 if img and patch else 0
+    return float(depth) * dim * dim * (4 + 2 * ratio) + float(tokens) * dim
+
+
+def check_size(cfg: dict) -> None:
+    """ConfigError naming the macro key at fault when the model ``cfg`` describes is estimated
+    (``estimated_params``) above MAX_PARAMS, or its MLP has no hidden unit at the given embed_dim; checked
+    before the model is built."""
+    if estimated_params(cfg) > MAX_PARAMS:
+        key = next(k for k in ("embed_dim", "depth", "mlp_ratio", "patch_size") if cfg.get(k) is not None)
+        shape = ", ".join(f"{k} {cfg[k]}" for k in ("depth", "embed_dim", "mlp_ratio", "img_size", "patch_size")
+                          if cfg.get(k) is not None and k != key)
+        with_shape = f" with {shape}" if shape else ""
+        raise ConfigError(f"{key}: expected a model of at most {MAX_PARAMS:.0e} parameters{with_shape}, given "
+                          f"{cfg[key]} (estimated {estimated_params(cfg):.3g} parameters: depth x embed_dim^2 x "
+                          f"(4 + 2 mlp_ratio) for the blocks, tokens x embed_dim for the positions)")
+    if cfg.get("embed_dim") is not None:
+        _check_mlp_units(cfg, cfg["embed_dim"])
+
+
+def _check_mlp_units(cfg: dict, dim: int) -> None:
+    """ConfigError naming mlp_ratio (token_mlp_ratio) when the MLP has fewer than one hidden unit at token
+    dim ``dim``: timm builds int(d x ratio) units, and an MLP of none passes nothing on."""
+    for key in ("mlp_ratio", "token_mlp_ratio"):
+        ratio = cfg.get(key)
+        if ratio is not None and int(dim * ratio) < 1:
+            raise ConfigError(f"{key}: expected a ratio giving at least one hidden unit at the token dim {dim} "
+                              f"(at least {1 / dim:.3g}), given {ratio:g} ({dim} x {ratio:g} = {dim * ratio:.3g} units)")
+
+
+def _token_dim(config: dict) -> int | None:
+    """A resolved config's token dim d: embed_dim, else timm's default, read off the base model that resolving
+    the config built (trainers.cost.base_profile, cached: nothing is built again)."""
+    if config.get("embed_dim") is not None:
+        return config["embed_dim"]
+    from qkvsearch.trainers.cost import base_profile
+    from qkvsearch.trainers.models import ModelConfig
+
+    spec = ModelConfig.from_cfg(config)
+    base = base_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, spec.arch.macro())
+    if base.stage is not None:
+        return base.stage.dim
+    return base.sites[0].dim if base.sites else None
+
+
 def check_models(spec) -> list[tuple[dict, dict]]:
     """(resolved config, cost) of every distinct model of the space.
 
@@ -72,7 +132,10 @@ def check_models(spec) -> list[tuple[dict, dict]]:
     resolved, failing, seen = [], {}, set()   # failing: message -> labels of the configurations it holds for
     for cfg in model_configs(spec):
         try:
+            check_size(cfg)  # first: a runaway size would take minutes to build
             config, cost = resolve_trial(cfg)
+            if config.get("embed_dim") is None and (dim := _token_dim(config)) is not None:
+                _check_mlp_units(config, dim)
         except BadInput as err:
             failing.setdefault(str(err), []).append(_label(cfg))
             continue
@@ -106,6 +169,8 @@ def distinct_configurations(spec) -> int | None:
 
 
 def cost_table(spec) -> list[dict]:
+    from qkvsearch.trainers.paper_counts import paper_figures
+
     rows = []
     for cfg, cost in check_models(spec):
         broken = spec.violations(cost)
@@ -116,6 +181,11 @@ def cost_table(spec) -> list[dict]:
             "gmacs": cost["gmacs"], "feasible": "yes" if not broken else "no: " + "; ".join(broken),
             **{k: cfg[k] for k in ARCHITECTURE_KEYS},
         })
+        rows[-1].update(paper_figures(cfg) or {})  # one of the Vision X-formers paper's designs: its counts
+    if any("params_rule" in r for r in rows):  # the columns only in tables that hold such a design
+        for r in rows:
+            r.setdefault("params_rule", None)
+            r.setdefault("params_paper", None)
     return rows
 
 
@@ -128,16 +198,24 @@ def _architecture(row: dict) -> str:
 def format_table(rows: list[dict], as_csv: bool = False) -> str:
     if as_csv:
         return _as_csv(rows)
+    paper = any("params_rule" in r for r in rows)
     header = (f"{'model':<24} {'embedding':<9} {'width (asked)':>15} {'code':>5} {'sharing':<9} "
-              f"{'params M':>9} {'embed params':>12} {'GMACs':>8}  {'feasible':<9} architecture")
+              f"{'params M':>9} {'embed params':>12} {'GMACs':>8}  "
+              + (f"{'params':>9} {'rule':>9} {'paper':>9}  " if paper else "") + f"{'feasible':<9} architecture")
     lines = [header, "-" * len(header)]
     for r in rows:
         width = "-" if r["embedding"] == "linear" else f"{r['width']} ({r['hidden_width']})"
+        counts = " ".join(f"{'-' if r[k] is None else f'{r[k]:,}':>9}"
+                          for k in ("params", "params_rule", "params_paper")) + "  " if paper else ""
         lines.append(f"{r['model']:<24} {r['embedding']:<9} {width:>15} {r['code_size'] or '-':>5} "
                      f"{r['code_sharing'] or '-':<9} {r['params_m']:>9.3f} {r['embed_params']:>12,} "
-                     f"{r['gmacs']:>8.4f}  {r['feasible']:<9} {_architecture(r)}")
+                     f"{r['gmacs']:>8.4f}  {counts}{r['feasible']:<9} {_architecture(r)}")
     lines.append(f"{len(rows)} distinct model(s); GMACs = multiply-accumulates per image (the papers' 'FLOPs'; "
                  f"FFTs at 2.5·L·log2 L a transform)")
+    if paper:
+        lines.append("params: every parameter; rule: the Vision X-formers paper's count of the same model "
+                     "(torchsummary's: weight and bias of each module run, no bare Parameters); paper: its "
+                     "printed count (qkvsearch.trainers.paper_counts)")
     if any(r.get("key") == "manifold" for r in rows):
         lines.append("key=manifold follows the paper's description (arXiv 2402.00534, no public code); the shapes "
                      "it leaves open are chosen in qkvsearch.trainers.attention.manifold")

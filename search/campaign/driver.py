@@ -1,4 +1,5 @@
-"""Trials: built once in the campaign's driver (`build_trial`), run in their own process (`run_trial`).
+"""Trials: built once in the campaign's driver (search.searchers.problem.build_trial), run in their own
+process (`run_trial`).
 
 A trial is the dict Tune holds as the trial's config: ``{"config": resolved trial config, "cost": cost}``,
 or ``{"config": the raw config, "cost": {}, "invalid": message}`` when no model can be made of it. A
@@ -36,8 +37,8 @@ from qkvsearch.search.records.layout import (
     STATUS_KEY,
 )
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import EPOCH, fill, finite
+from qkvsearch.spaces.keys import fill
+from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.schema import violations
 
 # Tune's time attribute is EPOCH: its iteration counter restarts at 1 when a trial is restored; the epoch does not.
@@ -78,33 +79,7 @@ def train_run_name(settings: TrialSettings, cfg: dict, trial_id: str) -> str:
     return f"{settings.campaign}-{name}" if settings.campaign else name
 
 
-def build_trial(base: dict, sampled: dict) -> dict:
-    """The campaign's fixed keys, then what the searcher chose, resolved once (trainers.cost.resolve_trial).
-
-    Optuna also samples the index of the variant it drew (``variant``), which is not a trial key.
-    """
-    from qkvsearch.trainers.cost import resolve_trial  # timm: the campaign's driver only
-
-    raw = {**base, **{k: v for k, v in sampled.items() if k != "variant"}}
-    try:
-        config, cost = resolve_trial(raw)
-    except BadInput as err:  # e.g. a ratio drawn from a range that leaves less than one channel
-        return {"config": raw, "cost": {}, "invalid": str(err)}
-    return {"config": config, "cost": cost}
-
-
 WAIT_POLL_S = 2.0
-
-
-def outcome_of_result(result: dict | None, error: bool) -> dict:
-    """A finished trial's outcome from its last result: {"status", "metrics": finite numbers it reported}."""
-    result = result or {}
-    status = result.get(STATUS_KEY) or ("failed" if error else None)
-    if status is None:
-        planned = result.get(PLANNED_KEY)
-        status = "stopped_early" if planned is not None and result.get(EPOCH, 0) < planned else "completed"
-    metrics = {k: finite(v) for k, v in result.items() if not k.startswith("qs_") and finite(v) is not None}
-    return {"status": status, "metrics": metrics}
 
 
 def _outcome_of_record(experiment: str, trial_id: str) -> dict | None:
@@ -124,16 +99,17 @@ def _report_duplicate(settings: TrialSettings, trial: dict) -> None:
         known = _outcome_of_record(settings.experiment, trial["duplicate_of"])
         if known is None:
             time.sleep(WAIT_POLL_S)
-    result = {**known["metrics"], **trial["cost"], STATUS_KEY: "duplicate", DUPLICATE_OF_KEY: trial["duplicate_of"],
+    result = {**known["metrics"], STATUS_KEY: "duplicate", DUPLICATE_OF_KEY: trial["duplicate_of"],
               ORIGINAL_STATUS_KEY: known["status"], EPOCH: 0.0}  # epoch 0: no scheduler rung counts it twice
     for metric, _ in settings.objectives:
         result.setdefault(metric, math.nan)
     tune.report(result)
 
 
-def _terminal_report(settings: TrialSettings, status: str, error: str, cost: dict) -> dict:
-    """A final result for a trial without a score: objectives absent from the cost are NaN."""
-    result = {STATUS_KEY: status, ERROR_KEY: error, EPOCH: 0.0, **cost}
+def _terminal_report(settings: TrialSettings, status: str, error: str, measured: dict) -> dict:
+    """A final result for a trial without a score: its objectives NaN (measured: what the trial's own process
+    measured, for the record)."""
+    result = {STATUS_KEY: status, ERROR_KEY: error, EPOCH: 0.0, **measured}
     for metric, _ in settings.objectives:
         result.setdefault(metric, math.nan)
     return result
@@ -154,20 +130,21 @@ def trial_resources(settings: TrialSettings, slot: dict) -> dict:
     return {"cpu": settings.cpus_per_worker, **gpu, **slot}
 
 
-def _with_cost(metrics: dict, epochs_planned: int, cost: dict) -> dict:
-    """What Tune gets per epoch: rank 0's metrics, the trial's cost and its planned epochs."""
-    return {**metrics, **cost, PLANNED_KEY: float(epochs_planned)}
-
-
-def _report_to_tune(epochs_planned: int, cost: dict, run_dir: str):
+def _report_to_tune(epochs_planned: int, measured: dict, run_dir: str):
     """Train -> Tune: on_report(metrics, checkpoint_path | None) in the trial's training thread, whether
     the trial trains (local mode) or drives a Train run (search.campaign.bridge). An epoch reported without a
     checkpoint names its epoch's checkpoint where the run has one (the epoch a resumed run reports again).
-    tune.report there also ends the thread when Tune stops the trial (a stopped trial frees its process)."""
+    tune.report there also ends the thread when Tune stops the trial (a stopped trial frees its process).
+
+    A result is rank 0's metrics and the planned epochs (schedulers and searchers tell a stopped trial from a
+    finished one by them). The trial's cost is not in it: whoever needs it has it from the trial's config
+    (MO-ASHA, search.scheduling.tune_schedulers; the searcher, search.searchers.proposals), and the record
+    holds it once. ``measured``: what the trial's own process measured (a campaign proposed before its driver
+    measured), which reaches the record through the results."""
     from qkvsearch.trainers.loop import epoch_checkpoint
 
     def on_report(metrics: dict, checkpoint_path: str | None) -> None:
-        result = _with_cost(metrics, epochs_planned, cost)
+        result = {**metrics, **measured, PLANNED_KEY: float(epochs_planned)}
         if checkpoint_path:  # named the way the campaign's storage is (Train's path drops a bucket's scheme)
             path = f"{run_dir}/{checkpoint_path.rstrip('/').rsplit('/', 1)[-1]}"
         else:
@@ -181,47 +158,37 @@ def _report_to_tune(epochs_planned: int, cost: dict, run_dir: str):
 
 def run_trial(trial: dict, settings: TrialSettings) -> None:
     """Tune function trainable (bound to `settings` with `tune.with_parameters`)."""
-    from qkvsearch.trainers.loop import find_divergence, run_trainer
+    from qkvsearch.trainers.loop import RunSettings, find_divergence, run_trainer
 
     # A trial restored from a campaign launched before some keys were declared lacks them: their defaults.
-    cfg, cost = fill(trial["config"]), trial["cost"]
+    cfg, cost, measured = fill(trial["config"]), trial["cost"], {}
     if trial.get("duplicate_of"):
         _report_duplicate(settings, trial)
         return
     if trial.get("invalid"):
-        tune.report(_terminal_report(settings, "infeasible", trial["invalid"], cost))
+        tune.report(_terminal_report(settings, "infeasible", trial["invalid"], measured))
         return
     if trial.get("measure_error"):
-        tune.report(_terminal_report(settings, "failed", trial["measure_error"], cost))
+        tune.report(_terminal_report(settings, "failed", trial["measure_error"], measured))
         return
     broken = violations(settings.constraints, cost)
-    if trial.get("measured_on"):
-        cost = {**cost, MEASURED_ON_KEY: json.dumps(trial["measured_on"])}
-    elif not broken and settings.measure.metrics:  # proposed before the driver measured (an older campaign)
-        cost, broken = _measured(settings, cfg, cost)
-        if cost is None:
+    if not broken and settings.measure.metrics and not trial.get("measured_on"):
+        measured, broken = _measured(settings, cfg, cost)  # proposed before the driver measured (an older campaign)
+        if measured is None:
             return
     if broken:  # never start a TorchTrainer for a configuration that cannot be kept
-        tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), cost))
+        tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), measured))
         return
     local = trains_in_trial_process(settings.workers)
     run_name = train_run_name(settings, cfg, tune.get_context().get_trial_id())
-    on_report = _report_to_tune(cfg["epochs"], cost, f"{settings.train_storage.rstrip('/')}/{run_name}")
+    on_report = _report_to_tune(cfg["epochs"], measured, f"{settings.train_storage.rstrip('/')}/{run_name}")
 
     def fit(callbacks=()):
-        return run_trainer(
-            cfg,
-            num_workers=0 if local else settings.workers,
-            cpus_per_worker=settings.cpus_per_worker,
-            gpus_per_worker=settings.gpus_per_worker,
-            placement_strategy=settings.placement_strategy,
-            name=run_name,
-            storage_path=settings.train_storage,
-            callbacks=callbacks,
-            on_report=on_report if local else None,
-            faults=settings.faults,
-            max_failures=settings.max_failures,
-        )
+        return run_trainer(cfg, RunSettings(
+            num_workers=0 if local else settings.workers, cpus_per_worker=settings.cpus_per_worker,
+            gpus_per_worker=settings.gpus_per_worker, placement_strategy=settings.placement_strategy,
+            name=run_name, storage_path=settings.train_storage, callbacks=callbacks,
+            on_report=on_report if local else None, faults=settings.faults, max_failures=settings.max_failures))
 
     try:
         if local:
@@ -233,21 +200,20 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
         # Only a trial whose process is lost (a node gone) reaches Tune as an error, which Tune retries.
         diverged = find_divergence(exc)
         if diverged is not None:
-            tune.report(_terminal_report(settings, "diverged", str(diverged), cost))
+            tune.report(_terminal_report(settings, "diverged", str(diverged), measured))
         else:
-            tune.report(_terminal_report(settings, "failed", error_text(exc), cost))
+            tune.report(_terminal_report(settings, "failed", error_text(exc), measured))
 
 
 def _measured(settings: TrialSettings, cfg: dict, cost: dict) -> tuple[dict | None, list[str]]:
-    """(cost with the measured metrics, the constraints it breaks), measured in the trial's process; (None, [])
-    when the measurement failed (the trial is then reported failed, with the error)."""
+    """(the measured metrics and how they were measured, the constraints the cost with them breaks), measured
+    in the trial's process; (None, []) when the measurement failed (the trial is then reported failed)."""
     try:
-        measured, how = measure_here(cfg, settings.measure, settings.workers)
+        metrics, how = measure_here(cfg, settings.measure, settings.workers)
     except Exception as exc:  # noqa: BLE001  (e.g. out of memory at the measure batch: this trial's failure)
-        tune.report(_terminal_report(settings, "failed", ERROR_PREFIX + error_text(exc), cost))
+        tune.report(_terminal_report(settings, "failed", ERROR_PREFIX + error_text(exc), {}))
         return None, []
-    cost = {**cost, **measured, MEASURED_ON_KEY: json.dumps(how)}
-    return cost, violations(settings.constraints, cost)
+    return {**metrics, MEASURED_ON_KEY: json.dumps(how)}, violations(settings.constraints, {**cost, **metrics})
 
 
 def error_text(exc: BaseException) -> str:

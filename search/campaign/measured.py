@@ -1,4 +1,4 @@
-"""Measured cost in a campaign (spaces.keys.MEASURED): each configuration is measured on the kind of device
+"""Measured cost in a campaign (spaces.metrics.MEASURED): each configuration is measured on the kind of device
 its trial's workers use, before it becomes a trial, once per (model, device, precision, batches, compile,
 versions) thanks to a cache in the campaign's storage (trainers.measure.cached_measure).
 
@@ -10,7 +10,7 @@ kind. On a one-machine campaign measurements therefore happen between trainings.
 threads one worker trains with (``cpus_per_worker``): the figures are those of a worker with the device
 to itself.
 
-When: the searcher's proposal waits in search.campaign.searchers.TrialConfigs while its model is measured,
+When: the searcher's proposal waits in search.searchers.proposals.Proposals while its model is measured,
 and the searcher is asked for the next proposal meanwhile (up to the campaign's concurrency of proposals
 wait at once). A proposal whose measured cost breaks a constraint never becomes a trial: it is recorded
 and learnt like any infeasible proposal. A measurement that fails (out of memory at the measure batch)
@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qkvsearch.search.records.layout import ERROR_CHARS
-from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, finite, identity, names
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, identity, names
 
 CACHE_DIR = "qs_measurements"   # in the campaign folder, unless measure.cache names another place
 ERROR_PREFIX = "measuring: "    # a failed measurement's error, as its trial reports it
@@ -143,6 +144,18 @@ class Measurer:
 
     def __getstate__(self):
         return {**self.__dict__, "_pending": {}}
+
+    @staticmethod
+    def key(config: dict) -> str:
+        """Which measurement serves a config (``measured_key``)."""
+        return measured_key(config)
+
+    def state(self) -> dict:
+        """The finished measurements as plain data (tasks in flight are started again by a restored one)."""
+        return {"done": {k: v if isinstance(v, str) else list(v) for k, v in self.done.items()}}
+
+    def restore(self, state: dict) -> None:
+        self.done = {k: v if isinstance(v, str) else tuple(v) for k, v in state["done"].items()}
 
 
 # What decides a trial's measured figures besides the device: its model, optimizer and batches.

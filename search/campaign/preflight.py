@@ -1,5 +1,7 @@
-"""Checks `validate` and `launch` make before Ray starts: the storage folder can be made, every model of
-the space can be built, the dataset is where the spec says, one trial fits the machine.
+"""Checks `validate` and `launch` make before Ray starts (``check_spec``): the storage folder can be made,
+every model of the space can be built, the dataset is where the spec says, one trial fits the machine. Once
+`launch` or `resume` has connected to Ray, what needs the cluster: its storage is shared where its nodes are
+several (``check_shared_storage``), each stage fits a node (``check_stage_resources``).
 
 They only look: none creates a folder or starts anything.
 """
@@ -21,7 +23,9 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
-    """Everything knowable about a spec before training: storage, models, dataset.
+    """Everything knowable about a spec before training: storage (and the other places it writes: the
+    measurement cache, the trackers' files), models, dataset, stages, the campaign a warm start reads.
+    `validate` and `launch` both call it: a check either makes belongs here, or in the spec loader.
 
     Returns (resolved config, cost) of every model configuration (search.campaign.costs.check_models). A data
     folder this machine does not have fails a launch; `validate` (launching=False) only warns, since
@@ -34,7 +38,10 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     from qkvsearch.trainers.data import check_dataset
 
     check_storage(spec.storage)
+    if spec.measure.cache is not None:
+        check_storage(spec.measure.cache, "measure.cache")
     check_trackers(spec)  # the trackers' packages (search.campaign.tracking)
+    check_tracker_files(spec)
     models = check_models(spec)
     config = fill(base_config(spec))
     path = config["data_path"]
@@ -45,18 +52,62 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     if spec.stages:  # the stages' datasets and OOD sets (search.campaign.stages)
         from qkvsearch.search.campaign.stages import check_stages
 
-        check_stages(spec, models[0][0] if models else config, launching)
+        check_stages(spec, [c for c, _ in models] or [config], launching)
+    if spec.search.warm_start:
+        check_warm_start(spec)
     return models
 
 
-def check_storage(storage: str) -> None:
-    """Raise BadInput unless the local storage folder exists and is writable, or can be created.
+def check_warm_start(spec) -> None:
+    """search.warm_start names a readable campaign other than this one (a launch with --overwrite would
+    delete what it is to learn from); BadInput naming search.warm_start otherwise."""
+    from qkvsearch.search.records.layout import experiment_dir
+    from qkvsearch.search.searchers.earlier import earlier_records
+
+    source = spec.search.warm_start.rstrip("/")
+    own = experiment_dir(spec)
+    same = source == own if "://" in source else os.path.realpath(source) == os.path.realpath(own)
+    if same:
+        raise BadInput(f"search.warm_start: expected an earlier campaign's folder, given {show(source)}, which is "
+                       f"this campaign's own folder ({own}); name the earlier campaign, or give this one another name")
+    try:
+        earlier_records(source)
+    except BadInput as err:  # the campaign file's own message names the file; this names the field as well
+        text = str(err)
+        raise BadInput(text if text.startswith("search.warm_start:") else f"search.warm_start: {text}") from None
+
+
+def check_tracker_files(spec) -> None:
+    """The folder of each tracker file the spec names (spaces.tracking.tracker_location: a path, a SQLite
+    file) exists or can be made; BadInput naming the tracker's setting otherwise."""
+    from qkvsearch.search.records.layout import experiment_dir
+    from qkvsearch.spaces.tracking import TRACKERS, is_url, tracker_location
+
+    exp = experiment_dir(spec)
+    for name, settings in spec.tracking.items():
+        key = TRACKERS[name].location
+        given = settings.get(key) if key else None
+        if not given or _URI.match(exp):
+            continue
+        where = tracker_location(name, given, exp)
+        path = where[len("sqlite:///"):] if where.startswith("sqlite:///") else None if is_url(where) else where
+        if path is not None:
+            check_storage(os.path.dirname(path) or ".", f"tracking.{name}.{key}")
+
+
+def check_storage(storage: str, field: str = "storage") -> None:
+    """Raise BadInput naming ``field`` unless the local folder ``storage`` exists and is writable, or can be
+    created.
 
     Walks up from the folder to its first existing ancestor, which must be a writable directory.
     URIs (s3://, gs://, file://, ...) are left to the filesystem that serves them.
     """
     if _URI.match(storage):
         return
+
+    def _refuse(why: str):
+        raise BadInput(f"{field}: expected a folder that exists or can be created, given {show(storage)} ({why})")
+
     path = os.path.abspath(storage)
     here = path
     while True:
@@ -65,22 +116,18 @@ def check_storage(storage: str) -> None:
             break
         except (FileNotFoundError, NotADirectoryError):
             if os.path.islink(here):
-                _refuse(storage, f"{here} is a symbolic link to nowhere")
+                _refuse(f"{here} is a symbolic link to nowhere")
             parent = os.path.dirname(here)
             if parent == here:  # the filesystem root itself is missing: nothing sensible to check
                 return
             here = parent
         except OSError as err:  # e.g. no permission to look inside a parent folder
-            _refuse(storage, f"{here} cannot be inspected ({err.strerror or err})")
+            _refuse(f"{here} cannot be inspected ({err.strerror or err})")
     if not stat.S_ISDIR(info.st_mode):
         what = "is a file" if stat.S_ISREG(info.st_mode) else "is not a folder"
-        _refuse(storage, f"{here} {what}")
+        _refuse(f"{here} {what}")
     if not os.access(here, os.W_OK | os.X_OK):
-        _refuse(storage, f"{here} is not writable by this user")
-
-
-def _refuse(storage: str, why: str):
-    raise BadInput(f"storage: expected a folder that exists or can be created, given {show(storage)} ({why})")
+        _refuse(f"{here} is not writable by this user")
 
 
 def check_local_resources(resources) -> None:
@@ -167,3 +214,65 @@ def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str | None:
     except OSError:
         return None
     return kind
+
+
+# ------------------------------------------------------------------------------------ once Ray is connected
+def check_stage_resources(spec, cluster, ask=None) -> list[str]:
+    """Each stage's workers (search.campaign.stages.stage_resources; an OOD stage has one) against ``cluster``
+    (search.cluster.capacity.Cluster), by the rule one trial is held to (plan_concurrency): ResourceError
+    naming the stage's field when no node, present or one its autoscaler can add, could hold the stage, which
+    Ray would otherwise leave waiting for ever. Returns one line per stage that waits for the autoscaler to
+    add a node. ask: the autoscaler's verdict, as for plan_concurrency. The cluster is left as it was."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from qkvsearch.search.campaign.stages import stage_resources
+    from qkvsearch.search.cluster.capacity import plan_concurrency
+
+    if not spec.stages:
+        return []
+    res = spec.resources
+    campaign = SimpleNamespace(workers=res.workers_per_trial, cpus_per_worker=res.cpus_per_worker,
+                               gpus_per_worker=res.gpus_per_worker)  # as the campaign's trial settings hold them
+    stages = [(f"stages.finetune[{i}]", stage, None) for i, stage in enumerate(spec.stages.finetune)]
+    if spec.stages.ood is not None:
+        stages.append(("stages.ood", spec.stages.ood, 1))
+
+    def holds(workers, cpus, gpus, probe) -> bool:
+        need = replace(res, workers_per_trial=workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
+                       max_concurrent_trials=1)
+        try:
+            plan_concurrency(need, probe, ask)
+        except ResourceError:
+            return False
+        return True
+
+    waiting = []
+    for where, stage, fixed in stages:
+        workers, cpus, gpus = stage_resources(stage, campaign)
+        workers = fixed or workers
+        probe = replace(cluster, waiting_for="")
+        if holds(workers, cpus, gpus, probe):
+            if probe.waiting_for:
+                waiting.append(f"{where}: {probe.waiting_for}")
+            continue
+        key = "gpus_per_worker" if gpus and holds(workers, cpus, 0.0, replace(cluster)) else "cpus_per_worker"
+        if key not in stage.resources and "workers_per_trial" in stage.resources:
+            key = "workers_per_trial"
+        raise ResourceError(f"{where}.resources.{key}: expected a stage the cluster can hold, given {workers} "
+                            f"worker(s) x ({cpus:g} CPU, {gpus:g} GPU) = {workers * cpus:g} CPUs, "
+                            f"{workers * gpus:g} GPUs, but the cluster has {cluster.cpus:g} CPUs, {cluster.gpus:g} "
+                            f"GPUs{_growth(cluster)}; a stage no node can hold would wait for ever (lower its "
+                            f"resources, or run on a cluster with such nodes)")
+    return waiting
+
+
+def _growth(cluster) -> str:
+    """What the cluster's autoscaler can add, as a refusal says it (plan_concurrency refuses an autoscaling
+    cluster whose node types are unknown only on the autoscaler's own verdict)."""
+    if cluster.node_types:
+        return " and its autoscaler can add only " + ", ".join(
+            f"{t.name} ({t.cpus:g} CPU, {t.gpus:g} GPU)" for t in cluster.node_types)
+    if cluster.autoscaler is not None:
+        return ", and its autoscaler reports that no node type it may add can hold it"
+    return " and no autoscaler"

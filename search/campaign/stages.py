@@ -40,10 +40,12 @@ from qkvsearch.search.records.stages import (
     write_selection,
     write_stage,
 )
-from qkvsearch.spaces.keys import FINETUNE_METRIC, fill, identity
+from qkvsearch.spaces.keys import MODEL_GROUPS, fill, identity, names
+from qkvsearch.spaces.metrics import FINETUNE_METRIC
 from qkvsearch.spaces.stages import result_settings
 
 POLL_S = 1.0  # how often a stage run in a thread looks for a stop
+MODEL_KEYS = names(*MODEL_GROUPS)  # what decides a fine-tuning's model
 
 
 class StageStopped(Exception):
@@ -286,32 +288,40 @@ def _in_task(kind: str, kwargs: dict):
         from qkvsearch.trainers.transfer import ood_evaluation
 
         return ood_evaluation(kwargs["cfg"], kwargs["checkpoint"], kwargs["sets"], kwargs["score"])
-    from qkvsearch.trainers.loop import run_trainer
+    from qkvsearch.trainers.loop import RunSettings, run_trainer
 
     k = kwargs
-    result = run_trainer(k["cfg"], num_workers=0 if k["workers"] == 1 else k["workers"], cpus_per_worker=k["cpus"],
-                         gpus_per_worker=k["gpus"], name=k["name"], storage_path=k["storage"], init_from=k["init"],
-                         faults=k["faults"], num_to_keep=1)
+    result = run_trainer(k["cfg"], RunSettings(
+        num_workers=0 if k["workers"] == 1 else k["workers"], cpus_per_worker=k["cpus"], gpus_per_worker=k["gpus"],
+        name=k["name"], storage_path=k["storage"], init_from=k["init"], faults=k["faults"], num_to_keep=1))
     return list(result.return_value or [])
 
 
-def check_stages(spec, trial_config: dict, launching: bool) -> None:
-    """Before Ray starts: every fine-tuning's config can be made of a trial's (``trial_config``, resolved)
-    and its data is where the spec says; so are the OOD sets. BadInput naming the stage's field. A folder
-    this machine does not have fails a launch; `validate` (launching=False) only warns."""
+def check_stages(spec, trial_configs: list[dict], launching: bool) -> None:
+    """Before Ray starts: every fine-tuning's config can be made of each trial's (``trial_configs``: the
+    space's models, resolved), its model at the stage's img_size included, and its data is where the spec
+    says; so are the OOD sets. BadInput naming the stage's field. A folder this machine does not have fails
+    a launch; `validate` (launching=False) only warns."""
     from qkvsearch.spaces.errors import BadInput, SpecError
+    from qkvsearch.trainers.cost import resolve_trial
     from qkvsearch.trainers.data import check_dataset
 
     problems = []
     for i, stage in enumerate(spec.stages.finetune):
         where = f"stages.finetune[{i}]"
         try:
-            cfg = finetune_config(trial_config, stage)
+            cfg = finetune_config(trial_configs[0], stage)
             if _present(stage.path, f"{where}.path", launching):
                 check_dataset(cfg)
+            resized = {}  # a model the stage's img_size changes, once per model: the patches must tile it
+            for trial_config in trial_configs:
+                if stage.recipe.get("img_size", trial_config.get("img_size")) != trial_config.get("img_size"):
+                    cfg = finetune_config(trial_config, stage)
+                    resized.setdefault(identity({k: v for k, v in cfg.items() if k in MODEL_KEYS}), cfg)
+            for cfg in resized.values():
+                resolve_trial(cfg)
         except BadInput as err:  # "data_path: ..." is this stage's path; "<trial key>: ..." its recipe or the trial
-            text = str(err)
-            problems.append(f"{where}.path: {text[11:]}" if text.startswith("data_path: ") else f"{where}: {text}")
+            problems.append(_stage_problem(where, stage, str(err)))
     for i, s in enumerate(spec.stages.ood.datasets if spec.stages.ood else ()):
         if s.path is not None and _present(s.path, f"stages.ood.datasets[{i}].path", launching):
             problem = _ood_set_problem(s)
@@ -319,6 +329,17 @@ def check_stages(spec, trial_config: dict, launching: bool) -> None:
                 problems.append(f"stages.ood.datasets[{i}].path: {problem}")
     if problems:
         raise SpecError(problems, spec.source)
+
+
+def _stage_problem(where: str, stage, text: str) -> str:
+    """A trial-key message ("<key>: ...") about a fine-tuning's config, named by the stage's field: its path,
+    a key its recipe sets, else the stage."""
+    key, sep, rest = text.partition(": ")
+    if sep and key == "data_path":
+        return f"{where}.path: {rest}"
+    if sep and key in stage.recipe:
+        return f"{where}.{key}: {rest}"
+    return f"{where}: {text}"
 
 
 def _present(path, where: str, launching: bool) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from qkvsearch.search.records.layout import EPOCH
+from qkvsearch.spaces.metrics import EPOCH
 
 # ---------------------------------------------------------------------------------------- epochs files
 _CSV_BLOCK = 1 << 24  # bytes pyarrow parses per block: few blocks, since the epochs of a campaign are small

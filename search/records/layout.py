@@ -5,6 +5,7 @@ Tune's `result.json` is overwritten when a trial restarts, and it cannot say *wh
 
     qs_campaign.json                          the validated spec, code version, creation time
     qs_driver.lease                           the live driver's hold, while one runs (search.records.lease)
+    qs_hv_reference.json                      the fixed hypervolume reference (search.analysis.hv_reference)
     qs_trials/<trial_id>.json                 config, cost, status, timings, error; "epochs_file" names
                                               the epochs file (older records hold "epochs" here instead)
     qs_trials/<trial_id>.epochs.csv           per-epoch metrics (search.records.epochs_csv)
@@ -16,7 +17,7 @@ Tune's `result.json` is overwritten when a trial restarts, and it cannot say *wh
     stage_runs/<run name>/                    each fine-tuning's Train run: its checkpoints
 
 `read_campaign` (here; `open_campaign` reads its spec) and `readers.read_trials` are the only readers of these files;
-`recorder.Recorder` is their only writer.
+`CampaignFolder` is the only writer of qs_campaign.json, `recorder.Recorder` of the trial records.
 
 The `qs_` prefix means one thing across the project: a name qkvsearch reserves where it shares a
 namespace with Ray Tune, i.e. its files in Tune's experiment folder and the reserved keys of a trial's
@@ -27,17 +28,18 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from qkvsearch.spaces.errors import BadInput, SpecError, reason, show
-from qkvsearch.spaces.keys import EPOCH, finite  # noqa: F401  (EPOCH: the epochs files' first column)
-from qkvsearch.spaces.loader import load_campaign, read_stored_spec, section_failed
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.errors import BadInput, SpecError, reason, section_failed, show
+from qkvsearch.spaces.loader import load_campaign, read_stored_spec
 from qkvsearch.spaces.schema import CampaignSpec
-from qkvsearch.storage import loads_json, open_location, sizes_by_entry
+from qkvsearch.storage import loads_json, open_location, sizes_by_entry, write_json
 
 # Reserved result keys: how a trial ended without a score, and the epochs it plans (schedulers and
 # searchers tell a stopped trial from a finished one by it). Other reserved keys: trainers.engine.
@@ -74,6 +76,9 @@ ENDED_KEY, INTERRUPTED_KEY = "ended_at", "interrupted_at"
 CAMPAIGN_FILE = "qs_campaign.json"
 
 
+HV_REFERENCE_FILE = "qs_hv_reference.json"  # the campaign's fixed hypervolume reference (search.analysis.hv_reference)
+
+
 TRIALS_DIR = "qs_trials"
 
 
@@ -85,6 +90,14 @@ WEIGHTS_DIR = "qs_weights"  # <exp>/qs_weights/<trial_id>.pt: the weights an end
 
 STAGES_DIR, STAGE_RUNS_DIR = "qs_stages", "stage_runs"   # the stages after training (search.records.stages)
 STAGE_STATUSES = ("running", "completed", "failed", "interrupted")   # a stage record's status
+
+
+def experiment_dir(spec) -> str:
+    """A spec's campaign folder: <storage>/<name> (a local storage made absolute)."""
+    storage = spec.storage
+    if "://" not in storage:
+        storage = os.path.abspath(storage)
+    return f"{storage.rstrip('/')}/{spec.name}"
 
 
 def storage_use(exp) -> tuple[int, int]:
@@ -237,6 +250,43 @@ def open_campaign(exp, *, validate: bool = False) -> Campaign:
     return Campaign(name or _display(exp).rsplit("/", 1)[-1], spec, stored, _text_or_none(raw.get("code_version")),
                     finite(raw.get("created_at")), finite(raw.get(ENDED_KEY)), finite(raw.get(INTERRUPTED_KEY)),
                     problems)
+
+
+class CampaignFolder:
+    """The one reader and writer of ``<exp>/qs_campaign.json`` for a command that changes it (launch,
+    resume): opened once (``open``) or made (``create``), then changed in place; each change is written at
+    once, atomically. ``campaign``: the file as its readers see it (Campaign)."""
+
+    def __init__(self, exp: str, raw: dict, campaign: Campaign | None = None):
+        self.exp, self.raw, self.campaign = exp, raw, campaign
+
+    @classmethod
+    def open(cls, exp: str) -> CampaignFolder:
+        """A campaign folder to resume: its spec fully validated (CampaignFileError naming the file)."""
+        return cls(exp, read_campaign(exp), open_campaign(exp, validate=True))
+
+    @classmethod
+    def create(cls, exp: str, spec, version: str) -> CampaignFolder:
+        folder = cls(exp, {"name": spec.name, "spec": spec.to_dict(), "code_version": version,
+                           "created_at": time.time()})
+        folder._write()
+        return folder
+
+    def mark(self, key: str | None) -> None:
+        """Record when the driver ended (ENDED_KEY) or was stopped (INTERRUPTED_KEY); None: running again."""
+        for k in (ENDED_KEY, INTERRUPTED_KEY):
+            self.raw.pop(k, None)
+        if key is not None:
+            self.raw[key] = time.time()
+        self._write()
+
+    def set_spec(self, spec) -> None:
+        """The spec a resumed campaign goes on with (more trackers: `resume --track`), kept for later resumes."""
+        self.raw["spec"] = spec.to_dict()
+        self._write()
+
+    def _write(self) -> None:
+        write_json(f"{self.exp}/{CAMPAIGN_FILE}", self.raw)
 
 
 def _text_or_none(value) -> str | None:

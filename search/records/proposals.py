@@ -1,5 +1,5 @@
 """Proposals that took no trial slot: a searcher's suggestion whose cost (known before training) breaks
-the campaign's constraints is recorded here and the searcher is asked again (search.campaign.searchers).
+the campaign's constraints is recorded here and the searcher is asked again (search.searchers.proposals).
 
 Layout, under the campaign folder, beside ``qs_trials/`` (which holds only trials, so results, progress
 and reports never count a proposal as a trial or a result):

@@ -8,6 +8,7 @@ list).
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,14 +17,14 @@ import pyarrow.fs as pafs
 from qkvsearch.search.records.epochs_csv import _dicts_into, _parse_epoch_files, _parse_group
 from qkvsearch.search.records.layout import (
     _ABSENT,
-    EPOCH,
     EPOCHS_SUFFIX,
     TRIALS_DIR,
     _display,
     _kind,
     _parse_object,
 )
-from qkvsearch.storage import list_files, open_location, read_many
+from qkvsearch.spaces.metrics import EPOCH
+from qkvsearch.storage import can_append, list_files, open_location, read_many
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +150,16 @@ def read_trials(exp) -> TrialRecords:
     shown = f"{_display(exp)}/{TRIALS_DIR}"
     files = {n for n in list_files(fs, folder) if not n.startswith(".") and ".tmp" not in n}
     names = sorted(n for n in files if n.endswith(".json"))
+    problems = [f"{shown}/{name}: expected a trial record (a file), given {kind}"
+                for name, kind in _not_files(fs, folder, files)]
+    for problem in problems:
+        logger.warning("skipped damaged trial record %s", problem)
 
     def read_chunk(part: list[str]) -> dict[str, object]:
         wanted = part + [e for e in (n[:-5] + EPOCHS_SUFFIX for n in part) if e in files]
         return dict(zip(wanted, read_many(fs, [f"{folder}/{n}" for n in wanted])))
 
-    records, problems, sources, blocks, chunks = [], [], [], [], []
+    records, sources, blocks, chunks = [], [], [], []
     with ThreadPoolExecutor(1) as parser:
         for lo in range(0, len(names), _CHUNK):
             part = names[lo:lo + _CHUNK]
@@ -188,6 +193,30 @@ def read_trials(exp) -> TrialRecords:
     return TrialRecords(records, problems, sources, blocks)
 
 
+def _not_files(fs: pafs.FileSystem, folder: str, files: set[str]) -> list[tuple[str, str]]:
+    """(name, what it is) of each entry named like a record (``*.json``, not hidden, not a temp file) that is
+    not a plain file (``files``): a folder, a link to nowhere, a pipe or device (never opened: reading a pipe
+    blocks). The listing of plain files passes them over; a record that is one is damaged all the same."""
+    def named(name: str) -> bool:
+        return name.endswith(".json") and name not in files and not name.startswith(".") and ".tmp" not in name
+
+    out = []
+    if can_append(fs):  # local: as storage.list_files lists, by the entry types scandir gives
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    if named(e.name) and not e.is_file():
+                        kind = ("a folder" if e.is_dir() else "a link to nowhere" if e.is_symlink()
+                                and not os.path.exists(e.path) else "a pipe, socket or device")
+                        out.append((e.name, kind))
+        except OSError:  # no folder, or an unreadable one: the listing of its files says as much
+            return []
+    else:  # an object store holds files and the folders their names imply
+        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        out = [(i.base_name, "a folder") for i in infos if named(i.base_name) and i.type == pafs.FileType.Directory]
+    return sorted(out)
+
+
 def _finish_chunk(texts, found, parsed, blocks, sources, problems) -> None:
     """Wait for a chunk's pyarrow parse, complete it, and point its records at their epoch rows."""
     out, jobs = parsed
@@ -198,6 +227,16 @@ def _finish_chunk(texts, found, parsed, blocks, sources, problems) -> None:
         if problem is not None:
             problems.append(problem)
             logger.warning("damaged epochs file %s (the trial's other epochs are read)", problem)
+
+
+def read_record(exp, trial_id: str) -> dict | None:
+    """One trial's record (without its epochs file), or None when it has none or it cannot be read."""
+    fs, root = open_location(exp)
+    try:
+        rec, _ = _read_record(fs, f"{root}/{TRIALS_DIR}/{trial_id}.json")
+    except FileNotFoundError:
+        return None
+    return rec
 
 
 _CHUNK = 1024  # records per step of read_trials: a few MB of epochs, so that parsing overlaps reading

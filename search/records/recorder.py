@@ -29,7 +29,6 @@ from qkvsearch.search.records.layout import (
     _TUNE_KEYS,
     DAMAGED_SUFFIX,
     DUPLICATE_OF_KEY,
-    EPOCH,
     EPOCHS_SUFFIX,
     ERROR_CHARS,
     ERROR_KEY,
@@ -41,7 +40,8 @@ from qkvsearch.search.records.layout import (
     code_version,
 )
 from qkvsearch.search.records.readers import TrialRecords, _read_record
-from qkvsearch.spaces.keys import COST_METRICS, MEASURED_METRICS, finite
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.metrics import COST_METRICS, EPOCH, MEASURED_METRICS
 from qkvsearch.storage import append_bytes, open_location, read_many, write_bytes, write_json
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _metrics_of(result: dict) -> dict:
     out = {}
     for key, value in result.items():
         if key in _TUNE_KEYS or key in COST_METRICS or key.startswith("qs_") or isinstance(value, bool):
-            continue  # cost metrics ride along each result for the schedulers; the record holds them once
+            continue  # measured in a trial's process (an older campaign): the record's cost holds them
         if finite(value) is not None:
             out[key] = finite(value)
     return out
@@ -128,6 +128,8 @@ class Recorder:
                 "error": None, "checkpoint_path": None, "started_at": None, "ended_at": None,
                 "first_step_at": None, "train_s_total": 0.0,
             }
+            if info.get("measured_on"):
+                rec["measured_on"] = info["measured_on"]
             rec.update(self._load_existing(trial.trial_id) or {})  # a field an older record lacks stays fresh
             self.records[trial.trial_id] = rec
         return rec
@@ -284,8 +286,8 @@ class Recorder:
 
 
 def _note_measured(rec: dict, result: dict) -> None:
-    """Measured cost (made before the trial trained: search.campaign.measured) joins the record's cost, with
-    how it was measured under ``measured_on``."""
+    """Cost a trial's own process measured before it trained (a campaign proposed before its driver measured)
+    joins the record's cost, with how it was measured under ``measured_on``."""
     measured = {m: finite(result[m]) for m in MEASURED_METRICS if finite(result.get(m)) is not None}
     if measured:
         rec["cost"] = {**rec["cost"], **measured}

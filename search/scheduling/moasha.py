@@ -49,7 +49,7 @@ import numpy as np
 
 from qkvsearch.search.analysis.pareto import NAN_RANK, nondominated_ranks, to_minimise
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.keys import finite
+from qkvsearch.spaces.checks import finite
 from qkvsearch.spaces.schema import SchedulerSpec
 
 __all__ = ["candidate_position", "crowding_distance", "default_shares", "next_bracket", "promotable",
@@ -162,7 +162,7 @@ def next_bracket(counts: Sequence[int], shares: Sequence) -> int:
 
 
 def as_float(x) -> float:
-    """A reported value as a float; NaN when absent, not a number, or non-finite (spaces.keys.finite)."""
+    """A reported value as a float; NaN when absent, not a number, or non-finite (spaces.checks.finite)."""
     return finite(x, math.nan)
 
 

@@ -45,7 +45,7 @@ from qkvsearch.search.scheduling.moasha import (
     promotable,
     recorded_progress,
 )
-from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.storage import write_json
 
 _STATE_FORMAT = "qkvsearch.moasha/2"
@@ -244,7 +244,7 @@ class MOASHAScheduler(CheckpointsTrialChanges, FIFOScheduler):
             return TrialScheduler.CONTINUE
         if t >= self._max_t:
             return TrialScheduler.STOP
-        return self._judge(trial, t, self._objectives(result))
+        return self._judge(trial, t, self._objectives(trial, result))
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
         # A trial ending on its own between rungs still adds its last result to its rung.
@@ -253,7 +253,7 @@ class MOASHAScheduler(CheckpointsTrialChanges, FIFOScheduler):
         b = self._assign(trial)
         t = as_float((result or {}).get(self._time_attr))
         i = self._rung_index(b, t)
-        row = self._objectives(result or {})
+        row = self._objectives(trial, result or {})
         if i is None or trial.trial_id in self._recorded[b][i] or math.isnan(sum(row)):
             return
         self._recorded[b][i][trial.trial_id] = row
@@ -266,8 +266,13 @@ class MOASHAScheduler(CheckpointsTrialChanges, FIFOScheduler):
         return f"Using MOASHA: {len(self.stopped)} stopped early; recorded per rung: {'; '.join(parts)}"
 
     # ---- rung logic ------------------------------------------------------------------------
-    def _objectives(self, result: dict) -> list[float]:
-        return [as_float(result.get(m)) for m in self._metrics]
+    def _objectives(self, trial, result: dict) -> list[float]:
+        """The objectives of a result; a cost objective is the trial's cost (its config's, search.searchers.
+        problem.build_trial; a table's rows hold it in the replay)."""
+        config = getattr(trial, "config", None)
+        cost = config.get("cost") if isinstance(config, dict) else None
+        known = {**cost, **result} if isinstance(cost, dict) else result
+        return [as_float(known.get(m)) for m in self._metrics]
 
     def _assign(self, trial) -> int:
         """The trial's bracket. A new trial with a number in the campaign (_trial_number) takes the bracket
@@ -401,3 +406,30 @@ def _upgrade_v1(state: dict, brackets: list[list[float]]) -> dict:
 def _write_json_atomic(path: Path, obj) -> None:
     write_json(os.fspath(path), obj)
 
+
+# ---------------------------------------------------------------------------------------- registry
+# Each builder takes the scheduler's settings (make_scheduler) and uses those it has.
+def _fifo(**_) -> CampaignFIFOScheduler:
+    return CampaignFIFOScheduler()
+
+
+def _asha(*, metric: str, mode: str, common: dict, **_) -> CampaignASHAScheduler:
+    return CampaignASHAScheduler(metric=metric, mode=mode, **common)
+
+
+def _moasha(*, metrics, modes, shares, experiment, common: dict, **_) -> MOASHAScheduler:
+    return MOASHAScheduler(metrics=metrics, modes=modes, bracket_shares=shares, experiment=experiment, **common)
+
+
+# scheduler.type (spaces.sections.TRIAL_SCHEDULERS) -> its builder: what a campaign and `simulate` build
+SCHEDULERS = {"fifo": _fifo, "asha": _asha, "moasha": _moasha}
+
+
+def make_scheduler(kind: str, *, max_t: float, grace: float = 1, rf: float = 3, brackets: int = 1,
+                   metrics=(), modes=(), metric: str | None = None, mode: str | None = None, shares=None,
+                   experiment=None):
+    """The Tune scheduler of a scheduler type: FIFO; ASHA on ``metric``/``mode``; MO-ASHA on ``metrics`` and
+    ``modes``, rebuilding its state from the records of ``experiment`` on a restore (module doc)."""
+    common = dict(time_attr=EPOCH, grace_period=grace, reduction_factor=rf, max_t=max_t, brackets=brackets)
+    return SCHEDULERS[kind](metrics=list(metrics), modes=list(modes), metric=metric, mode=mode, shares=shares,
+                            experiment=experiment, common=common)

@@ -6,13 +6,14 @@
     for run in runs:
         print(run.label, run.hv_at_epochs(0.5 * curves.grid_epochs) / curves.grid_hv)
 
-The schedulers are the very classes a campaign builds (``search.campaign.launch._scheduler``):
+The schedulers are the very classes a campaign builds (``search.campaign.run._scheduler``):
 ``MOASHAScheduler``, Ray's ``ASHAScheduler`` and ``FIFOScheduler``, driven through Tune's callbacks
 (``on_trial_add``, ``on_trial_result``, ``on_trial_complete``) with stand-in trials that carry only a
 ``trial_id``. Nothing here re-implements a scheduling rule.
 
-Three parts: ``curves`` (the sources: a campaign folder or a tabular benchmark), ``replay`` (the
-simulated clock, searcher and schedulers), ``output`` (the table, simulate.html and simulate.csv).
+Four parts: ``curves`` (the sources: a campaign folder or a tabular benchmark), ``searchers`` (the
+campaign's searchers over a table), ``replay`` (the simulated clock and the schedulers), ``output`` (the table,
+simulate.html and simulate.csv).
 """
 from qkvsearch.search.simulation.curves import (
     Curves,
@@ -25,13 +26,13 @@ from qkvsearch.search.simulation.output import default_out_dir, format_table, wr
 from qkvsearch.search.simulation.replay import (
     Run,
     Setting,
-    ShuffledCurves,
     SimTrial,
     compare,
     default_settings,
     parse_settings,
     simulate,
 )
+from qkvsearch.search.simulation.searchers import ShuffledCurves
 
 __all__ = ["Curves", "Run", "Setting", "ShuffledCurves", "SimTrial", "compare", "curves_from_frame",
            "default_out_dir", "default_settings", "format_table", "load_source", "load_table",

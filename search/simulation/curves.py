@@ -19,7 +19,8 @@ column             meaning
 ``epoch``          1, 2, ... (int); a curve is its rows of epochs 1..n without a gap
 ``<metric>``       every other numeric column: reported to the scheduler as a result key. Training
                    metrics (``top1``, ``val_loss``, ...) change per epoch; cost metrics
-                   (``params_m``, ``gmacs``) are repeated on every row
+                   (``TABLE_COSTS``: ``params_m``, ``gmacs``, ...) are repeated on every row, one
+                   value per curve. A column named after a metric (spaces.metrics) must be numeric
 ``epoch_s``        optional: seconds the epoch took. Missing values: the curve's median, else the
                    file's, else 1 s
 =================  ==========================================================================
@@ -40,7 +41,7 @@ import numpy as np
 from qkvsearch.search.analysis.pareto import hypervolume, reference_point
 from qkvsearch.search.scheduling.moasha import as_float
 from qkvsearch.spaces.errors import BadInput, clip
-from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.spaces.metrics import EPOCH
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ TABLE_DEFAULT_OBJECTIVES = (("top1", "max"), ("gmacs", "min"), ("params_m", "min
 
 
 COST_COLUMNS = ("params_m", "gmacs", "params", "embed_params")
+# Columns a table may constrain: known before training (a campaign's cost metrics, a benchmark's latency).
+TABLE_COSTS = (*COST_COLUMNS, "latency_ms")
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -154,6 +157,8 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     skip = {EPOCH, "epoch_s", "trial_id", "trial_name", *config_cols}
     metric_cols = [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
                    and not pd.api.types.is_bool_dtype(df[c])]
+    _refuse_text_metrics(df, [c for c in df.columns if c not in skip and c not in metric_cols],
+                         {m for m, _ in objectives or ()}, name)
     objectives = _check_objectives(objectives, metric_cols, name)
     secs = pd.to_numeric(df["epoch_s"], errors="coerce") if "epoch_s" in df.columns else pd.Series(np.nan, df.index)
     secs = secs.where(secs > 0)
@@ -167,6 +172,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     groups = df.groupby(keys, dropna=False, sort=False).indices  # curve key -> its row positions
     if strict:
         _refuse_gaps(groups, epochs, keys, name)
+        _refuse_uneven_costs(df, [c for c in metric_cols if c in TABLE_COSTS], groups, keys, name)
     for i, (key, idx) in enumerate(groups.items()):
         idx = idx[np.argsort(epochs[idx], kind="stable")]
         keep = _gapless(idx, epochs[idx])
@@ -199,6 +205,46 @@ def _curve_keys(df, config_cols: list[str], name: str) -> list[str]:
         return config_cols
     raise BadInput(f"{name}: expected config_<key> columns (or a trial_id column) naming each curve, "
                    f"given columns {', '.join(map(str, df.columns))}")
+
+
+def _refuse_text_metrics(df, columns: list, named: set, name: str) -> None:
+    """BadInput naming the first column among ``columns`` (those not numeric) that a metric (spaces.metrics)
+    or an objective names: its non-numbers would otherwise leave it out of the table, silently."""
+    import pandas as pd
+
+    from qkvsearch.spaces.metrics import METRICS
+
+    for col in columns:
+        if col in METRICS or col in named:
+            values = df[col]
+            bad = pd.to_numeric(values, errors="coerce").isna() & values.notna()
+            first = values[bad].iloc[0] if bad.any() else values.iloc[0]
+            row = int(np.flatnonzero(bad.to_numpy())[0]) + 1 if bad.any() else 1
+            raise BadInput(f"{name}: column {col}: expected numbers (the metric {col}), given {clip(repr(first))} "
+                           f"in data row {row}")
+
+
+def _refuse_uneven_costs(df, costs: list, groups: dict, keys: list[str], name: str) -> None:
+    """BadInput naming a cost column (TABLE_COSTS) that is empty on a row, or changes between one curve's
+    epochs: a cost is known before training, one value per configuration."""
+    def label(key) -> str:
+        return clip(", ".join(f"{k}={v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,))))
+
+    for col in costs:
+        values = df[col].to_numpy(dtype="float64")
+        empty = np.flatnonzero(np.isnan(values))
+        if empty.size:
+            row = int(empty[0])
+            key = next(k for k, idx in groups.items() if row in idx)
+            raise BadInput(f"{name}: column {col}: expected a cost on every row of a curve, given an empty cell in "
+                           f"data row {row + 1} (curve {label(key)})")
+        spread = df.groupby(keys, dropna=False, sort=False)[col].agg(["min", "max"])
+        uneven = spread.index[(spread["min"] != spread["max"]).to_numpy()]
+        if len(uneven):
+            key = uneven[0]
+            given = ", ".join(f"{v:g}" for v in dict.fromkeys(values[groups[key]].tolist()))
+            raise BadInput(f"{name}: column {col}: expected one value per curve (a cost is known before "
+                           f"training), given {given} over the epochs of curve {label(key)}")
 
 
 def _gapless(idx: np.ndarray, ep: np.ndarray) -> list:
@@ -254,6 +300,9 @@ def _check_objectives(objectives, columns: list[str], name: str) -> tuple[tuple[
     for metric, mode in objectives:
         if mode not in ("min", "max"):
             raise BadInput(f"objectives: expected METRIC:min or METRIC:max, given {metric}:{mode}")
+        if metric in [m for m, _ in out]:
+            raise BadInput(f"objectives: expected each metric once, given {metric} twice ("
+                           + ", ".join(f"{m}:{d}" for m, d in objectives) + ")")
         if metric not in columns:
             raise BadInput(f"objectives: expected numeric columns of {name} ({', '.join(columns)}), given {metric}")
         out.append((metric, mode))

@@ -8,7 +8,7 @@ or the curve's last recorded epoch, ends the trial (``on_trial_complete`` on the
 searcher) and frees the slot. A trial whose curve ends before the planned epochs ends there without
 being complete: what it would have done next was never recorded.
 
-Searcher: ``ShuffledCurves`` suggests every curve once, in an order drawn from the seed (a new order
+Searcher (search.simulation.searchers): ``ShuffledCurves`` suggests every curve once, in an order drawn from the seed (a new order
 for each further pass when more trials than curves are asked for). Ray's ASHA draws its brackets from
 numpy's global generator: it is seeded from the same seed for the run and restored afterwards. A
 seed therefore fixes the whole run.
@@ -32,15 +32,15 @@ import numpy as np
 
 from qkvsearch.search.analysis.pareto import hypervolume_trace
 from qkvsearch.search.simulation.curves import Curves
+from qkvsearch.search.simulation.searchers import make_searcher
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import EPOCH
-from qkvsearch.spaces.keys import SCHEDULER_METRICS as TRAINING_METRICS
+from qkvsearch.spaces.metrics import SCHEDULER_METRICS as TRAINING_METRICS
 from qkvsearch.spaces.schema import SchedulerSpec
+from qkvsearch.spaces.sections import TRIAL_SCHEDULERS
 
 DEFAULT_CONCURRENCY = 4
 
 
-SCHEDULER_TYPES = ("fifo", "asha", "moasha")
 
 
 # ---------------------------------------------------------------------------------------- settings
@@ -78,7 +78,7 @@ class Setting:
         ``moasha:grace=1,rf=3,brackets=2``; grace and rf default to the given ones."""
         m = _SETTING_RE.match(text.strip())
         expected = "TYPE[:grace=G,rf=R,brackets=B] with TYPE fifo, asha or moasha"
-        if not m or m["type"] not in SCHEDULER_TYPES:
+        if not m or m["type"] not in TRIAL_SCHEDULERS:
             raise BadInput(f"schedulers: expected {expected}, given {text!r}")
         opts: dict = {"grace": grace, "rf": rf, "brackets": 1, "metric": None}
         for part in filter(None, (m["opts"] or "").split(",")):
@@ -96,6 +96,8 @@ class Setting:
         if opts["grace"] < 1 or opts["brackets"] < 1 or opts["rf"] < 2:
             raise BadInput(f"schedulers: expected grace >= 1, rf >= 2 and brackets >= 1, given {text!r}")
         if m["type"] == "fifo":
+            if m["opts"]:  # it stops no trial: grace, rf and brackets would mean nothing
+                raise BadInput(f"schedulers: expected fifo without options (it stops no trial), given {text!r}")
             return cls("fifo")
         return cls(m["type"], opts["grace"], opts["rf"], opts["brackets"],
                    opts["metric"] if m["type"] == "asha" else None)
@@ -122,17 +124,14 @@ def default_settings(curves: Curves) -> list[Setting]:
 
 
 def build_scheduler(setting: Setting, curves: Curves):
-    """The scheduler class a campaign would build for this setting (search.campaign.launch._scheduler)."""
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    from qkvsearch.search.scheduling.tune_schedulers import MOASHAScheduler
+    """The scheduler a campaign builds for this setting (search.scheduling.tune_schedulers.make_scheduler)."""
+    from qkvsearch.search.scheduling.tune_schedulers import make_scheduler
 
     if setting.type == "fifo":
-        return FIFOScheduler()
+        return make_scheduler("fifo", max_t=curves.max_t)
     if setting.grace > curves.max_t:
         raise BadInput(f"schedulers: expected grace <= the planned epochs ({curves.max_t}), given {setting.label}")
-    common = dict(time_attr=EPOCH, grace_period=setting.grace, reduction_factor=setting.rf,
-                  max_t=curves.max_t, brackets=setting.brackets)
+    common = dict(max_t=curves.max_t, grace=setting.grace, rf=setting.rf, brackets=setting.brackets)
     fit = max(1, _rungs(setting.grace, setting.rf, curves.max_t))
     if setting.shares is not None and (setting.type != "moasha" or len(setting.shares) != setting.brackets):
         raise BadInput(f"schedulers: expected shares for moasha only, one per bracket, given {setting.label}")
@@ -146,8 +145,8 @@ def build_scheduler(setting: Setting, curves: Curves):
             raise BadInput(f"schedulers: expected a training metric ({', '.join(TRAINING_METRICS)}) among the "
                            f"objectives for asha, given {', '.join(curves.metrics)}")
         mode = modes.get(metric) or ("min" if metric.endswith("loss") else "max")
-        return ASHAScheduler(metric=metric, mode=mode, **common)
-    return MOASHAScheduler(metrics=curves.metrics, modes=curves.directions, bracket_shares=setting.shares, **common)
+        return make_scheduler("asha", metric=metric, mode=mode, **common)
+    return make_scheduler("moasha", metrics=curves.metrics, modes=curves.directions, shares=setting.shares, **common)
 
 
 # ---------------------------------------------------------------------------------------- simulation
@@ -157,34 +156,6 @@ class SimTrial:
 
     trial_id: str
     config: dict
-
-
-class ShuffledCurves:
-    """Searcher over recorded curves: each curve once per pass, in an order drawn from the seed.
-
-    Speaks Tune's Searcher protocol (suggest / on_trial_result / on_trial_complete); a suggestion is
-    ``{"curve": index}``, and ``None`` once ``num_trials`` were suggested (Searcher.FINISHED)."""
-
-    def __init__(self, n_curves: int, seed: int, num_trials: int | None = None):
-        self.n = n_curves
-        self.num_trials = n_curves if num_trials is None else num_trials
-        self.rng = np.random.default_rng(seed)
-        self.order: list[int] = []
-        self.suggested = 0
-
-    def suggest(self, trial_id: str):
-        if self.suggested >= self.num_trials:
-            return None
-        if not self.order:
-            self.order = self.rng.permutation(self.n).tolist()[::-1]  # popped from the end
-        self.suggested += 1
-        return {"curve": self.order.pop()}
-
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        pass
-
-    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        pass
 
 
 @dataclass
@@ -250,8 +221,6 @@ def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CON
     """Replay one scheduler setting on the curves (see the module doc); searcher: a name of
     search.simulation.searchers.SEARCHERS, constraints: spaces.schema.Constraint on cost columns."""
     from ray.tune.schedulers import TrialScheduler
-
-    from qkvsearch.search.simulation.searchers import make_searcher
 
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise BadInput(f"concurrency: expected an int >= 1, given {concurrency!r}")

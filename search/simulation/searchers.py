@@ -1,37 +1,41 @@
 """The campaign's own searchers on a tabular benchmark: no training, the table answers.
 
-The space is the table's configuration columns (``config_<key>``), each a categorical dimension over
-the values it holds. A suggestion is the campaign's Optuna sampler (search.campaign.searchers.make_sampler:
-random, TPE, NSGA-II, GP) asking a study; the configuration it names is looked up in the table, and the
-replay (search.simulation.replay) feeds that curve's epochs to the scheduler. The searcher learns what it
-reads as in a campaign (search.campaign.searchers.outcome_state): a curve trained to the planned epochs
-is COMPLETE with its last values, one stopped earlier PRUNED; a cost constraint broken by the curve's
-cost columns (known before training) takes no trial slot and is told as the campaign tells it
-(search.campaign.searchers.Teller); a configuration evaluated or running already is a duplicate (no
-slot, the known outcome told once it is known); a combination the table lacks is FAIL. Each of these
-asks again, at most MAX_PROPOSALS times for one trial, after which the searcher is finished.
+The problem (search.searchers.base.Problem) is the table's: its space is the configuration columns
+(``config_<key>``), each a categorical dimension over the values it holds; its costs (known before training)
+are the cost columns; ehvi's candidates are its rows. A suggestion is the campaign's own searcher
+(search.searchers.SEARCHERS: random, TPE, NSGA-II, GP, ehvi); the configuration it names is looked up in the
+table, and the replay (search.simulation.replay) feeds that curve's epochs to the scheduler. The searcher
+learns through the same hooks as in a campaign: a curve trained to the planned epochs is COMPLETE with its
+last values, one stopped earlier PRUNED (search.searchers.outcomes); a cost constraint broken by the curve's
+cost columns takes no trial slot and is told (``tell_infeasible``); a configuration evaluated or running
+already is a duplicate (no slot, the known outcome told once it is known); a combination the table lacks is
+FAIL. Each of these asks again, at most MAX_PROPOSALS times for one trial, after which the searcher is
+finished.
 
 ``shuffle`` (the default) keeps the replay's plain order: every curve once per pass, in an order drawn
-from the seed (replay.ShuffledCurves); with constraints it passes over infeasible curves.
+from the seed (ShuffledCurves); with constraints it passes over infeasible curves.
 """
 from __future__ import annotations
 
-import optuna
+import numpy as np
 
-from qkvsearch.search.campaign.searchers import Teller, make_sampler, outcome_state
 from qkvsearch.search.records.layout import PLANNED_KEY
-from qkvsearch.search.simulation.curves import COST_COLUMNS, Curves
+from qkvsearch.search.searchers import make_searcher as make_campaign_searcher
+from qkvsearch.search.searchers.base import FINISHED, Problem
+from qkvsearch.search.simulation.curves import TABLE_COSTS, Curves
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import EPOCH
-from qkvsearch.spaces.loader import SIMULATED_SEARCHERS
-from qkvsearch.spaces.schema import Constraint, SearchSpec, violations
+from qkvsearch.spaces.metrics import EPOCH, bound_problem
+from qkvsearch.spaces.schema import Constraint, violations
+from qkvsearch.spaces.search_options import (
+    GP_STARTUP_TRIALS,
+    NSGA2_POPULATION,
+    SIMULATED_SEARCHERS,
+    ehvi_problem,
+)
 
 SEARCHERS = SIMULATED_SEARCHERS
 
 MAX_PROPOSALS = 200  # proposals for one trial (duplicates, infeasible, absent) before the searcher finishes
-
-# Columns a table may constrain: known before training (a campaign's cost metrics, a benchmark's latency).
-TABLE_COSTS = (*COST_COLUMNS, "latency_ms")
 
 
 def table_space(curves: Curves) -> dict[str, list]:
@@ -70,97 +74,136 @@ def parse_constraints(texts, curves: Curves) -> tuple[Constraint, ...]:
         if metric not in costs or not values or any(v is None for v in values.values()):
             raise BadInput(f"constraints: expected METRIC:max=X or METRIC:min=X with METRIC a cost column "
                            f"({', '.join(costs) or 'none in this table'}), given {text!r}")
+        for side, value in values.items():
+            if problem := bound_problem(metric, value):  # as a campaign's constraints (spaces.metrics)
+                raise BadInput(f"constraints: {metric}:{side}: {problem}")
         out.append(Constraint(metric, values.get("max"), values.get("min")))
     return tuple(out)
 
 
+def table_problem(curves: Curves, seed: int, num_trials: int, constraints=(), n_startup_trials: int | None = None,
+                  population_size: int | None = None) -> Problem:
+    """The problem of a table (module docstring)."""
+    space = table_space(curves)
+    configs = [{k: _plain(cfg[k]) for k in space} for cfg in curves.configs]
+    costs = [curve_cost(curves, c) for c in range(len(curves))]
+
+    def draw(trial) -> dict:
+        return {k: trial.suggest_categorical(k, values) for k, values in space.items()}
+
+    return Problem(objectives=tuple(curves.objectives), constraints=tuple(constraints), known=TABLE_COSTS,
+                   seed=seed, num_trials=num_trials, draw=draw,
+                   candidates=lambda: (configs, costs, [True] * len(configs)),
+                   n_startup_trials=n_startup_trials, population_size=population_size)
+
+
 class TableSearch:
-    """An Optuna sampler over a table's configurations, speaking Tune's Searcher protocol as the replay
+    """A campaign searcher over a table's configurations, speaking Tune's Searcher protocol as the replay
     drives it; a suggestion is ``{"curve": index}``, None once finished. Counters: proposals (trials,
-    infeasible ones and absent combinations), infeasible, duplicates."""
+    infeasible ones and absent combinations), infeasible, duplicates. Each proposal has an id of its own in
+    the searcher (``<trial id>#<n>``): a proposal that takes no slot is told at once under it."""
 
     def __init__(self, curves: Curves, algorithm: str, seed: int, num_trials: int | None = None,
                  constraints=(), n_startup_trials: int | None = None, population_size: int | None = None):
         if algorithm not in SEARCHERS[1:]:
             raise BadInput(f"searcher: expected one of {', '.join(SEARCHERS)}, given {algorithm!r}")
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if algorithm == "ehvi" and ehvi_problem(curves.metrics, TABLE_COSTS):
+            raise BadInput(f"searcher: {ehvi_problem(curves.metrics, TABLE_COSTS)}")
         self.curves, self.max_t = curves, curves.max_t
+        self.num_trials = len(curves) if num_trials is None else num_trials
+        self.constraints = tuple(constraints)
+        # Optuna's own start-up design and population, whatever the budget (as benchmarks/bench_searchers.py
+        # measured the searchers); a campaign scales them down to a small budget (spaces.search_options).
+        problem = table_problem(curves, seed, self.num_trials, self.constraints,
+                                n_startup_trials or GP_STARTUP_TRIALS, population_size or NSGA2_POPULATION)
+        self.searcher = make_campaign_searcher(algorithm, problem)
         self.space = table_space(curves)
         self.index = {tuple(_plain(cfg[k]) for k in self.space): c for c, cfg in enumerate(curves.configs)}
-        self.num_trials = len(curves) if num_trials is None else num_trials
-        search = SearchSpec(algorithm, self.num_trials, seed, population_size, 1, n_startup_trials)
-        directions = ["maximize" if d == "max" else "minimize" for d in curves.directions]
-        self.study = optuna.create_study(directions=directions, sampler=make_sampler(search))
-        self.constraints = tuple(constraints)
-        self.teller = Teller(curves.objectives, self.constraints)
-        self.trial_of: dict[str, tuple[int, object]] = {}  # trial id -> (curve, optuna trial)
-        self.known: dict[int, tuple] = {}                  # curve -> (state, values) once it ended
+        self.trial_of: dict[str, tuple[int, str]] = {}      # trial id -> (curve, the searcher's proposal id)
+        self.known: dict[int, tuple] = {}                    # curve -> (its last result, error) once it ended
         self.running: set[int] = set()
-        self.waiting: dict[int, list] = {}                 # curve -> duplicates told when it ends
+        self.waiting: dict[int, list[str]] = {}              # curve -> duplicates told when it ends
         self.suggested = self.proposals = self.infeasible = self.duplicates = 0
-
-    def _ask(self):
-        ot = self.study.ask()
-        params = tuple(ot.suggest_categorical(k, values) for k, values in self.space.items())
-        return ot, self.index.get(params)
 
     def suggest(self, trial_id: str):
         if self.suggested >= self.num_trials:
             return None
-        TS = optuna.trial.TrialState
-        for _ in range(MAX_PROPOSALS):
-            ot, c = self._ask()
+        for n in range(MAX_PROPOSALS):
+            pid = f"{trial_id}#{n}"
+            config = self.searcher.suggest(pid)
+            if config is None or config == FINISHED:
+                return None
+            c = self.index.get(tuple(config.get(k) for k in self.space))
             if c is None:  # a combination the table does not hold
                 self.proposals += 1
-                self.study.tell(ot, state=TS.FAIL)
+                self.searcher.on_trial_complete(pid, None, error=True)
                 continue
             cost = curve_cost(self.curves, c)
             if c in self.known or c in self.running:
                 self.duplicates += 1
-                self.teller.constrain(ot, cost)
-                self._tell_duplicate(ot, c)
+                self.searcher.constrain(pid, cost)
+                if c in self.known:
+                    self.searcher.on_trial_complete(pid, *self.known[c])
+                else:
+                    self.waiting.setdefault(c, []).append(pid)
                 continue
             self.proposals += 1
             if violations(self.constraints, cost):
                 self.infeasible += 1
-                self.teller.tell_infeasible(self.study, ot, cost)
+                self.searcher.tell_infeasible(pid, cost)
                 continue
-            self.teller.constrain(ot, cost)
+            self.searcher.constrain(pid, cost)
             self.running.add(c)
-            self.trial_of[trial_id] = (c, ot)
+            self.trial_of[trial_id] = (c, pid)
             self.suggested += 1
             return {"curve": c}
         return None
 
-    def _tell_duplicate(self, ot, c: int) -> None:
-        if c in self.known:
-            state, values = self.known[c]
-            self.study.tell(ot, values, state=state)
-        else:
-            self.waiting.setdefault(c, []).append(ot)
-
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        pass  # several objectives: Optuna takes no intermediate values
+        pass  # several objectives: nothing learnt before a trial ends
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        c, ot = self.trial_of.pop(trial_id)
+        c, pid = self.trial_of.pop(trial_id)
         result = {PLANNED_KEY: float(self.max_t), EPOCH: 0.0, **(result or {})} if result else None
-        state, values = outcome_state(result, error, self.curves.metrics)
-        self.study.tell(ot, values, state=state)
-        self.known[c] = (state, values)
+        self.searcher.on_trial_complete(pid, result, error)
+        self.known[c] = (result, error)
         self.running.discard(c)
         for waiting in self.waiting.pop(c, []):
-            self.study.tell(waiting, values, state=state)
-        if state == optuna.trial.TrialState.COMPLETE:
-            self.teller.seen(values)
+            self.searcher.on_trial_complete(waiting, result, error)
+
+
+class ShuffledCurves:
+    """Searcher over recorded curves: each curve once per pass, in an order drawn from the seed.
+
+    Speaks Tune's Searcher protocol (suggest / on_trial_result / on_trial_complete); a suggestion is
+    ``{"curve": index}``, and ``None`` once ``num_trials`` were suggested (Searcher.FINISHED)."""
+
+    def __init__(self, n_curves: int, seed: int, num_trials: int | None = None):
+        self.n = n_curves
+        self.num_trials = n_curves if num_trials is None else num_trials
+        self.rng = np.random.default_rng(seed)
+        self.order: list[int] = []
+        self.suggested = 0
+
+    def suggest(self, trial_id: str):
+        if self.suggested >= self.num_trials:
+            return None
+        if not self.order:
+            self.order = self.rng.permutation(self.n).tolist()[::-1]  # popped from the end
+        self.suggested += 1
+        return {"curve": self.order.pop()}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        pass
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        pass
 
 
 class FeasibleShuffle:
-    """replay.ShuffledCurves passing over curves whose cost breaks a constraint (no slot; counted)."""
+    """ShuffledCurves passing over curves whose cost breaks a constraint (no slot; counted)."""
 
     def __init__(self, curves: Curves, seed: int, num_trials: int | None, constraints=()):
-        from qkvsearch.search.simulation.replay import ShuffledCurves
-
         self.curves, self.constraints = curves, tuple(constraints)
         self.inner = ShuffledCurves(len(curves), seed, None)
         self.inner.num_trials = 10 ** 12  # passes without end; this class counts the trials
@@ -187,60 +230,10 @@ class FeasibleShuffle:
         pass
 
 
-class KnownCostTable:
-    """``ehvi`` (search.campaign.known_cost) over a table: the candidates are its configurations, their
-    costs its cost columns (known before training), the training objective its one other objective.
-    Nothing infeasible is proposed; a configuration is proposed once."""
-
-    def __init__(self, curves: Curves, seed: int, num_trials: int | None = None, constraints=()):
-        from qkvsearch.search.analysis.pareto import to_minimise
-        from qkvsearch.search.campaign.known_cost import KnownCostEHVI, encode
-        from qkvsearch.spaces.loader import ehvi_problem
-
-        problem = ehvi_problem(curves.metrics, TABLE_COSTS)
-        if problem:
-            raise BadInput(f"searcher: {problem}")
-        self.curves, self.max_t = curves, curves.max_t
-        self.train = next(i for i, m in enumerate(curves.metrics) if m not in TABLE_COSTS)
-        costs = [(m, d) for m, d in curves.objectives if m in TABLE_COSTS]
-        known = [curve_cost(curves, c) for c in range(len(curves))]
-        cost = to_minimise([[k[m] for m, _ in costs] for k in known], [d for _, d in costs])
-        feasible = [not violations(tuple(constraints), k) for k in known]
-        configs = [{k: _plain(v) for k, v in cfg.items()} for cfg in curves.configs]
-        self.core = KnownCostEHVI(encode(configs), cost, feasible, curves.directions[self.train] == "max", seed)
-        self.num_trials = len(curves) if num_trials is None else num_trials
-        self.trial_of: dict[str, int] = {}
-        self.suggested = self.proposals = self.infeasible = self.duplicates = 0
-
-    def suggest(self, trial_id: str):
-        if self.suggested >= self.num_trials:
-            return None
-        c = self.core.propose()
-        if c is None:
-            return None
-        self.trial_of[trial_id] = c
-        self.suggested += 1
-        self.proposals += 1
-        return {"curve": c}
-
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        pass
-
-    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        c = self.trial_of.pop(trial_id)
-        result = {PLANNED_KEY: float(self.max_t), EPOCH: 0.0, **(result or {})} if result else None
-        state, values = outcome_state(result, error, self.curves.metrics)
-        self.core.observe(c, values[self.train] if state == optuna.trial.TrialState.COMPLETE else None)
-
-
 def make_searcher(name: str, curves: Curves, seed: int, num_trials: int | None = None, constraints=()):
     """The replay's searcher by name (SEARCHERS); ``shuffle`` without constraints is ShuffledCurves itself."""
-    from qkvsearch.search.simulation.replay import ShuffledCurves
-
     if name == "shuffle":
         if constraints:
             return FeasibleShuffle(curves, seed, num_trials, constraints)
         return ShuffledCurves(len(curves), seed, num_trials)
-    if name == "ehvi":
-        return KnownCostTable(curves, seed, num_trials, constraints)
     return TableSearch(curves, name, seed, num_trials, constraints)

@@ -120,3 +120,26 @@ def tree_digest(root, skip="results"):
             p = os.path.join(dirpath, f)
             out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
     return out
+
+
+def earlier_campaign(exp, spec, results: dict) -> dict:
+    """A finished campaign's folder as the records layer writes it, for warm starts: ``results`` maps a name to
+    (the space keys of a configuration of ``spec``, its top1); each is one completed trial ``old_<name>`` of
+    one epoch. Returns name -> the trial built (search.searchers.problem.build_trial)."""
+    from types import SimpleNamespace
+
+    from qkvsearch.search.records.recorder import Recorder
+    from qkvsearch.search.searchers.problem import build_trial
+    from qkvsearch.spaces import base_config
+    from qkvsearch.storage import write_json
+
+    write_json(f"{exp}/qs_campaign.json", {"name": "earlier", "spec": spec.to_dict()})
+    built = {name: build_trial(base_config(spec), keys) for name, (keys, _) in results.items()}
+    recorder = Recorder(str(exp), "earlier", lambda t: {"name": t.trial_id, "config": built[t.key]["config"],
+                                                         "cost": built[t.key]["cost"], "epochs_planned": 1})
+    for name, (_, top1) in results.items():
+        t = SimpleNamespace(trial_id=f"old_{name}", key=name)
+        recorder.on_trial_start(0, [], t)
+        recorder.on_trial_result(0, [], t, {"epoch": 1.0, "top1": top1, **built[name]["cost"]})
+        recorder.on_trial_complete(0, [], t)
+    return built

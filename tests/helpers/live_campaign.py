@@ -66,8 +66,12 @@ class LiveCampaign:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        wait_for(lambda: not ray_processes(self.ray_tmp), 60, "the campaign's Ray processes to stop")
+        end_ray_processes(self.ray_tmp, STOP_GRACE_S)
         return False
+
+    def advancing(self, *folders) -> tuple:
+        """What changes while this command's campaign advances: its output and the folders given."""
+        return folder_state(self.out, self.err, *folders)
 
     def kill(self, grace_s: float = 5) -> None:
         """SIGKILL the driver, as a lost machine or an OOM killer would, then end what its Ray left."""
@@ -97,20 +101,35 @@ class LiveCampaign:
 
 
 def ray_processes(ray_tmp: str) -> list[str]:
-    """Processes of the Ray whose temp folder is ray_tmp (its raylet, GCS, workers, dashboard...)."""
+    """Processes of the Ray whose temp folder is ray_tmp (its raylet, GCS, workers, dashboard, agents...), found
+    by its session, not by name: the folder in a process's command line or environment, or a file it holds
+    open there (Ray's agents rename themselves and drop RAY_TMPDIR, but keep their session's logs open)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     mine = []
     for line in out.splitlines()[1:]:
         pid, _, args = line.strip().partition(" ")
-        if ray_tmp in args:
+        if ray_tmp in args or _in_session(pid, ray_tmp):
             mine.append(line.strip())
-        elif "ray::" in args or "default_worker.py" in args:
-            try:  # worker processes name their session folder in their environment, not their args
-                if ray_tmp.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                    mine.append(line.strip())
-            except OSError:
-                pass
     return mine
+
+
+def _in_session(pid: str, ray_tmp: str) -> bool:
+    proc = Path("/proc") / pid
+    try:
+        if ray_tmp.encode() in (proc / "environ").read_bytes():
+            return True
+        for fd in (proc / "fd").iterdir():
+            try:
+                if os.readlink(fd).startswith(ray_tmp):
+                    return True
+            except OSError:
+                continue
+    except OSError:  # gone, or not ours to read
+        return False
+    return False
+
+
+STOP_GRACE_S = 30  # what a stopped driver's Ray takes to end by itself on an idle machine, with room to spare
 
 
 def end_ray_processes(ray_tmp: str, grace_s: float) -> None:
@@ -148,6 +167,41 @@ def stop_head(head: subprocess.Popen, ray_tmp: str) -> None:
         head.kill()
         head.wait()
     wait_for(lambda: not ray_processes(ray_tmp), 60, "the head's processes to stop")
+
+
+STALL_S = 240  # a campaign that writes nothing for this long is hung (its slowest step writes within ~30 s)
+
+
+def folder_state(*paths) -> tuple:
+    """What changes while a campaign advances: every file under ``paths`` (a campaign folder, a driver's
+    output) with its size and modification time; the driver's lease is left out (its heartbeat goes on in a
+    hung driver too)."""
+    seen = []
+    for root in map(Path, paths):
+        for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
+            try:
+                info = path.stat()
+            except OSError:  # removed meanwhile
+                continue
+            if path.is_file() and "lease" not in path.name:
+                seen.append((str(path), info.st_size, info.st_mtime_ns))
+    return tuple(seen)
+
+
+def wait_while_advancing(predicate, progress, what: str, stall_s: float = STALL_S, every: float = 0.5):
+    """Wait for ``predicate`` as long as ``progress()`` keeps changing: a busy machine makes a campaign slow,
+    not stuck, so only ``stall_s`` seconds without any change fail the wait (a hang)."""
+    last, since = progress(), time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stall_s:
+            raise AssertionError(f"nothing changed for {stall_s:.0f} s while waiting for {what}")
+        time.sleep(every)
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.5):

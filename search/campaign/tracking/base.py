@@ -16,11 +16,13 @@ epoch twice. A tracker keeps it current; the fan-out saves it after each event.
 """
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 
 from qkvsearch.search.records.layout import UNTRAINED_STATUSES
-from qkvsearch.spaces.keys import finite
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.tracking import TRACKERS
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class CampaignInfo:
     exp: str             # the campaign folder (local path)
     spec: dict           # spec.to_dict()
     code_version: str | None
-    settings: dict       # this tracker's settings (spaces.schema.TRACKERS)
+    settings: dict       # this tracker's settings (spaces.tracking.TRACKERS)
     study_in_storage: bool = False  # optuna: the searcher's own study lives in the tracker's storage
 
 
@@ -80,6 +82,12 @@ class Tracker:
             return False
         memo["epoch"] = n
         return True
+
+
+def tracker_class(name: str) -> type[Tracker]:
+    """The Tracker class of a tracker's row in spaces.tracking.TRACKERS (imported when asked for)."""
+    module, _, cls = TRACKERS[name].home.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def outcome(trial: dict) -> str:

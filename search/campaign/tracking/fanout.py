@@ -21,9 +21,10 @@ import threading
 
 from ray.tune import Callback
 
-from qkvsearch.search.campaign.tracking.base import CampaignInfo, Tracker
-from qkvsearch.search.records.layout import EPOCH, STATUS_KEY
+from qkvsearch.search.campaign.tracking.base import CampaignInfo, Tracker, tracker_class
+from qkvsearch.search.records.layout import STATUS_KEY
 from qkvsearch.search.records.proposals import as_trial_record, read_proposals
+from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.storage import exists, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class _Worker:
 
 
 class TrackingCallback(Callback):
-    """Fans Tune's trial events out to the campaign's trackers (search.campaign.tracking.TRACKERS)."""
+    """Fans Tune's trial events out to the campaign's trackers (spaces.tracking.TRACKERS)."""
 
     def __init__(self, spec, exp: str, recorder, code_version: str | None, study_in_storage: bool = False):
         self.spec, self.exp, self.recorder = spec, exp.rstrip("/"), recorder
@@ -105,15 +106,13 @@ class TrackingCallback(Callback):
 
     # -- set-up and the tracking file ------------------------------------------------------------
     def setup(self, **info) -> None:
-        from qkvsearch.search.campaign.tracking import TRACKERS
-
         local = self.exp[len("file://"):] if self.exp.startswith("file://") else self.exp
         self.state = self._read_state()
         spec_dict = self.spec.to_dict()
         for name, settings in self.spec.tracking.items():
             info = CampaignInfo(self.spec.name, local, spec_dict, self.code_version, dict(settings),
                                 self.study_in_storage)
-            tracker = TRACKERS[name](info, self.state.setdefault(name, {}))
+            tracker = tracker_class(name)(info, self.state.setdefault(name, {}))
             self.workers.append(_Worker(tracker, self._save))
 
     def _read_state(self) -> dict:

@@ -1,9 +1,11 @@
 """MLflow: one run per trial (nested under one campaign run) in the campaign's experiment.
 
-Default store: SQLite in the campaign folder (``sqlite:///<exp>/tracking/mlflow.db``), artifacts beside
-it in ``tracking/mlflow-artifacts``. MLflow 3 refuses its file store ("maintenance mode": creating an
-experiment there raises), and SQLite needs no server and no network; `mlflow ui --backend-store-uri
-sqlite:///<exp>/tracking/mlflow.db` (full `mlflow` package) or any MLflow client reads it.
+Default store: SQLite in the campaign folder (``sqlite:///<exp>/tracking/mlflow.db``). MLflow 3 refuses its
+file store ("maintenance mode": creating an experiment there raises), and SQLite needs no server and no
+network; `mlflow ui --backend-store-uri sqlite:///<exp>/tracking/mlflow.db` (full `mlflow` package) or any
+MLflow client reads it. A ``tracking_uri`` that is a path is a SQLite store at that path, inside the campaign
+folder when relative, as is a relative SQLite URL's file (spaces.tracking.tracker_location): never in the
+working directory. A SQLite store's artifacts lie beside it, in ``mlflow-artifacts``.
 
 Trial runs: params = the resolved config (names of spaces.keys, values as JSON spellings); metrics =
 the cost at step 0 and every epoch's metrics at step = epoch; tags qkvsearch.status (completed,
@@ -17,6 +19,7 @@ import os
 import time
 
 from qkvsearch.search.campaign.tracking.base import Tracker, last_line, numeric, outcome, param_text, trained
+from qkvsearch.spaces.tracking import tracker_location
 
 TAG = "qkvsearch."
 
@@ -35,10 +38,10 @@ class MLflowTracker(Tracker):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         from mlflow.tracking import MlflowClient
 
-        uri = self.info.settings.get("tracking_uri")
-        if uri is None:
-            os.makedirs(os.path.join(self.info.exp, "tracking"), exist_ok=True)
-            uri = default_uri(self.info.exp)
+        uri = tracker_location("mlflow", given, self.info.exp) if (given := self.info.settings.get("tracking_uri")) \
+            else default_uri(self.info.exp)
+        if uri.startswith("sqlite:///"):  # SQLite creates the file, not its folder
+            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment = self._experiment(uri)
         run = self.state.get("campaign_run")
@@ -57,8 +60,8 @@ class MLflowTracker(Tracker):
         if found is not None:
             return found.experiment_id
         artifacts = None
-        if self.info.settings.get("tracking_uri") is None:  # beside the store, not in the working directory
-            artifacts = "file://" + os.path.join(self.info.exp, "tracking", "mlflow-artifacts")
+        if uri.startswith("sqlite:///"):  # beside the store: MLflow's default is the working directory
+            artifacts = "file://" + os.path.join(os.path.dirname(uri[len("sqlite:///"):]), "mlflow-artifacts")
         return self.client.create_experiment(name, artifact_location=artifacts)
 
     def _run(self, trial: dict) -> str:

@@ -1,12 +1,13 @@
 """Optuna: the campaign as an Optuna study that optuna-dashboard shows while the campaign runs.
 
 Storage: a journal file (default ``<exp>/tracking/optuna.journal``; `optuna-dashboard <file>` opens it) or
-an RDB URL (``sqlite:///...``, ``postgresql://...``). The study is named after the campaign, with one
+an RDB URL (``sqlite:///...``, ``postgresql://...``); a relative path or SQLite file lies inside the campaign
+folder (spaces.tracking.tracker_location), wherever the driver was started. The study is named after the campaign, with one
 direction per objective.
 
 Optuna-searched campaigns (random, tpe, nsga2...): the storage *is* the searcher's study
-(search.campaign.searchers.build_search's ``storage``): the searcher asks and tells there, and a resumed
-campaign's searcher reopens it (Tune pickles the study with its storage, which reconnects on load). This
+(search.campaign.assemble.build_search's ``storage``): the searcher asks and tells there, and a resumed
+campaign's searcher reopens it there. This
 tracker then only annotates each trial (user attributes: trial_id, trial_name, status, duplicate_of,
 error, checkpoint_path) while it runs; Optuna's own state says COMPLETE, PRUNED (stopped early) or FAIL.
 Grid campaigns (and a study added on resume): the tracker adds each trial (a duplicate: its original stands
@@ -19,14 +20,17 @@ import os
 import warnings
 
 from qkvsearch.search.campaign.tracking.base import Tracker, last_line, numeric
+from qkvsearch.search.searchers.optuna_samplers import TRIAL_ID_ATTR
 from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.tracking import tracker_location
 
 JOURNAL = "optuna.journal"
-TRIAL_ID_ATTR = "trial_id"   # the Tune trial id, a user attribute of the study's trial (set by the searcher)
 
 
 def storage_location(settings, exp: str) -> str:
-    return settings.get("storage") or os.path.join(exp, "tracking", JOURNAL)
+    """The study's storage: the setting as spaces.tracking resolves it, else the journal in the campaign folder."""
+    given = settings.get("storage")
+    return tracker_location("optuna", given, exp) if given else os.path.join(exp, "tracking", JOURNAL)
 
 
 def open_storage(location: str):

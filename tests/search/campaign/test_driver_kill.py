@@ -23,7 +23,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers.live_campaign import end_ray_processes, named_checkpoint_epochs, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import (
+    end_ray_processes,
+    folder_state,
+    named_checkpoint_epochs,
+    tiny_spec,
+    wait_for,
+    wait_while_advancing,
+    write_spec,
+)
 
 from qkvsearch.search.cli import EXIT_BAD_INPUT
 from qkvsearch.search.records.layout import FINAL_STATUSES
@@ -77,8 +85,8 @@ def _refused_beside(launch: _Driver, spec_file: Path, exp: Path, tmp: Path) -> N
     """While `launch` runs and holds the campaign: `resume` and `launch --overwrite` (at once, side by side)
     exit 2 naming it, announce no campaign of their own, and replace or delete nothing; `status` shows the
     live driver."""
-    wait_for(lambda: launch.alive() or (read_lease(exp).live and (exp / "qs_campaign.json").exists()), 120,
-             "the driver's hold and campaign file")
+    wait_while_advancing(lambda: launch.alive() or (read_lease(exp).live and (exp / "qs_campaign.json").exists()),
+                         lambda: folder_state(launch.err, exp), "the driver's hold and campaign file")
     created = json.loads((exp / "qs_campaign.json").read_text())["created_at"]
     before = set(_records(exp))
     seconds = []
@@ -131,7 +139,7 @@ def _checkpoint_ahead(exp: Path, rec: dict) -> bool:
 
 def _rungs(spec: dict, exp: Path, trial_ids) -> dict:
     """MO-ASHA's state rebuilt from the records at exp, as a restored campaign's scheduler rebuilds it."""
-    from qkvsearch.search.campaign.launch import _scheduler
+    from qkvsearch.search.campaign.run import _scheduler
     from qkvsearch.spaces import load_campaign
 
     sched = _scheduler(load_campaign(spec), str(exp))
@@ -182,7 +190,8 @@ def test_a_killed_driver_resumes_without_losing_or_retraining_anything(tmp_path)
     launch = _Driver(["launch", str(spec_file)], tmp_path)
     try:
         _refused_beside(launch, spec_file, exp, tmp_path)
-        wait_for(lambda: launch.alive() or _kill_point(exp), 300, "a trial mid-way after one has ended", every=0.05)
+        wait_while_advancing(lambda: launch.alive() or _kill_point(exp), lambda: folder_state(launch.err, exp),
+                             "a trial mid-way after one has ended", every=0.05)
     finally:
         launch.proc.send_signal(signal.SIGKILL)
         launch.proc.wait()

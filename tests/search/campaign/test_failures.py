@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.live_campaign import tiny_spec, wait_for
+from helpers.live_campaign import folder_state, tiny_spec, wait_for, wait_while_advancing
 
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.spaces import load_campaign
@@ -50,8 +50,8 @@ def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local,
             done.set()
 
     threading.Thread(target=run, daemon=True).start()
-    first = wait_for(lambda: next((r for r in _records(exp) if len(r["epochs"]) >= 2), None), 300,
-                     "a trial's second epoch")
+    first = wait_while_advancing(lambda: next((r for r in _records(exp) if len(r["epochs"]) >= 2), None),
+                                 lambda: folder_state(exp), "a trial's second epoch")
     pids = wait_for(_train_workers, 60, "the trial's Train workers")
     killed_at = time.time()
     os.kill(pids[-1], signal.SIGKILL)
@@ -65,7 +65,7 @@ def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local,
 
 def test_a_damaged_or_missing_checkpoint_fails_naming_its_file(ray_local, tmp_path):
     from qkvsearch.trainers.engine import CheckpointError
-    from qkvsearch.trainers.loop import run_trainer
+    from qkvsearch.trainers.loop import RunSettings, run_trainer
 
     cfg = load_campaign(tiny_spec(tmp_path, "ckpt", workers=1, epochs=1, variants=[{"embedding": "linear"}],
                                   steps=2))
@@ -73,9 +73,9 @@ def test_a_damaged_or_missing_checkpoint_fails_naming_its_file(ray_local, tmp_pa
     from qkvsearch.trainers.cost import resolve_trial
 
     config, _ = resolve_trial({**base_config(cfg), "embedding": "linear"})
-    run_trainer(config, num_workers=0, name="r", storage_path=str(tmp_path / "runs"))
+    run_trainer(config, RunSettings(num_workers=0, name="r", storage_path=str(tmp_path / "runs")))
     (state,) = (tmp_path / "runs" / "r").glob("checkpoint_epoch_*/state.pt")
     state.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError) as err:
-        run_trainer({**config, "epochs": 2}, num_workers=0, name="r", storage_path=str(tmp_path / "runs"))
+        run_trainer({**config, "epochs": 2}, RunSettings(num_workers=0, name="r", storage_path=str(tmp_path / "runs")))
     assert str(err.value).startswith(f"checkpoint {state}: damaged")

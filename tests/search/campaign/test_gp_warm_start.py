@@ -59,7 +59,7 @@ def test_gp_campaign_skips_infeasible_proposals_and_a_warm_start_retrains_nothin
     assert any(r["status"] == "duplicate" and r["duplicate_of"].startswith(f"{exp}/") for r in second)
 
     # ehvi, warm-started: what the first campaign trained is never proposed; the rest is, once each
-    from qkvsearch.search.campaign.driver import build_trial
+    from qkvsearch.search.searchers.problem import build_trial
     from qkvsearch.spaces import base_config, dimensions
 
     known_cost = _spec(tmp_path, "ehvi-wider", {"embedding": ["linear", "sne", "psne"], "hidden_width": [0.5]},

@@ -19,6 +19,7 @@ from helpers.live_campaign import (
     ray_processes,
     tiny_spec,
     wait_for,
+    wait_while_advancing,
     write_spec,
 )
 
@@ -59,7 +60,8 @@ def _local_files(tmp_path) -> set[str]:
 def _stop_after_new_epoch(run: LiveCampaign, exp: str, sig: signal.Signals) -> None:
     """Send sig once a trial has recorded an epoch more than it had."""
     before = sum(map(len, _epochs(exp).values()))
-    wait_for(lambda: run._check_alive() or sum(map(len, _epochs(exp).values())) > before, 240, "a new epoch")
+    wait_while_advancing(lambda: run._check_alive() or sum(map(len, _epochs(exp).values())) > before,
+                         lambda: (run.advancing(), _epochs(exp)), "a new epoch")
     run.proc.send_signal(sig)
 
 

@@ -120,18 +120,17 @@ def ray_total_cpus() -> float:
 def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray_local, tmp_path):
     """The wrapper parks a proposal whose model is being measured and asks for the next; a model measured too
     slow is rejected without a trial slot, at every learning rate; while a trial is live a measurement holds
-    every CPU of the node; what was measured survives a pickle."""
-    import pickle
+    every CPU of the node; what was measured survives in the saved state."""
+    import json
     import time
 
+    from qkvsearch.search.campaign.assemble import build_search
     from qkvsearch.search.campaign.measured import measured_key
-    from qkvsearch.search.campaign.searchers import build_search
 
     spec = _spec(tmp_path)
     spec["space"] = {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 12, "lr": 1e-3}, {"depth": 12, "lr": 2e-3},
                                   {"depth": 1, "lr": 2e-3}, {"depth": 1, "lr": 1e-3, "embedding": "sne"}]}
-    searcher, _ = build_search(load_campaign(spec), str(tmp_path))
-    searcher.set_search_properties(None, None, {})
+    searcher = build_search(load_campaign(spec), str(tmp_path))
     searcher.set_max_concurrency(2)
     assert searcher.suggest("t0") is None          # both first models measured at once: none is a trial yet
     assert [t["config"]["depth"] for _, _, t in searcher.waiting] == [1, 12]
@@ -154,5 +153,56 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
     assert sne["measured_on"]["held"]["CPU"] == ray_total_cpus() and sne["measured_on"]["env"]["threads"] == 1
     assert len(list(tmp_path.glob("qs_measurements/*.json"))) == 3 and searcher.waiting == []
     assert measured_key(sne["config"]) in searcher.measurer.done and searcher.live == {"t0", "t1", "t2"}
-    restored = pickle.loads(pickle.dumps(searcher))
+    restored = build_search(load_campaign(spec), str(tmp_path))
+    restored.set_state(json.loads(json.dumps(searcher.get_state())))  # what was measured is plain data
     assert restored.measurer.done == searcher.measurer.done and restored.measurer._pending == {}
+
+
+def test_ehvi_learns_what_waited_for_its_measurement_under_the_trial_that_trained_it(ray_local, tmp_path):
+    """ehvi with a measured constraint: a proposal that waited for its measurement is learnt under the trial id
+    that trained it (not left running at the GP's mean), one rejected after measuring is told and never
+    proposed again, and a warm start reaches the GP while measuring is on."""
+    import time
+
+    from helpers.campaign_files import earlier_campaign
+
+    from qkvsearch.search.campaign.assemble import build_search
+    from qkvsearch.search.searchers.ehvi import config_key
+
+    spec = _spec(tmp_path)
+    spec.update(space={"depth": [1, 12], "lr": [1e-3, 2e-3, 3e-3]},
+                objectives=[{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}])
+    earlier = earlier_campaign(tmp_path / "earlier", load_campaign(spec),
+                               {"fast": ({"depth": 1, "lr": 3e-3}, 40.0)})
+    spec["search"] = {"algorithm": "ehvi", "num_trials": 5, "n_startup_trials": 1, "seed": 0,
+                      "warm_start": str(tmp_path / "earlier")}
+    searcher = build_search(load_campaign(spec), str(tmp_path))
+    searcher.set_max_concurrency(2)
+    ehvi = searcher.inner
+
+    def next_trial(trial_id: str):
+        deadline = time.monotonic() + 120
+        while (trial := searcher.suggest(trial_id)) is None:
+            assert time.monotonic() < deadline, "no measurement finished in 120 s"
+            time.sleep(0.1)
+        return trial
+
+    trials = {}
+    for i in range(3):
+        trial = next_trial(f"t{i}")
+        if trial == searcher.FINISHED:
+            break
+        trials[f"t{i}"] = trial
+        pick = ehvi.proposed[f"t{i}"]  # the trial that runs the proposal holds it, whatever it waited under
+        assert ehvi.candidates[pick] == {"depth": trial["config"]["depth"], "lr": trial["config"]["lr"]}
+        searcher.on_trial_complete(f"t{i}", {"top1": 50.0 + i, **trial["cost"], "epoch": 1.0,
+                                             "qs_epochs_planned": 1.0})
+        assert ehvi.core.results[pick] == 50.0 + i and pick not in ehvi.core.running
+    index = {config_key(c): i for i, c in enumerate(ehvi.candidates)}
+    warm = index[config_key({"depth": 1, "lr": 3e-3})]
+    assert ehvi.core.results[warm] == 40.0 and earlier["fast"]["config"]["depth"] == 1  # told before any proposal
+    assert {t["config"]["depth"] for t in trials.values()} == {1} and len(trials) == 2  # the rest is too slow
+    slow = [index[config_key({"depth": 12, "lr": lr})] for lr in (1e-3, 2e-3, 3e-3)]
+    assert searcher.infeasible >= 1 and all(p not in ehvi.core.running for p in slow)
+    told = [p for p in slow if p in ehvi.core.tried]
+    assert len(told) == searcher.infeasible and not ehvi.proposed and not ehvi.core.running

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers.live_campaign import LiveCampaign, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import LiveCampaign, tiny_spec, wait_for, wait_while_advancing, write_spec
 
 from qkvsearch.search.records.layout import STAGES_DIR
 from qkvsearch.search.records.lease import STALE_ENV, read_lease
@@ -51,7 +51,8 @@ def test_a_staged_campaign_killed_between_stages_resumes_and_ranks_by_an_ood_obj
     t0 = time.monotonic()
     with LiveCampaign(["launch", str(write_spec(tmp_path / "staged.yaml", raw))], tmp_path,
                       env={STALE_ENV: str(STALE_S)}) as run:
-        wait_for(lambda: run._check_alive() or _stage_files(exp), 150, "a first completed stage")
+        wait_while_advancing(lambda: run._check_alive() or _stage_files(exp), lambda: run.advancing(exp),
+                             "a first completed stage")
         run.kill()
     before = _stage_files(exp)
     assert 1 <= len(before) < 4, run.stdout()

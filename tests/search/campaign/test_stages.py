@@ -135,12 +135,12 @@ def test_stage_data_is_checked_before_launch_naming_the_field(tmp_path):
     spec = load_campaign(d)
     trial = {**base_config(spec), "embedding": "linear"}
     with pytest.raises(SpecError) as err:
-        check_stages(spec, trial, launching=True)
+        check_stages(spec, [trial], launching=True)
     text = str(err.value)
     assert "stages.finetune[0].path: expected a folder holding STL-10's binary files" in text
     assert "stages.ood.datasets[0].path: expected images" in text and "finetune[1]" not in text
     check_stages(load_campaign({**d, "stages": {**d["stages"], "finetune": d["stages"]["finetune"][1:],
-                                                "ood": None}}), trial, launching=True)
+                                                "ood": None}}), [trial], launching=True)
 
 
 def test_the_report_of_a_staged_campaign_has_its_stages(tmp_path):

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers.live_campaign import LiveCampaign, auth_token, free_port, tiny_spec, wait_for, write_spec
+from helpers.live_campaign import (
+    LiveCampaign,
+    auth_token,
+    free_port,
+    tiny_spec,
+    wait_while_advancing,
+    write_spec,
+)
 
 from qkvsearch.search.campaign.tracking import check_trackers
 from qkvsearch.search.campaign.tracking.base import param_text
@@ -69,13 +76,14 @@ def test_resume_track_adds_a_tracker_the_campaign_file_keeps(tmp_path):
     from helpers.campaign_files import write_campaign
 
     from qkvsearch.search.campaign.tracking import track_more
-    from qkvsearch.search.records.layout import open_campaign
+    from qkvsearch.search.records.layout import CampaignFolder, open_campaign
 
     exp = tmp_path / "results" / "t"
     spec = load_campaign(_spec(tmp_path, "t", tracking={"mlflow": {"experiment": "mine"}}))
     write_campaign(exp, ["completed"], spec=spec.to_dict(), name="t")
-    assert track_more(str(exp), spec, ["mlflow"]) is spec  # on already: nothing written
-    tracked = track_more(str(exp), spec, ["tensorboard", "mlflow"])
+    assert track_more(spec, ["mlflow"]) is spec  # on already: nothing to write
+    tracked = track_more(spec, ["tensorboard", "mlflow"])
+    CampaignFolder.open(str(exp)).set_spec(tracked)  # as resume keeps it
     assert open_campaign(exp).spec.tracking == tracked.tracking
     assert dict(tracked.tracking["mlflow"])["experiment"] == "mine" and "tensorboard" in tracked.tracking
 
@@ -247,7 +255,8 @@ def test_every_tracker_reads_back_and_a_resume_continues_the_same_runs(tmp_path)
                 and any(r["status"] == "running" and r["epochs"] for r in recs))
 
     with LiveCampaign(["launch", str(path)], tmp_path) as run:
-        wait_for(one_ended_one_training, 300, "a trial to end and another to train an epoch", every=0.2)
+        wait_while_advancing(one_ended_one_training, lambda: run.advancing(exp),
+                             "a trial to end and another to train an epoch", every=0.2)
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait(120) == EXIT_INTERRUPTED, run.stderr()[-3000:]
     interrupted = [r for r in _records(exp) if r["status"] == "interrupted"]

@@ -642,7 +642,7 @@ def test_spec_brackets_mistakes(scheduler, message):
 
 
 def test_spec_brackets_default_and_what_the_campaign_builds(tmp_path):
-    from qkvsearch.search.campaign.launch import _scheduler
+    from qkvsearch.search.campaign.run import _scheduler
     from qkvsearch.spaces import load_campaign, smoke_test
 
     spec = _spec(type="moasha")
@@ -694,3 +694,14 @@ def test_real_tune_run_stops_dominated_trials_early(ray_local, tmp_path):
     # F3 has the worst top1 of the survivors; ASHA on top1 would have cut it at epoch 3
     # (64 < the 2/3 percentile of 72, 69, 74, 64), MO-ASHA keeps it as the smallest model.
     assert min(survivors, key=lambda n: CURVES[n][0]) == "F3"
+
+
+def test_every_scheduler_type_a_campaign_file_may_name_has_a_builder():
+    from qkvsearch.search.scheduling.tune_schedulers import SCHEDULERS, make_scheduler
+    from qkvsearch.spaces.sections import TRIAL_SCHEDULERS
+
+    assert set(SCHEDULERS) == set(TRIAL_SCHEDULERS)
+    for kind in TRIAL_SCHEDULERS:
+        built = make_scheduler(kind, max_t=9, metrics=["top1", "gmacs"], modes=["max", "min"], metric="top1",
+                               mode="max")
+        assert hasattr(built, "on_trial_result") and hasattr(built, "choose_trial_to_run")

@@ -1,14 +1,15 @@
-"""search.campaign.known_cost (search.algorithm ehvi): its closed-form expected hypervolume improvement
-against a Monte Carlo estimate, its features, and the campaign searcher over a space of ranges."""
+"""search.searchers.ehvi (search.algorithm ehvi): its closed-form expected hypervolume improvement against a
+Monte Carlo estimate, its features, and the campaign searcher over a space of ranges."""
 from __future__ import annotations
 
-import pickle
+import json
 
 import numpy as np
 import pytest
 
 from qkvsearch.search.analysis.pareto import hypervolume
-from qkvsearch.search.campaign.known_cost import MAX_CANDIDATES, KnownCostEHVI, ehvi, encode
+from qkvsearch.search.searchers.ehvi import KnownCostEHVI, ehvi, encode
+from qkvsearch.search.searchers.problem import MAX_CANDIDATES
 from qkvsearch.spaces import SpecError, load_campaign
 
 
@@ -72,22 +73,24 @@ def test_ehvi_is_the_default_for_one_training_objective_and_counted_costs():
 
 
 def test_the_campaign_searcher_proposes_feasible_configurations_once_and_resumes_where_it_was():
-    from qkvsearch.search.campaign.searchers import build_search, infeasible_share
+    from qkvsearch.search.campaign.assemble import build_search, infeasible_share
 
     spec = load_campaign(RANGES)
-    wrapper, _ = build_search(spec)
-    wrapper.set_search_properties(None, None, {})
+    wrapper = build_search(spec)
     trials = []
     for i in range(8):
         trial = wrapper.suggest(f"t{i}")
         trials.append(trial)
         top1 = 50 + 10 * (trial["config"].get("hidden_width") or 0)
         wrapper.on_trial_complete(f"t{i}", {"top1": top1, **trial["cost"], "epoch": 1.0, "qs_epochs_planned": 1.0})
-    assert len(wrapper.searcher.candidates) == MAX_CANDIDATES  # ranges: drawn from the space with the seed
+    assert len(wrapper.inner.candidates) == MAX_CANDIDATES  # ranges: drawn from the space with the seed
     assert all(t["cost"]["params_m"] <= 3.0 for t in trials) and wrapper.infeasible == 0
     assert len({repr(sorted(t["config"].items())) for t in trials}) == 8
-    restored = pickle.loads(pickle.dumps(wrapper))
-    assert len(pickle.dumps(wrapper)) < 100_000  # the candidates are made again, not saved
+    state = json.dumps(wrapper.inner.state())
+    assert len(state) < 100_000  # the candidates are made again, not saved
+    restored = build_search(spec)
+    restored.set_state(wrapper.get_state())
+    restored.inner.restore(json.loads(state))
     assert [wrapper.suggest(f"n{i}")["config"] for i in range(2)] == [restored.suggest(f"n{i}")["config"]
                                                                       for i in range(2)]
     assert infeasible_share(spec, "ehvi", 6) == 0

@@ -1,15 +1,18 @@
-"""Searchers as Tune drives them: the grid in order with repeats, its state across a restore, and the
-wrapper that turns every suggestion into a resolved trial (config, solved width, cost) once."""
+"""Searchers as Tune drives them (search.searchers.proposals.Proposals): the grid in order with repeats, its
+state across a restore, and the wrapper that turns every suggestion into a resolved trial (config, solved
+width, cost) once, with duplicates, constraints and a warm start."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
+from helpers.campaign_files import earlier_campaign
 from ray.tune.search import Searcher
 
-from qkvsearch.search.campaign.searchers import GridSearcher, TrialConfigs, build_search
-from qkvsearch.spaces import dimensions, expand_space, load_campaign
+from qkvsearch.search.campaign.assemble import build_search
+from qkvsearch.search.searchers.grid import GridSearcher
+from qkvsearch.search.searchers.problem import spec_problem
+from qkvsearch.spaces import dimensions, load_campaign
 
 BASE = {"name": "g", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16}, "train": {"epochs": 1}}
 
@@ -29,8 +32,9 @@ def drain(searcher, limit=1000) -> list:
 
 
 def test_grid_suggests_the_space_in_order_with_repeats_on_successive_seeds_then_finishes():
-    s = spec({"embedding": ["linear", "sne"], "lr": [1e-3, 2e-3]}, repeats=2)
-    grid = GridSearcher(s.space, 2, seed=7)
+    s = load_campaign({**BASE, "train": {"epochs": 1, "seed": 7}, "space": {"embedding": ["linear", "sne"],
+                       "lr": [1e-3, 2e-3]}, "search": {"algorithm": "grid", "repeats": 2}})
+    grid = GridSearcher(spec_problem(s))
     configs = [c for cfg in dimensions.expand(s.space) for c in (cfg, {**cfg, "seed": 8})]
     assert drain(grid) == configs and len(configs) == 8
     assert grid.suggest("again") == Searcher.FINISHED
@@ -40,17 +44,16 @@ def test_a_grid_trains_each_distinct_configuration_once():
     # sne at d = 128: a ratio of 0.5 and 64 units are the same model; linear ignores hidden_width
     s = spec({"variants": [{"embedding": "linear"}, {"embedding": "sne", "hidden_width": 0.5},
                            {"embedding": "sne", "hidden_width": 64}, {"embedding": "sne", "hidden_width": 32}]})
-    searcher, planned = build_search(s)
+    searcher = build_search(s)
     trials = drain(searcher)
-    assert planned == 4 and [t["config"]["width"] for t in trials] == [0, 64, 32]
+    assert s.search.num_trials == 4 and [t["config"]["width"] for t in trials] == [0, 64, 32]
     assert not any("duplicate_of" in t for t in trials)
 
 
 def test_a_sampled_configuration_seen_before_becomes_a_duplicate_with_the_known_outcome():
     s = load_campaign({**BASE, "space": {"embedding": ["sne"], "hidden_width": [0.5, 64]},
                        "objectives": ["top1"], "search": {"algorithm": "random", "num_trials": 6, "seed": 0}})
-    searcher, _ = build_search(s)
-    searcher.set_search_properties(None, None, {})
+    searcher = build_search(s)
     first = searcher.suggest("t0")
     assert "duplicate_of" not in first
     second = searcher.suggest("t1")
@@ -61,38 +64,38 @@ def test_a_sampled_configuration_seen_before_becomes_a_duplicate_with_the_known_
                                                                 "metrics": {"top1": 55.0, "epoch": 1.0}}
     searcher.on_trial_complete("t1", {"top1": 55.0, "epoch": 0.0, "qs_status": "duplicate",
                                       "qs_duplicate_of": "t0", "qs_original_status": "completed"})
-    study = searcher.searcher._ot_study
+    study = searcher.inner.study
     assert [t.values for t in study.trials[:2]] == [[55.0], [55.0]]  # Optuna learns the known result
-    restored = type(searcher)(searcher.searcher, {})
-    restored.set_state(searcher.get_state())
+    restored = build_search(s)
+    restored.set_state(json.loads(json.dumps(searcher.get_state())))  # plain data
     assert restored.suggest("t3")["duplicate_of"] == "t0"
 
 
-def test_grid_state_survives_save_restore_and_pickling(tmp_path):
+def test_grid_state_survives_save_and_restore_into_a_searcher_built_anew(tmp_path):
     s = spec({"embedding": ["linear", "sne", "psne"]})
-    grid = GridSearcher(s.space)
-    first = grid.suggest("a")
+    grid = build_search(s)
+    first = grid.suggest("a")["config"]["embedding"]
     grid.save(str(tmp_path / "state.json"))
-    fresh = pickle.loads(pickle.dumps(GridSearcher(s.space)))  # Tune pickles its search algorithm
+    fresh = build_search(s)
     fresh.restore(str(tmp_path / "state.json"))
-    assert [first, *drain(fresh)] == dimensions.expand(s.space)
+    assert [first, *(t["config"]["embedding"] for t in drain(fresh))] == ["linear", "sne", "psne"]
 
 
 @pytest.mark.timeout(60)  # enumerating the grid would take hours
 def test_a_grid_of_10_to_the_8_points_starts_at_once():
     values = list(range(1, 101))
     s = spec({"seed": values, "batch_size": values, "checkpoint_every": values, "max_steps_per_epoch": values})
-    searcher, n = build_search(s)
+    searcher = build_search(s)
     trial = searcher.suggest("t0")
-    assert n == 10**8
+    assert s.search.num_trials == 10**8
     assert trial["config"]["seed"] == 1 and trial["config"]["max_steps_per_epoch"] == 1
 
 
 def test_suggestions_become_resolved_trials_once():
     s = spec({"embedding": ["linear", "fsne"], "hidden_width": ["match"]})
-    searcher, n = build_search(s)
+    searcher = build_search(s)
     trials = drain(searcher)
-    assert n == len(trials) == 2
+    assert s.search.num_trials == len(trials) == 2
     linear, fsne = trials
     assert linear["config"]["width"] == 0 and linear["config"]["code_size"] is None
     assert fsne["config"]["code_sharing"] == "shared" and fsne["config"]["code_size"] == 8
@@ -103,19 +106,9 @@ def test_suggestions_become_resolved_trials_once():
 def test_a_configuration_no_model_can_be_made_of_is_a_trial_marked_invalid():
     s = load_campaign({**BASE, "space": {"embedding": ["sne"], "hidden_width": {"float": [0.001, 0.002]}},
                        "search": {"algorithm": "random", "num_trials": 1}})
-    searcher, _ = build_search(s)
-    searcher.set_search_properties(None, None, {})
+    searcher = build_search(s)
     trial = searcher.suggest("t0")
     assert "hidden_width: expected a ratio giving a width >= 1" in trial["invalid"] and trial["cost"] == {}
-
-
-def test_the_wrapper_keeps_its_state_apart_from_the_searcher():
-    s = spec({"embedding": ["linear"]})
-    wrapper = TrialConfigs(GridSearcher(s.space), {"model": "x"})
-    state = wrapper.get_state()
-    other = TrialConfigs(GridSearcher(s.space), {})
-    other.set_state(state)
-    assert other.base == {"model": "x"} and len(expand_space(s)) == 1
 
 
 # ------------------------------------------------------------------- gp, cost constraints, infeasible proposals
@@ -128,13 +121,12 @@ CONSTRAINED = {**BASE, "space": {"embedding": ["sne", "psne", "fsne"], "hidden_w
 def test_gp_is_an_algorithm_with_its_own_seed_and_startup_design():
     import optuna
 
-    from qkvsearch.search.campaign.searchers import make_sampler
     from qkvsearch.spaces import SpecError
 
     s = load_campaign({**CONSTRAINED, "search": {"algorithm": "gp", "num_trials": 40, "seed": 3}})
     assert s.search.n_startup_trials == 10 and load_campaign(s.to_dict()) == s
     small = load_campaign({**CONSTRAINED, "search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 2}})
-    sampler = make_sampler(small.search)
+    sampler = build_search(small).inner.sampler
     assert isinstance(sampler, optuna.samplers.GPSampler) and sampler._n_startup_trials == 2
     with pytest.raises(SpecError, match="search.n_startup_trials: applies to algorithm gp, ehvi only, not tpe"):
         load_campaign({**CONSTRAINED, "search": {"algorithm": "tpe", "num_trials": 8, "n_startup_trials": 2}})
@@ -146,8 +138,7 @@ def test_an_infeasible_proposal_takes_no_trial_slot_is_recorded_and_learnt(tmp_p
     from qkvsearch.search.records.proposals import PROPOSALS_DIR, count_proposals
 
     s = load_campaign({**CONSTRAINED, "search": {"algorithm": "random", "num_trials": 6, "seed": 0}})
-    searcher, _ = build_search(s, str(tmp_path))
-    searcher.set_search_properties(None, None, {})
+    searcher = build_search(s, str(tmp_path))
     for i in range(6):
         trial = searcher.suggest(f"t{i}")
         assert not s.violations(trial["cost"]) and "invalid" not in trial  # every trial is feasible
@@ -156,7 +147,7 @@ def test_an_infeasible_proposal_takes_no_trial_slot_is_recorded_and_learnt(tmp_p
     assert searcher.infeasible >= 3 and count_proposals(str(tmp_path)) == searcher.infeasible
     record = json.loads(next((tmp_path / PROPOSALS_DIR).iterdir()).read_text())
     assert record["status"] == "infeasible" and "params_m" in record["error"] and record["cost"]["params_m"] > 3.0
-    study = searcher.searcher._ot_study
+    study = searcher.inner.study
     told = [t for t in study.trials if t.constraints and t.constraints["params_m"] > 0]
     assert len(told) == searcher.infeasible and all(t.state == TrialState.COMPLETE for t in told)
     # the worst top1 seen when it was told (50.0 once the first trial completed), its exact params_m
@@ -167,7 +158,7 @@ def test_an_infeasible_proposal_takes_no_trial_slot_is_recorded_and_learnt(tmp_p
 
 def test_constrained_samplers_propose_fewer_infeasible_configurations_than_random():
     """Measured with seed 0 over 40 trials: random 0.77 of its proposals infeasible, TPE 0.32, NSGA-II 0.54."""
-    from qkvsearch.search.campaign.searchers import infeasible_share
+    from qkvsearch.search.campaign.assemble import infeasible_share
 
     s = load_campaign({**CONSTRAINED, "search": {"algorithm": "random", "num_trials": 40, "seed": 0}})
     random = infeasible_share(s, "random")
@@ -175,48 +166,27 @@ def test_constrained_samplers_propose_fewer_infeasible_configurations_than_rando
     assert random > 0.65 and tpe < 0.45 and tpe < random - 0.25
 
 
-def _earlier_campaign(exp, space: dict, results: dict, train: dict | None = None):
-    """A finished campaign's folder as the records layer writes it: one completed trial per embedding."""
-    from types import SimpleNamespace
-
-    from qkvsearch.search.campaign.driver import build_trial
-    from qkvsearch.search.records.recorder import Recorder
-    from qkvsearch.spaces import base_config
-    from qkvsearch.storage import write_json
-
-    earlier = load_campaign({**CONSTRAINED, "train": train or BASE["train"], "space": space,
-                             "search": {"algorithm": "grid"}})
-    write_json(f"{exp}/qs_campaign.json", {"name": "earlier", "spec": earlier.to_dict()})
-    built = {e: build_trial(base_config(earlier), {"embedding": e, **({} if e == "linear" else {"hidden_width": 0.5})})
-             for e in results}
-    recorder = Recorder(str(exp), "earlier", lambda t: {"name": t.trial_id, "config": built[t.emb]["config"],
-                                                         "cost": built[t.emb]["cost"], "epochs_planned": 1})
-    for i, (emb, top1) in enumerate(results.items()):
-        t = SimpleNamespace(trial_id=f"old_{i}", emb=emb)
-        recorder.on_trial_start(0, [], t)
-        recorder.on_trial_result(0, [], t, {"epoch": 1.0, "top1": top1, **built[emb]["cost"]})
-        recorder.on_trial_complete(0, [], t)
-    return built
-
-
 def test_a_warm_start_tells_the_searcher_every_earlier_result_and_they_become_duplicates(tmp_path):
     exp = tmp_path / "earlier"
-    built = _earlier_campaign(exp, {"embedding": ["linear", "sne"], "hidden_width": [0.5]},
-                              {"linear": 60.0, "sne": 70.0})
+    earlier = load_campaign({**CONSTRAINED, "space": {"embedding": ["linear", "sne"], "hidden_width": [0.5]},
+                             "search": {"algorithm": "grid"}})
+    built = earlier_campaign(exp, earlier, {"linear": ({"embedding": "linear"}, 60.0),
+                                            "sne": ({"embedding": "sne", "hidden_width": 0.5}, 70.0)})
     wider = load_campaign({**CONSTRAINED, "space": {"embedding": ["linear", "sne", "psne"], "hidden_width": [0.5]},
                            "search": {"algorithm": "random", "num_trials": 8, "seed": 0, "warm_start": str(exp)}})
-    searcher, _ = build_search(wider)
-    study = searcher.searcher._ot_study
-    assert [t.values for t in study.trials] == [[60.0, built["linear"]["cost"]["params_m"]],
-                                                [70.0, built["sne"]["cost"]["params_m"]]]
-    assert all(t.constraints["params_m"] < 0 for t in study.trials)  # feasible, told with their constraints
-    searcher.set_search_properties(None, None, {})
-    trials = [searcher.suggest(f"t{i}") for i in range(8)]
+    searcher = build_search(wider)
+    trials = [searcher.suggest("t0")]  # the warm start is told before the first proposal
+    study = searcher.inner.study
+    assert [t.values for t in study.trials[:2]] == [[60.0, built["linear"]["cost"]["params_m"]],
+                                                    [70.0, built["sne"]["cost"]["params_m"]]]
+    assert all(t.constraints["params_m"] < 0 for t in study.trials[:2])  # feasible, told with their constraints
+    trials += [searcher.suggest(f"t{i}") for i in range(1, 8)]
     known = [t for t in trials if t["config"]["embedding"] in ("linear", "sne")]
-    assert known and all(t["duplicate_of"] == f"{exp}/old_{['linear', 'sne'].index(t['config']['embedding'])}"
+    assert known and all(t["duplicate_of"] == f"{exp}/old_{t['config']['embedding']}"
                          and t["known"]["status"] == "completed" for t in known)
     assert [t for t in trials if "duplicate_of" not in t][0]["config"]["embedding"] == "psne"
     # another recipe (two epochs): none of the earlier trainings is this campaign's
     other = load_campaign({**wider.to_dict(), "train": {**wider.to_dict()["train"], "epochs": 2}})
-    fresh, _ = build_search(other)
-    assert fresh.searcher._ot_study.trials == [] and fresh.first == {}
+    fresh = build_search(other)
+    fresh.suggest("t0")
+    assert len(fresh.inner.study.trials) == 1 and list(fresh.first.values()) == ["t0"]

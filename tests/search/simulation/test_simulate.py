@@ -181,11 +181,11 @@ def test_each_searcher_drives_a_table_replay_deterministically_for_a_seed(search
     assert _trace(a) == _trace(b) and a.trials == 14 and a.end_curve.tolist() != c.end_curve.tolist()
     assert len(set(a.end_curve.tolist())) == 14  # a configuration is trained once
     if searcher == "ehvi":  # what it read: trained ones with their top1, stopped ones without a result
-        assert len(a.searcher.core.results) == a.complete > 0 and len(a.searcher.core.tried) == 14
+        assert len(a.searcher.searcher.core.results) == a.complete > 0 and len(a.searcher.searcher.core.tried) == 14
     elif searcher != "shuffle":
         import optuna
 
-        states = [t.state for t in a.searcher.study.trials]
+        states = [t.state for t in a.searcher.searcher.study.trials]
         assert a.label == f"{searcher} moasha g1 rf3 b2"
         # what it read, as a campaign tells it: stopped trials PRUNED, trained ones COMPLETE
         assert states.count(optuna.trial.TrialState.PRUNED) == a.stopped > 0
@@ -200,7 +200,7 @@ def test_constrained_replay_trains_only_feasible_curves_and_the_searcher_learns_
     run = simulate(curves, Setting("fifo"), concurrency=2, seed=0, num_trials=10, searcher="tpe", constraints=cons)
     started = run.end_curve.tolist()
     assert len(started) == 10 and all(curves.results[c][0]["params_m"] <= 4.5 for c in started)
-    told = [t for t in run.searcher.study.trials if t.constraints.get("params_m", 0) > 0]
+    told = [t for t in run.searcher.searcher.study.trials if t.constraints.get("params_m", 0) > 0]
     assert run.searcher.infeasible == len(told) > 0 and 0 < run.infeasible_share < 1
     assert all(t.values[1] > 4.5 for t in told if t.values)  # its exact cost objective
     with pytest.raises(BadInput, match="constraints: expected METRIC:max=X"):

@@ -1,0 +1,76 @@
+"""The campaign's searcher, assembled: the spec's searcher (search.searchers.SEARCHERS) over the spec's problem,
+inside the proposal wrapper Tune drives (search.searchers.proposals.Proposals) with the campaign's constraints,
+its record of infeasible proposals, its measurements and its warm start. Launch and resume build it the same way
+(search.campaign.run); a resume then restores its saved state into it."""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+from qkvsearch.search.campaign.measured import Measurer, measure_settings
+from qkvsearch.search.records.proposals import write_proposal
+from qkvsearch.search.searchers import make_searcher
+from qkvsearch.search.searchers.base import FINISHED
+from qkvsearch.search.searchers.earlier import known_trials
+from qkvsearch.search.searchers.problem import build_trial, spec_problem
+from qkvsearch.search.searchers.proposals import Proposals
+from qkvsearch.spaces import base_config
+from qkvsearch.spaces.search_options import default_population, default_startup
+
+
+def build_search(spec, exp: str | None = None, storage=None) -> Proposals:
+    """The campaign's searcher. exp: the campaign folder, where infeasible proposals are recorded and
+    measurements cached (None: neither, nothing is measured); storage: an Optuna storage for the study, named
+    after the campaign (search.campaign.tracking.study_storage; None: in memory)."""
+    base = base_config(spec)
+    searcher = make_searcher(spec.search.algorithm, spec_problem(spec, storage))
+    return Proposals(searcher, partial(build_trial, base), constraints=spec.constraints,
+                     record=partial(_record_proposal, exp, spec.name) if exp else None,
+                     measurer=_measurer(spec, exp),
+                     earlier=partial(known_trials, spec, base) if spec.search.warm_start else None,
+                     skip_duplicates=spec.search.algorithm == "grid",
+                     recorded_cost=partial(_recorded_cost, exp) if exp else None)
+
+
+def _measurer(spec, exp: str | None) -> Measurer | None:
+    """The campaign's Measurer when it measures something (None without a campaign folder: nothing runs)."""
+    how = measure_settings(spec, exp) if exp else None
+    if how is None or not how.metrics:
+        return None
+    res = spec.resources
+    return Measurer(how, res.workers_per_trial, res.cpus_per_worker, res.gpus_per_worker)
+
+
+def _recorded_cost(exp: str, trial_id: str) -> dict | None:
+    """A trial's cost from its record (None when it has none)."""
+    from qkvsearch.search.records.readers import read_record
+
+    rec = read_record(exp, trial_id)
+    return rec.get("cost") if rec else None
+
+
+def _record_proposal(exp: str, campaign: str, proposal_id: str, trial_id: str, trial: dict, error: str) -> None:
+    write_proposal(exp, campaign, proposal_id, trial_id, trial["config"], trial["cost"], error,
+                   trial.get("measured_on"))
+
+
+ESTIMATE_TRIALS = 40  # trials drawn per searcher by `infeasible_share`
+
+
+def infeasible_share(spec, algorithm: str, trials: int = ESTIMATE_TRIALS) -> float:
+    """The share of a searcher's proposals that would break the campaign's constraints, estimated by drawing
+    ``trials`` trials without training: each trial is told COMPLETE with its cost objectives and 0 for every
+    training objective (all feasible trials alike, so only the constraints and the costs steer the sampler),
+    infeasible proposals as in a campaign."""
+    search = replace(spec.search, algorithm=algorithm, num_trials=trials, warm_start=None,
+                     population_size=default_population(trials) if algorithm == "nsga2" else None,
+                     n_startup_trials=default_startup(trials) if algorithm in ("gp", "ehvi") else None)
+    searcher = build_search(replace(spec, search=search))
+    planned = {"qs_epochs_planned": 1.0, "epoch": 1.0}
+    for i in range(trials):
+        trial = searcher.suggest(f"estimate_{i:05d}")
+        if trial is None or trial == FINISHED or trial == Proposals.FINISHED:
+            break
+        known = {o.metric: 0.0 for o in spec.objectives}
+        searcher.on_trial_complete(f"estimate_{i:05d}", {**known, **trial["cost"], **planned})
+    return searcher.infeasible / max(1, searcher.proposals)

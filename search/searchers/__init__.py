@@ -1,0 +1,48 @@
+"""Searchers, a layer of their own: what proposes the configurations a campaign trains, and learns from
+how each trial ended. The campaign (search.campaign) assembles one; `qkvsearch simulate`
+(search.simulation) replays one on recorded curves; neither is imported here.
+
+    base             the hooks every searcher has (Searcher) and the problem it searches (Problem)
+    grid             grid: every configuration in order
+    optuna_samplers  random, tpe, nsga2, gp: an Optuna sampler asking and telling a study
+    ehvi             ehvi: a GP on the training objective, EHVI with the costs known before training
+    outcomes         how a finished trial ended, as every searcher learns it
+    problem          a campaign spec's problem; a suggestion made into a trial (build_trial)
+    earlier          a warm start's results from an earlier campaign
+    proposals        Proposals, the searcher as Ray Tune drives it: duplicates, constraints, measuring
+    state, legacy    the saved state as versioned plain data; pickles of earlier versions read
+
+``SEARCHERS`` maps each name a campaign file may give (spaces.search_options.ALGORITHMS) to its class,
+imported when asked for (Ray Tune's search/__init__.py pattern).
+"""
+from __future__ import annotations
+
+import importlib
+
+SEARCHERS = {
+    "grid": "qkvsearch.search.searchers.grid:GridSearcher",
+    "random": "qkvsearch.search.searchers.optuna_samplers:RandomSearcher",
+    "tpe": "qkvsearch.search.searchers.optuna_samplers:TPESearcher",
+    "nsga2": "qkvsearch.search.searchers.optuna_samplers:NSGA2Searcher",
+    "gp": "qkvsearch.search.searchers.optuna_samplers:GPSearcher",
+    "ehvi": "qkvsearch.search.searchers.ehvi:EhviSearcher",
+}
+
+
+def searcher_class(name: str):
+    """The searcher class registered under ``name``; ValueError listing the names otherwise."""
+    if name not in SEARCHERS:
+        raise ValueError(f"search.algorithm: expected one of {', '.join(SEARCHERS)}, given {name!r}")
+    module, _, cls = SEARCHERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_searcher(name: str, problem):
+    """A new searcher of that name for the problem (search.searchers.base.Problem)."""
+    return searcher_class(name)(problem)
+
+
+def __getattr__(name: str):
+    from qkvsearch.search import _legacy  # class names of the flat layout's search.searchers module
+
+    return _legacy.attribute(__name__, name)

@@ -1,0 +1,62 @@
+"""Campaigns an earlier version of qkvsearch launched resume with this one: tests/fixtures/earlier/<algorithm>/,
+one per searcher, launched under MO-ASHA with the code of the commit its MADE_BY names and stopped by SIGTERM
+once a trial had completed, while trials remained to be suggested (tests/fixtures/make_earlier_campaigns.py
+makes them again). Their pickles name that version's classes; its searcher state is pickled objects, not today's
+plain data. Resumed, the searcher is asked for the trials still to come: every planned trial ends in a final
+status, no trial completed before the stop trains again, and the campaign reports."""
+import json
+import shutil
+
+import pytest
+from helpers import REPO
+
+from qkvsearch.search.records.layout import FINAL_STATUSES
+from qkvsearch.search.records.readers import read_trial_records
+from qkvsearch.spaces.search_options import ALGORITHMS
+
+EARLIER = REPO / "tests" / "fixtures" / "earlier"
+
+
+def _tune_trials(exp) -> list[str]:
+    state = json.loads(max(exp.glob("experiment_state-*.json")).read_text())
+    return [json.loads(t[0])["trial_id"] for t in state["trial_data"]]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_each_fixture_was_stopped_with_trials_left_to_suggest(algorithm):
+    exp = EARLIER / algorithm
+    planned = json.loads((exp / "qs_campaign.json").read_text())["spec"]["search"]["num_trials"]
+    statuses = [r["status"] for r in read_trial_records(exp)[0]]
+    assert "completed" in statuses and len(_tune_trials(exp)) < planned
+    saved = next(exp.glob("searcher-state-*.pkl")).read_bytes()
+    assert b"qkvsearch-searcher-state" not in saved  # the earlier format
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_an_earlier_campaign_resumes_and_reports(ray_local, tmp_path, algorithm):
+    import pyarrow.parquet as pq
+
+    from qkvsearch.search.analysis.report import build_report
+    from qkvsearch.search.campaign.launch import resume
+
+    exp = tmp_path / algorithm
+    shutil.copytree(EARLIER / algorithm, exp)
+    planned = json.loads((exp / "qs_campaign.json").read_text())["spec"]["search"]["num_trials"]
+    before = {r["trial_id"]: r for r in read_trial_records(exp)[0]}
+
+    resume(str(exp))
+    after = {r["trial_id"]: r for r in read_trial_records(exp)[0]}
+    assert len(after) == planned and set(before) <= set(after)
+    assert all(r["status"] in FINAL_STATUSES for r in after.values())
+    for tid, rec in before.items():
+        if rec["status"] == "completed":  # ended before the stop: kept as recorded, not trained again
+            assert after[tid]["epochs"] == rec["epochs"] and after[tid]["started_at"] == rec["started_at"]
+    trained = [r["config"]["embedding"] for r in after.values() if r["status"] != "duplicate"]
+    assert len(trained) == len(set(trained))  # no configuration trained twice
+    saved = json.loads(max(exp.glob("searcher-state-*.pkl")).read_text())
+    assert saved["format"] == "qkvsearch-searcher-state" and saved["algorithm"] == algorithm
+
+    written = build_report(str(exp), static=False)
+    assert len(pq.read_table(written["trials"])) == planned
+    assert json.loads((exp / "qs_campaign.json").read_text())["ended_at"] > 0
