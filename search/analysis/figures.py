@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from qkvsearch.search.analysis.front import FrontInfo, rows
-from qkvsearch.spaces.keys import EPOCH
+from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.storage import loads_json
 
 AXIS_TITLES = {

@@ -36,6 +36,7 @@ class FrontInfo:
     hypervolume: pd.DataFrame           # eligible ended trials in completion order, with column "hypervolume":
     #                                     the front's hypervolume once each had ended
     reference: np.ndarray | None        # (k,) the hypervolume's reference point; None: no complete point
+    reference_kind: str = "the campaign's fixed reference"   # or: these trials' own (pareto.reference_point)
 
     @property
     def front(self) -> pd.DataFrame:
@@ -73,8 +74,10 @@ def rows(df: pd.DataFrame, mask, columns: list[str]) -> pd.DataFrame:
     return df.loc[mask, list(dict.fromkeys(columns))]
 
 
-def front_info(trials: pa.Table, objectives, front_statuses=("completed",)) -> FrontInfo:
-    """The collected trials table (search.analysis.results.collect) -> FrontInfo on ``objectives``."""
+def front_info(trials: pa.Table, objectives, front_statuses=("completed",), reference=None) -> FrontInfo:
+    """The collected trials table (search.analysis.results.collect) -> FrontInfo on ``objectives``.
+    reference: the campaign's fixed hypervolume reference (search.analysis.hv_reference); None: these
+    trials' own (search.analysis.pareto.reference_point), for other objectives or a campaign without one."""
     metrics, cols, dirs = objective_columns(trials, objectives)
     # Integer columns stay integers where a trial has no value (code_size of a linear trial): 4, not 4.0.
     df = trials.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
@@ -86,8 +89,10 @@ def front_info(trials: pa.Table, objectives, front_statuses=("completed",)) -> F
     df["eligible"] = eligible
     df["embedding"] = df["config_embedding"].fillna("?")
     pairs = {j: _pair_front(df, cols[j], dirs[j], cols[0], dirs[0]) for j in range(1, len(cols))}
-    trace, ref = _hypervolume(df, cols, dirs)
-    return FrontInfo(df, metrics, cols, dirs, tuple(front_statuses), points, eligible, on_front, pairs, trace, ref)
+    trace, ref = _hypervolume(df, cols, dirs, reference)
+    kind = "the campaign's fixed reference" if reference is not None else "these trials' own"
+    return FrontInfo(df, metrics, cols, dirs, tuple(front_statuses), points, eligible, on_front, pairs, trace, ref,
+                     kind)
 
 
 def _pair_front(df: pd.DataFrame, xcol, xdir, ycol, ydir) -> pd.DataFrame:
@@ -97,14 +102,15 @@ def _pair_front(df: pd.DataFrame, xcol, xdir, ycol, ydir) -> pd.DataFrame:
     return pts[mask].sort_values([xcol, ycol], ascending=[True, ydir == "min"])
 
 
-def _hypervolume(df: pd.DataFrame, cols, dirs) -> tuple[pd.DataFrame, np.ndarray | None]:
-    """HV of the eligible trials in completion order (ended_at), against the default reference."""
+def _hypervolume(df: pd.DataFrame, cols, dirs, reference=None) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """HV of the eligible trials in completion order (ended_at), against ``reference`` (None: the default
+    reference of these points)."""
     done = rows(df, df["eligible"] & df["ended_at"].notna(), [*cols, "ended_at", "trial_id"])
     done = done.sort_values(["ended_at", "trial_id"])
     values = done[cols].astype("float64").to_numpy()
     ok = ~np.isnan(values).any(axis=1)
     if not ok.any():
         return done.iloc[:0].assign(hypervolume=[]), None
-    ref = reference_point(values[ok], dirs)
+    ref = np.asarray(reference, dtype=np.float64) if reference is not None else reference_point(values[ok], dirs)
     trace = hypervolume_trace(values, dirs, ref)
     return done.assign(hypervolume=trace), ref

@@ -1,5 +1,5 @@
 """The report's "Where MACs mislead" section: counted GMACs beside the cost measured on the campaign's device
-(spaces.keys.MEASURED), over the campaign's distinct models.
+(spaces.metrics.MEASURED), over the campaign's distinct models.
 
 - Spearman's rank correlation of GMACs with each measured metric (throughput, where more is better, is
   compared as seconds per image: a correlation of 1 then means MACs rank the models as the device does);
@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from qkvsearch.search.analysis.pareto import nondominated_mask
-from qkvsearch.spaces.keys import MEASURED, MEASURED_METRICS, MODEL_GROUPS, names
+from qkvsearch.spaces.keys import MODEL_GROUPS, names
+from qkvsearch.spaces.metrics import MEASURED, MEASURED_METRICS
 
 TITLE = "Where MACs mislead"
 MAX_PAIRS = 10   # flipped pairs listed (the largest flips first)

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from qkvsearch.search.analysis import hv_reference
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
 from qkvsearch.search.analysis.front import FrontInfo, front_info, objective_columns, rows
@@ -180,7 +181,8 @@ def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats
         f"- objectives: {objectives}",
         f"- trials: {len(df)} ({', '.join(f'{s} {n}' for s, n in counts.items())})",
         f"- front from statuses: {', '.join(info.front_statuses)}; {len(front)} trials on the front",
-        f"- hypervolume reference: {', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
+        f"- hypervolume reference ({info.reference_kind}): "
+        f"{', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
         "", "## Pareto front", "", _markdown_table(front, _front_columns(front, info.columns)) if len(front) else "(empty)",
         *(["", f"## {REPEATS_TITLE}", "", _markdown_table(repeats, list(repeats.columns))] if len(repeats) else []),
         "", "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",
@@ -317,13 +319,15 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
     ``<exp>/report/``). ``static=False`` skips png/svg export; ``reference_csv`` overrides the paper's
     reference points file; ``objectives`` overrides the spec's. Returns {name: written path}."""
     campaign = open_campaign(experiment_dir)
-    objectives = objectives or [{"metric": m, "mode": d} for m, d in campaign.objectives]
+    campaign_objectives = [{"metric": m, "mode": d} for m, d in campaign.objectives]
+    objectives = objectives or campaign_objectives
     out = resolve_out_dir(experiment_dir, out_dir, "report")  # refuses a file before anything is written
-    trials, epochs = collect(experiment_dir)
+    trials, epochs = collect(experiment_dir, opened=True)
+    reference = hv_reference.ready(hv_reference.read(experiment_dir)) if objectives == campaign_objectives else None
     # pyarrow encodes the Parquet files without the GIL: in a second thread, beside the page's Python work.
     with ThreadPoolExecutor(1) as encoder:
         parquet = encoder.submit(parquet_files, trials, epochs)
-        info = front_info(trials, objectives, front_statuses)
+        info = front_info(trials, objectives, front_statuses, reference)
         paths, figures = _write_page(out, campaign, info, epochs, reference_csv)
         paths.update(stage_report(experiment_dir, out, campaign, trials, paths["md"]))  # spaces.stages
         paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))

@@ -17,10 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from qkvsearch.search.records.layout import EPOCH, read_campaign
+from qkvsearch.search.records.layout import read_campaign
 from qkvsearch.search.records.outputs import check_output_dir
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.keys import COST_METRICS, MEASURED_METRICS, RESOLVED_KEYS, finite
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.keys import RESOLVED_KEYS
+from qkvsearch.spaces.metrics import COST_METRICS, EPOCH, MEASURED_METRICS
 from qkvsearch.storage import write_bytes
 
 __all__ = [
@@ -264,10 +266,12 @@ def measured_on_text(env) -> str | None:
     return ", ".join(parts)
 
 
-def collect(experiment_dir) -> tuple[pa.Table, pa.Table]:
+def collect(experiment_dir, *, opened: bool = False) -> tuple[pa.Table, pa.Table]:
     """Experiment dir (path or URI) -> (trials, epochs) Arrow tables, one row per trial (sorted by
-    trial_id) and one per reported epoch. Works on a running campaign (what is recorded so far)."""
-    read_campaign(experiment_dir)  # fails early, naming the file, when the folder is not a campaign
+    trial_id) and one per reported epoch. Works on a running campaign (what is recorded so far).
+    opened: the caller has read the campaign file already (else it is read first, to fail naming it)."""
+    if not opened:
+        read_campaign(experiment_dir)  # fails early, naming the file, when the folder is not a campaign
     read = read_trials(experiment_dir)  # damaged records are left out and logged
     epochs = read.epoch_columns()
     order = sorted(range(len(read.records)), key=lambda i: read.records[i]["trial_id"])

@@ -20,11 +20,16 @@ import pyarrow as pa
 from qkvsearch.search.analysis.front import objective_columns
 from qkvsearch.search.analysis.pareto import nondominated_ranks
 from qkvsearch.search.records.stages import latest_by_stage, read_selection, read_stages
-from qkvsearch.spaces.keys import FINETUNE_METRIC, finite
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.metrics import FINETUNE_METRIC, OOD_METRICS, STAGE_METRIC_LIST, TRANSFER_AVG
 from qkvsearch.storage import write_bytes
-from qkvsearch.trainers.ood_metrics import OOD_METRIC_NAMES
 
 STAGES_CSV, STAGES_PARQUET = "stages.csv", "stages.parquet"
+
+
+def stage_metric_markdown() -> str:
+    """The stage-metric rows of search/RESULTS_SCHEMA.md's stages table, from spaces.metrics (a test compares)."""
+    return "\n".join(f"| `{m.name}` | float64 | % | {m.doc} ({m.stage} stage) |" for m in STAGE_METRIC_LIST)
 
 
 def stage_names(stages) -> list[str]:
@@ -39,7 +44,7 @@ def stage_table(exp: str, stages, trials: pa.Table) -> pd.DataFrame:
     df = trials.to_pandas()
     df = df[df["trial_id"].isin(ids)].copy()
     names, finetunes = stage_names(stages), [FINETUNE_METRIC + f.dataset for f in stages.finetune]
-    for metric in [*finetunes, "transfer_avg", *(OOD_METRIC_NAMES if stages.ood else ())]:
+    for metric in [*finetunes, TRANSFER_AVG, *(OOD_METRICS if stages.ood else ())]:
         df[metric] = np.nan
     for name in names:
         df[f"{name}_status"], df[f"{name}_s"] = "pending", np.nan
@@ -55,7 +60,7 @@ def stage_table(exp: str, stages, trials: pa.Table) -> pd.DataFrame:
                     if metric in df.columns:
                         df.at[i, metric] = finite(value, np.nan)
     if finetunes:
-        df["transfer_avg"] = df[finetunes].mean(axis=1, skipna=False)
+        df[TRANSFER_AVG] = df[finetunes].mean(axis=1, skipna=False)
     return _ranked(df, stages)
 
 
@@ -84,7 +89,7 @@ def shown_columns(df: pd.DataFrame, stages) -> list[str]:
     specs = [{"metric": o.metric, "mode": o.mode} for o in stages.objectives]
     _, cols, _ = objective_columns(pa.Table.from_pandas(df, preserve_index=False), specs)
     metrics = [c for c in df.columns if c.startswith(FINETUNE_METRIC)] + \
-        [c for c in ("transfer_avg", *OOD_METRIC_NAMES) if c in df.columns and df[c].notna().any()]
+        [c for c in (TRANSFER_AVG, *OOD_METRICS) if c in df.columns and df[c].notna().any()]
     per_stage = [f"{n}_{k}" for n in stage_names(stages) for k in ("status", "s")]
     base = ["stage_rank", "trial_name", "config_embedding", "config_width"]
     return list(dict.fromkeys([*base, *cols, *metrics, "feasible", *per_stage]))

@@ -31,7 +31,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         (f"max by (objective) (ray_qkvsearch_best{{{C}}})", "{{objective}}")]),
     ("Completed front", "short", [
         (f"max(ray_qkvsearch_front_size{{{C}}})", "trials on the front"),
-        (f"max(ray_qkvsearch_hypervolume{{{C}}})", "hypervolume")]),
+        (f"max by (reference) (ray_qkvsearch_hypervolume{{{C}}})", "hypervolume (reference {{reference}})")]),
     ("Training images/s per trial", "short", [
         (f"max by (trial) (ray_qkvsearch_trial_images_per_s{{{C}}})", "{{trial}}")]),
     ("Trial start-up (start to first step)", "s", [

@@ -18,7 +18,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "qkvsearch_epochs_planned": ("epochs the campaign plans over all trials", ()),
     "qkvsearch_best": ("best value of each objective among completed trials", ("objective",)),
     "qkvsearch_front_size": ("trials on the completed accuracy-cost front", ()),
-    "qkvsearch_hypervolume": ("hypervolume of the completed front (reference: those trials' own)", ()),
+    "qkvsearch_hypervolume": ("hypervolume of the completed front against the campaign's fixed reference "
+                              "(qs_hv_reference.json), named by the tag reference", ("reference",)),
     "qkvsearch_trial_images_per_s": ("training images/s of each trial's last epoch, all workers", ("trial",)),
     "qkvsearch_trial_startup_s": ("seconds from a trial's start to its first training step", ("trial",)),
 }
@@ -44,7 +45,7 @@ class CampaignMetrics:
             self._set("qkvsearch_best", value, objective=metric)
         self._set("qkvsearch_front_size", len(p.front))
         if p.hypervolume is not None:
-            self._set("qkvsearch_hypervolume", p.hypervolume)
+            self._set("qkvsearch_hypervolume", p.hypervolume, reference=p.reference)
         for trial, v in p.images_per_s.items():
             self._set("qkvsearch_trial_images_per_s", v, trial=trial)
         for trial, v in p.startup_s.items():

@@ -3,8 +3,9 @@ the campaign metrics show. One reader (`read_progress`) for all three, for a run
 campaign, on a local path or a URI.
 
 The front and hypervolume are those of the trials finished so far (status completed), on the spec's
-objectives; the hypervolume's reference point is `pareto.reference_point` of those same points, so it
-moves while the campaign runs (compare hypervolumes within one snapshot, or in the report).
+objectives, against the campaign's fixed reference (search.analysis.hv_reference): it never moves, so the
+hypervolume never falls while the front grows. A reference still missing a part (a loss, a measured cost:
+fixed by the first completed trial) is completed here when it can be, and recorded.
 """
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.analysis import hv_reference
+from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask
 from qkvsearch.search.monitor.stage_status import stage_summary
 from qkvsearch.search.records.layout import FINAL_STATUSES, UNTRAINED_STATUSES, open_campaign
 from qkvsearch.search.records.lease import DriverState, read_lease
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.keys import finite as _finite
+from qkvsearch.spaces.checks import finite as _finite
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Progress:
     best: dict[str, float]                     # objective metric -> best value among completed trials
     front: list[dict] = field(default_factory=list)  # the completed front: {"trial", metric: value...}
     hypervolume: float | None = None
+    reference: str = ""        # the hypervolume's fixed reference, as text ("" while not fixed)
     images_per_s: dict[str, float] = field(default_factory=dict)   # trial -> last epoch's images/s
     startup_s: dict[str, float] = field(default_factory=dict)      # trial -> start -> first step, s
     finished: list[FinishedTrial] = field(default_factory=list)  # trials in a final status, in record order
@@ -80,6 +83,7 @@ class Progress:
         best = ", ".join(f"{m} {v:.4g}" for m, v in self.best.items())
         return (f"{self.name}: {self.trials_done}/{self.trials_planned} trials done ({by_status or 'none yet'}); "
                 f"epochs {self.epochs_done}/{self.epochs_planned}; front {len(self.front)}, hypervolume {hv}"
+                + (f" (reference {self.reference})" if self.reference else "")
                 + (f"; best {best}" if best else "") + (f"; {self.stages}" if self.stages else ""))
 
 
@@ -115,8 +119,44 @@ def read_progress(exp) -> Progress:
             progress.images_per_s[_name(r)] = last["images_per_s"]
         if _finite(r.get("first_step_at")) and _finite(r.get("started_at")):
             progress.startup_s[_name(r)] = r["first_step_at"] - r["started_at"]
-    _add_front(progress, [(r, last) for r, last in zip(records, lasts) if r.get("status") == "completed"])
+    done = [(r, last) for r, last in zip(records, lasts) if r.get("status") == "completed"]
+    reference = _reference(exp, objectives, records, done)
+    progress.reference = hv_reference.describe(reference)
+    _add_front(progress, done, hv_reference.ready(reference))
     return progress
+
+
+def _reference(exp, objectives, records: list[dict], done: list[tuple[dict, dict]]) -> dict | None:
+    """The campaign's fixed reference (search.analysis.hv_reference), completed and recorded once the records
+    allow; a campaign launched before references existed gets one here, by the same rule."""
+    record = hv_reference.read(exp)
+    if record is None or [tuple(o) for o in record["objectives"]] != [tuple(o) for o in objectives]:
+        from qkvsearch.search.records.proposals import read_proposals
+
+        record = hv_reference.at_launch(objectives, [])
+        costs = [r.get("cost") or {} for r in records] + [p.get("cost") or {} for p in read_proposals(exp)]
+    else:
+        costs = ()
+    if hv_reference.ready(record) is not None:
+        return record
+    first = _first_completed(objectives, done)
+    fixed = hv_reference.completed(record, first, costs)
+    if fixed != hv_reference.read(exp):
+        try:
+            hv_reference.write(exp, fixed)
+        except OSError:  # a reader without write access: fixed by the same rule at the next read
+            pass
+    return fixed
+
+
+def _first_completed(objectives, done: list[tuple[dict, dict]]) -> dict | None:
+    """The objective values of the first trial to complete (by its end time) with every objective finite."""
+    ordered = sorted(done, key=lambda d: (_finite(d[0].get("ended_at"), math.inf), str(d[0].get("trial_id"))))
+    for record, last in ordered:
+        values = {m: _objective(record, last, m) for m, _ in objectives}
+        if all(math.isfinite(v) for v in values.values()):
+            return values
+    return None
 
 
 def _finished(record: dict, epochs: int, last: dict, epochs_each: int) -> FinishedTrial:
@@ -128,8 +168,9 @@ def _finished(record: dict, epochs: int, last: dict, epochs_each: int) -> Finish
                          _finite(last.get("top1")), record.get("cost") or {}, note)
 
 
-def _add_front(progress: Progress, done: list[tuple[dict, dict]]) -> None:
-    """Best values, the non-dominated completed trials and their hypervolume."""
+def _add_front(progress: Progress, done: list[tuple[dict, dict]], reference: list[float] | None) -> None:
+    """Best values, the non-dominated completed trials and their hypervolume against ``reference`` (None:
+    not fixed yet, no hypervolume)."""
     if not done or not progress.objectives:
         return
     metrics = [m for m, _ in progress.objectives]
@@ -146,7 +187,8 @@ def _add_front(progress: Progress, done: list[tuple[dict, dict]]) -> None:
     names = [_name(r) for (r, _), good in zip(done, ok) if good]
     mask = nondominated_mask(pts, dirs)
     progress.front = [{"trial": n, **dict(zip(metrics, map(float, p)))} for n, p, f in zip(names, pts, mask) if f]
-    progress.hypervolume = float(hypervolume(pts[mask], dirs, reference_point(pts, dirs)))
+    if reference is not None:
+        progress.hypervolume = float(hypervolume(pts[mask], dirs, reference))
 
 
 def _objective(record: dict, last: dict, metric: str) -> float:

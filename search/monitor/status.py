@@ -11,7 +11,7 @@ from qkvsearch.search.monitor.stage_status import stage_lines
 from qkvsearch.search.records.layout import open_campaign, storage_use
 from qkvsearch.search.records.lease import read_lease
 from qkvsearch.search.records.readers import read_trial_records, read_trials
-from qkvsearch.spaces.keys import finite
+from qkvsearch.spaces.checks import finite
 
 
 def load_records(exp: str) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from qkvsearch.search.monitor.progress import FinishedTrial, Progress, read_progress
+from qkvsearch.search.records.layout import FINAL_STATUSES
 from qkvsearch.search.records.proposals import count_proposals
 
 
@@ -110,6 +111,17 @@ def closing_summary(progress: Progress, exp: str, shown: str = "") -> str:
     return "\n".join(lines)
 
 
+def all_failed(progress: Progress) -> str | None:
+    """The last line of the first failed trial's error when every trial that ended failed (nothing trained to
+    a result: the campaign did not do what it was for; `launch` and `resume` then exit non-zero), else None.
+    A stopped, diverged, duplicate or infeasible trial is an outcome, not a failure."""
+    ended = [t for t in progress.finished if t.status in FINAL_STATUSES]
+    if not ended or any(t.status != "failed" for t in ended):
+        return None
+    first = ended[0]
+    return f"{first.name}: {first.note or 'failed without an error message'}"
+
+
 def live_block(progress: Progress):
     """A rich renderable: progress bars of trials and epochs, the running trials, the front."""
     from rich.console import Group
@@ -125,7 +137,8 @@ def live_block(progress: Progress):
     for t in progress.running:
         running.add_row(t.name, f"{t.epochs}/{t.planned}", "-" if t.top1 is None else f"{t.top1:.2f}")
     hv = "-" if progress.hypervolume is None else f"{progress.hypervolume:.4g}"
-    front = f"front: {len(progress.front)} trial(s), hypervolume {hv}"
+    front = f"front: {len(progress.front)} trial(s), hypervolume {hv}" + (
+        f" (reference {progress.reference})" if progress.reference else "")
     if progress.best:
         front += "; best " + ", ".join(f"{m} {v:.4g}" for m, v in progress.best.items())
     driver = driver_line(progress)

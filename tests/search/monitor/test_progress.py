@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import PRESETS
 from helpers.campaign_files import write_campaign
 
-from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask, reference_point
+from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask
 from qkvsearch.search.analysis.report import build_report
 from qkvsearch.search.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, main
 from qkvsearch.search.cluster import jobs
@@ -56,7 +57,10 @@ def test_progress_counts_epochs_and_the_completed_front(tmp_path):
     front = {r["trial_name"] for r, on in zip(done, nondominated_mask(values, dirs)) if on}
     assert {f["trial"] for f in p.front} == front
     mask = nondominated_mask(values, dirs)
-    assert math.isclose(p.hypervolume, hypervolume(values[mask], dirs, reference_point(values, dirs)))
+    # launched before references were recorded: fixed at this first read by the rule, then kept
+    ref = [0.0, 1.1 * max(r["cost"]["gmacs"] for r in records), 1.1 * max(r["cost"]["params_m"] for r in records)]
+    assert math.isclose(p.hypervolume, hypervolume(values[mask], dirs, ref))
+    assert json.loads((tmp_path / "qs_hv_reference.json").read_text())["reference"] == pytest.approx(ref)
     assert p.best["top1"] == max(values[:, 0]) and p.best["gmacs"] == min(values[:, 1])
     assert not p.ended
     _end(tmp_path)
@@ -266,3 +270,27 @@ def test_a_spec_without_objectives_shows_the_default_objective_front(tmp_path):
     write_campaign(tmp_path, STATUSES, spec={k: v for k, v in SPEC.items() if k != "objectives"})
     p = read_progress(tmp_path)
     assert p.objectives == [("top1", "max")] and p.front and "top1" in p.best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_hypervolume_never_falls_while_trials_complete_in_any_order(tmp_path, seed):
+    """A property over random completion orders: with the campaign's fixed reference the hypervolume each
+    snapshot shows never falls (the reference of the points seen so far made it fall as the front grew)."""
+    from helpers.campaign_files import SPEC, synthetic_record, write_record
+
+    from qkvsearch.search.analysis import hv_reference
+
+    rng = np.random.default_rng(seed)
+    objectives = [("top1", "max"), ("gmacs", "min"), ("val_loss", "min")]
+    spec = {**SPEC, "objectives": [{"metric": m, "mode": d} for m, d in objectives]}
+    write_campaign(tmp_path, [], spec=spec)
+    records = [synthetic_record(i, "completed", rng=rng) for i in range(12)]
+    hv_reference.write(tmp_path, hv_reference.at_launch(objectives, [r["cost"] for r in records]))
+    seen, refs = [], []
+    for k, i in enumerate(rng.permutation(len(records))):
+        write_record(tmp_path, {**records[i], "ended_at": 1_800_000_000.0 + k})
+        p = read_progress(tmp_path)
+        seen.append(p.hypervolume)
+        refs.append(p.reference)
+    assert all(b >= a for a, b in zip(seen, seen[1:])) and seen[-1] > seen[0] > 0
+    assert len(set(refs)) == 1 and refs[0].startswith("top1 0, gmacs ")  # fixed at the first completion
