@@ -7,11 +7,11 @@ Tables: NAS-Bench-201 CIFAR-10 and CIFAR-100 (search.simulation.nasbench: 15,625
 values only; objectives max top1, min latency_ms, min params_m) and the synthetic order and crossing
 tables of bench_search.py at 243 configurations x 27 epochs (max top1, min params_m).
 
-Searchers: the campaign's own (search.campaign.searchers.make_sampler: random, TPE, NSGA-II, GP; and
-search.campaign.known_cost: ehvi, the known-cost EHVI) through search.simulation.searchers, 4 trials at a
-time, FIFO (every trial trained to the end).
+Searchers: the campaign's own (search.searchers.SEARCHERS: random, TPE, NSGA-II, GP; and ehvi, the
+known-cost EHVI) through search.simulation.searchers, 4 trials at a time, FIFO (every trial trained to the
+end).
 "With constraints": params_m at most the table's median: half the table is infeasible; an infeasible
-proposal takes no trial slot and the searcher learns it (search.campaign.searchers.Teller). On the
+proposal takes no trial slot and the searcher learns it (Searcher.tell_infeasible). On the
 synthetic tables, the multi-fidelity rows: MO-ASHA with 3 brackets (grace 1, rf 3), random and TPE.
 
 Score: the hypervolume of the trained configurations' front after 25, 50, 100, 200 trained

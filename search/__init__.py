@@ -11,9 +11,12 @@ analysis       Pareto maths, results tables (Parquet), the report               
 monitor        progress, the terminal view, metrics, Grafana, status, watch         neither (Ray's
                                                                                     metrics lazily)
 scheduling     MO-ASHA's rules (pure) and the Tune schedulers that apply them       Ray (the adapters)
-cluster        a local Ray, cluster capacity, jobs, Ray's private API               Ray
-campaign       launch and resume, the trial driver, the Train->Tune bridge,        Ray, torch (lazily)
-               searchers, preflight checks, interrupts
+searchers      the searchers (grid, Optuna's samplers, ehvi) behind one set of     Ray's Searcher (the
+               hooks, the proposal wrapper Tune drives, their saved state          wrapper), torch lazily
+cluster        a local Ray, cluster capacity, jobs                                  Ray
+campaign       launch and resume (one run path), the trial driver, the             Ray, torch (lazily)
+               Train->Tune bridge, measured cost, retention, stages, trackers,
+               preflight checks, interrupts
 simulation     replaying searchers and schedulers on recorded curves               Ray's schedulers
 cli            the ``qkvsearch`` command                                            what a command needs
 =============  ==================================================================  =====================

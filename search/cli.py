@@ -1,7 +1,8 @@
 """`qkvsearch`: launch, resume, watch and report search campaigns over QKV embeddings.
 
-Exit codes: 0 success, 2 bad input (spec, path, resources: a BadInput), 1 failure (any other
-exception, traceback printed), 130 interrupted.
+Exit codes: 0 success, 2 bad input (spec, path, resources: a BadInput; or a standard output that takes
+no more, a closed pipe or a full disk), 1 failure (any other exception, traceback printed), 3 a launch or
+resume whose every trial failed (the first trial's error printed), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import sys
 import textwrap
 import traceback
 
+from qkvsearch.search.monitor.stdout import GuardedStdout, OutputFailed
+
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Not a failure of qkvsearch (1) nor of its input (2): the campaign ran, and no trial trained. Scripts that
+# chain a launch with its report tell it apart.
+EXIT_ALL_FAILED = 3
 MESSAGE_LIMIT = 4000   # characters of a bad-input message; the rest is cut
 
 _EPILOG = textwrap.dedent("""\
@@ -26,8 +32,9 @@ _EPILOG = textwrap.dedent("""\
 
     Ray: a local Ray is started on 127.0.0.1 unless RAY_ADDRESS names a cluster.
 
-    exit codes: 0 done; 2 bad input (spec, path, data, resources), with a message and no traceback;
-      1 failure (a bug or a library error), with its traceback; 130 interrupted (Ctrl-C).
+    exit codes: 0 done; 2 bad input (spec, path, data, resources; a closed or full standard output), with a
+      message and no traceback; 1 failure (a bug or a library error), with its traceback; 3 launch or resume:
+      every trial failed (the first trial's error is printed); 130 interrupted (Ctrl-C).
     """)
 
 
@@ -114,7 +121,7 @@ def _add_simulate(sub) -> None:
     simulate.add_argument("--seed", type=int, default=0, metavar="K", help="orders the trials (default 0)")
     simulate.add_argument("--trials", type=int, default=None, metavar="N",
                           help="trials per setting (default: every recorded curve once)")
-    from qkvsearch.spaces.loader import SIMULATED_SEARCHERS
+    from qkvsearch.spaces.search_options import SIMULATED_SEARCHERS
 
     simulate.add_argument("--searcher", nargs="+", default=["shuffle"], metavar="NAME",
                           choices=SIMULATED_SEARCHERS,
@@ -136,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     from qkvsearch.spaces import BadInput
 
     handler = _attach_log_handler()
+    out = sys.stdout = GuardedStdout(sys.stdout)
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        out.flush()  # what is still buffered fails here, not when the interpreter exits
+        return _output_failed(args, out) if out.failed else code
+    except OutputFailed:
+        return _output_failed(args, out)
     except BadInput as err:
         text = str(err)
         if len(text) > MESSAGE_LIMIT:
@@ -153,7 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qkvsearch {args.command}: failed (the traceback above says where)", file=sys.stderr)
         return EXIT_FAILURE
     finally:
+        sys.stdout = out.stream
         _detach_log_handler(handler)
+
+
+def _output_failed(args, out) -> int:
+    """One line on stderr (search.monitor.stdout: nothing else of the command's is lost); exit 2."""
+    out.silence()
+    why = out.failed.strerror or type(out.failed).__name__
+    print(f"qkvsearch {args.command}: stdout: expected an output that takes what the command prints, given one "
+          f"that failed ({why}); nothing else was lost", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 class _LineHandler(logging.Handler):
@@ -169,6 +191,8 @@ class _LineHandler(logging.Handler):
                 print(f"{record.levelname.lower()}: {text}", file=sys.stderr, flush=True)
             else:
                 print(text, file=sys.stdout, flush=True)
+        except OutputFailed:  # the command says so once it ends (main)
+            pass
         except Exception:  # logging must not take the command down
             self.handleError(record)
 
@@ -222,8 +246,22 @@ def _closing(exp: str, view) -> int:
     from qkvsearch.search.monitor.progress import read_progress
     from qkvsearch.search.monitor.terminal import closing_summary
 
-    print(closing_summary(read_progress(exp), exp, shown=view.last_line))
-    return EXIT_OK
+    progress = read_progress(exp)
+    print(closing_summary(progress, exp, shown=view.last_line))
+    return closing_code(progress, exp)
+
+
+def closing_code(progress, exp: str) -> int:
+    """How `launch` and `resume` exit once the campaign ended: EXIT_ALL_FAILED, with the first trial's error on
+    stderr, when every trial failed (search.monitor.terminal.all_failed); else EXIT_OK."""
+    from qkvsearch.search.monitor.terminal import all_failed
+
+    first = all_failed(progress)
+    if first is None:
+        return EXIT_OK
+    print(f"qkvsearch: every trial failed; the first: {first} (`qkvsearch status {exp}` shows each error)",
+          file=sys.stderr)
+    return EXIT_ALL_FAILED
 
 
 def cmd_validate(args) -> int:
@@ -247,10 +285,11 @@ def cmd_validate(args) -> int:
 
 def _infeasible_shares(spec) -> str:
     """Per searcher, the share of proposals that break the constraints (searchers.infeasible_share)."""
-    from qkvsearch.search.campaign.searchers import ESTIMATE_TRIALS, infeasible_share
-    from qkvsearch.spaces.loader import ehvi_problem
+    from qkvsearch.search.campaign.assemble import ESTIMATE_TRIALS, infeasible_share
+    from qkvsearch.spaces.search_options import ALGORITHMS, ehvi_problem
 
-    searchers = ("random", "tpe", "nsga2", "gp", *(() if ehvi_problem(o.metric for o in spec.objectives) else ("ehvi",)))
+    ehvi_cannot = ehvi_problem(o.metric for o in spec.objectives)
+    searchers = [a for a in ALGORITHMS if a != "grid" and not (a == "ehvi" and ehvi_cannot)]
     shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS) for a in searchers}
     return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
 
@@ -330,6 +369,10 @@ def cmd_simulate(args) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BadInput(f"--{name}: expected an int >= 1, given {value}")
+    if args.seed < 0:  # numpy's generators take none below 0
+        raise BadInput(f"--seed: expected an int >= 0, given {args.seed}")
+    if args.startup_s is not None and not 0 <= args.startup_s < float("inf"):
+        raise BadInput(f"--startup-s: expected a number of seconds >= 0, given {args.startup_s}")
     objectives = sim.parse_objectives(args.objectives) if args.objectives is not None else None
     from qkvsearch.search.simulation import nasbench
     from qkvsearch.search.simulation.searchers import parse_constraints

@@ -20,7 +20,7 @@ from qkvsearch.search.campaign.preflight import ResourceError, check_local_resou
 from qkvsearch.search.cli import main
 from qkvsearch.spaces import BadInput, SpecError, dimensions, load_campaign
 from qkvsearch.spaces.errors import show
-from qkvsearch.spaces.loader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
+from qkvsearch.spaces.reading import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
 LIMIT = 2000   # characters a refusal may print
 

@@ -1,5 +1,6 @@
-"""The layer map of search/__init__.py holds: no module imports a higher layer, and the layers that read a
-campaign (records, analysis, monitor) load neither Ray, torch nor timm."""
+"""The layer map of search/__init__.py holds: no module imports a higher layer, no modules import each other
+in a circle (function-level imports included), and the layers that read a campaign (records, analysis,
+monitor) load neither Ray, torch nor timm."""
 import ast
 import json
 import subprocess
@@ -18,6 +19,7 @@ LAYERS = [
     ("qkvsearch.search.analysis",),
     ("qkvsearch.search.monitor",),
     ("qkvsearch.search.scheduling",),
+    ("qkvsearch.search.searchers",),
     ("qkvsearch.search.cluster",),
     ("qkvsearch.search.campaign",),
     ("qkvsearch.search.simulation",),
@@ -86,6 +88,44 @@ def test_no_module_imports_a_higher_layer():
             if layer is not None and layer > own:
                 wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} (layer {LAYERS[layer][0]})")
     assert wrong == []
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the modules of the project it imports, anywhere in its file."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for _, target in _imports(path):
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target != name:
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    graph, circles = _graph(), []
+    for start in sorted(graph):  # a circle through start: start reaches itself
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == []
+
+
+MAX_LINES = 450
+
+
+def test_no_module_passes_the_line_limit():
+    long = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert {n: lines for n, lines in long.items() if lines > MAX_LINES} == {}
 
 
 @pytest.mark.parametrize("layer", LIGHT)

@@ -1,0 +1,459 @@
+"""Hostile campaign settings (the spec's fields, campaign folders, tables and streams the commands read or
+write): each is refused with exit 2 and a message naming the field or file, what was expected and what was
+given, never a traceback, and nothing already written is lost. The file beside this one covers hostile spec
+files themselves."""
+from __future__ import annotations
+
+import errno
+import io
+import os
+import sys
+
+import pytest
+import yaml
+from helpers.campaign_files import tree_digest, write_campaign
+
+from qkvsearch.search.cli import main
+from qkvsearch.spaces import BadInput, SpecError, load_campaign
+
+LIMIT = 2000   # characters a refusal may print
+BASE = {"name": "t", "model": {"name": "xcit_nano_12_p16_224"}, "data": {"dataset": "digits"},
+        "train": {"epochs": 2, "batch_size": 8}, "space": {"embedding": ["linear", "sne"]},
+        "search": {"algorithm": "random", "num_trials": 2}}
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """tmp_path as the working folder, so that anything written relative to it shows."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _spec_file(folder, **sections) -> str:
+    spec = {**BASE, "storage": str(folder / "results"), **sections}
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _refused(code: int, out: str, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    for fragment in fragments:
+        assert fragment in err, err
+    assert "Traceback" not in err, err
+    assert len(err) + len(out) < LIMIT, f"{len(err)} characters: {err[:300]}"
+
+
+def _errors(**sections) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_campaign({**BASE, **sections})
+    return info.value.errors
+
+
+# ------------------------------------------------------------------ search.warm_start
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """A refused launch starts no Ray."""
+    import qkvsearch.search.campaign.launch as campaign
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("Ray must not start for a refused launch")
+
+    monkeypatch.setattr(campaign, "connect", refuse)
+
+
+def test_a_warm_start_from_the_campaign_being_overwritten_is_refused_and_the_campaign_kept(workdir, capsys, no_ray):
+    exp = workdir / "results" / "t"
+    write_campaign(exp, ["completed", "failed", "completed"], name="t")
+    before = tree_digest(exp)
+    spec = _spec_file(workdir, search={**BASE["search"], "warm_start": str(exp) + "/"})
+    code, out, err = _run(capsys, "validate", spec)
+    _refused(code, out, err, "search.warm_start: expected an earlier campaign's folder", "own folder")
+    code, out, err = _run(capsys, "launch", spec, "--overwrite")
+    _refused(code, out, err, "search.warm_start", str(exp))
+    assert tree_digest(exp) == before
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("missing", "does not exist"),
+    ("plain-file", "which is a file"),
+    ("empty-folder", "has no qs_campaign.json"),
+    ("damaged", "qs_campaign.json: expected"),
+])
+def test_validate_refuses_a_warm_start_that_is_no_campaign(workdir, capsys, source, fragment):
+    (workdir / "plain-file").write_text("x")
+    (workdir / "empty-folder").mkdir()
+    (workdir / "damaged").mkdir()
+    (workdir / "damaged" / "qs_campaign.json").write_text('{"name": "x", "spec": [1, 2')
+    spec = _spec_file(workdir, search={**BASE["search"], "warm_start": str(workdir / source)})
+    code, out, err = _run(capsys, "validate", spec)
+    _refused(code, out, err, "search.warm_start: ", source, fragment)
+
+
+# ------------------------------------------------------------------ where a campaign writes besides its folder
+
+
+def test_validate_refuses_a_measurement_cache_it_cannot_create(workdir, capsys):
+    (workdir / "file").write_text("x")
+    for cache in (workdir / "file", workdir / "file" / "cache"):
+        spec = _spec_file(workdir, measure={"cache": str(cache)})
+        code, out, err = _run(capsys, "validate", spec)
+        _refused(code, out, err, "measure.cache: expected a folder that exists or can be created", "is a file")
+    spec = _spec_file(workdir, measure={"cache": str(workdir / "new" / "cache")})
+    assert _run(capsys, "validate", spec)[0] == 0
+    assert sorted(p.name for p in workdir.iterdir()) == ["file", "spec.yaml"]   # validate made nothing
+
+
+@pytest.mark.parametrize("tracker,key,value,fragment", [
+    ("optuna", "storage", "sqlite//x", "without the ':' after its scheme"),
+    ("optuna", "storage", "http:/x", "a URL has '//' after 'http:'"),
+    ("optuna", "storage", "redis://host/0", "whose scheme redis optuna does not take"),
+    ("optuna", "storage", "file:///tmp/optuna.journal", "whose scheme file optuna does not take"),
+    ("optuna", "storage", "sqlite://", "an in-memory database"),
+    ("optuna", "storage", "postgresql://host:port/db", "cannot be parsed"),
+    ("mlflow", "tracking_uri", "http//host:5000", "without the ':' after its scheme"),
+    ("mlflow", "tracking_uri", "https://", "a URL without a host"),
+    ("mlflow", "tracking_uri", "file:///tmp/mlruns", "whose scheme file mlflow does not take"),
+    ("mlflow", "tracking_uri", "mysql://", "nothing after its scheme"),
+])
+def test_a_malformed_tracker_location_is_refused_naming_the_field(tmp_path, tracker, key, value, fragment):
+    errors = _errors(storage=str(tmp_path), tracking={tracker: {key: value}})
+    assert len(errors) == 1 and errors[0].startswith(f"tracking.{tracker}.{key}: expected "), errors
+    assert fragment in errors[0], errors
+
+
+@pytest.mark.parametrize("tracker,key,value", [
+    ("optuna", "storage", "garbage"), ("optuna", "storage", "sqlite:///optuna.db"),
+    ("optuna", "storage", "postgresql+psycopg2://user@host:5432/db"), ("mlflow", "tracking_uri", "store/mlflow.db"),
+    ("mlflow", "tracking_uri", "http://127.0.0.1:5000"), ("mlflow", "tracking_uri", "databricks"),
+])
+def test_a_well_formed_tracker_location_is_taken(tmp_path, tracker, key, value):
+    spec = load_campaign({**BASE, "storage": str(tmp_path), "tracking": {tracker: {key: value}}})
+    assert spec.tracking[tracker][key] == value
+
+
+def test_a_tracker_path_lies_in_the_campaign_folder_not_the_working_directory(workdir):
+    from qkvsearch.search.campaign.tracking.mlflow_tracker import default_uri
+    from qkvsearch.search.campaign.tracking.optuna_tracker import open_storage, storage_location
+
+    exp = str(workdir / "results" / "t")
+    assert storage_location({"storage": "garbage"}, exp) == f"{exp}/garbage"
+    assert storage_location({"storage": "sqlite:///optuna.db"}, exp) == f"sqlite:///{exp}/optuna.db"
+    assert storage_location({"storage": "/abs/optuna.journal"}, exp) == "/abs/optuna.journal"
+    assert storage_location({"storage": None}, exp) == f"{exp}/tracking/optuna.journal"
+    open_storage(storage_location({"storage": "garbage"}, exp))
+    assert sorted(os.listdir(workdir)) == ["results"] and os.path.isfile(f"{exp}/garbage")
+    from qkvsearch.spaces.tracking import tracker_location
+
+    assert tracker_location("mlflow", "store/mlflow.db", exp) == f"sqlite:///{exp}/store/mlflow.db"
+    assert tracker_location("mlflow", "http://host:5000", exp) == "http://host:5000"
+    assert default_uri(exp) == f"sqlite:///{exp}/tracking/mlflow.db"
+
+
+def test_a_tracker_file_inside_a_bucket_campaign_or_under_a_file_is_refused(tmp_path, capsys):
+    errors = _errors(storage="s3://bucket/results", tracking={"optuna": {"storage": "optuna.journal"}})
+    assert len(errors) == 1 and errors[0].startswith("tracking.optuna.storage: expected a server URL or an absolute "
+                                                     "path when storage is a bucket"), errors
+    (tmp_path / "file").write_text("x")
+    spec = _spec_file(tmp_path, tracking={"optuna": {"storage": str(tmp_path / "file" / "optuna.journal")}})
+    code, out, err = _run(capsys, "validate", spec)
+    _refused(code, out, err, "tracking.optuna.storage: expected a folder that exists or can be created", "is a file")
+
+
+# ------------------------------------------------------------------ bounds on values
+
+
+@pytest.mark.parametrize("sections,expected", [
+    ({"constraints": {"latency_ms": {"max": -1}}},
+     "constraints.latency_ms.max: expected a number >= 0 (latency_ms cannot be negative), given -1"),
+    ({"constraints": {"params_m": {"min": -0.5, "max": 3}}},
+     "constraints.params_m.min: expected a number >= 0 (params_m cannot be negative), given -0.5"),
+    ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}], "constraints": {"transfer_avg": {"min": 200}}}},
+     "stages.constraints.transfer_avg.min: expected a number in [0, 100] (transfer_avg is a percentage), given 200"),
+    ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}], "constraints": {"top1@digits": {"max": -3}}}},
+     "stages.constraints.top1@digits.max: expected a number in [0, 100] (top1@digits is a percentage), given -3"),
+    ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}],
+                 "ood": {"in_distribution": "digits", "datasets": [{"format": "noise"}]},
+                 "constraints": {"auroc": {"min": 200}}}},
+     "stages.constraints.auroc.min: expected a number in [0, 100] (auroc is a percentage), given 200"),
+    ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}], "objectives": ["fpr95"]}},
+     'stages.objectives[0].metric: expected a metric of a stage the campaign has (top1@<dataset>, transfer_avg, '
+     'or a pretraining metric), given "fpr95", which the ood stage measures: stages has no ood section'),
+    ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}], "constraints": {"det_err": {"max": 5}}}},
+     'stages.constraints.det_err: expected a metric of a stage the campaign has'),
+    ({"search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 20}},
+     "search.n_startup_trials: expected fewer than search.num_trials (8), given 20: every trial would be a random "
+     "start-up one and the Gaussian process would never lead"),
+    ({"search": {"algorithm": "ehvi", "num_trials": 4, "n_startup_trials": 4},
+      "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]},
+     "search.n_startup_trials: expected fewer than search.num_trials (4), given 4"),
+    ({"space": {"depth": {"int": [2, 100000]}}}, "space.depth.int[1]: expected a positive int up to 256, given 100000"),
+    ({"space": {"embed_dim": [64, 10**6]}}, "space.embed_dim.choice[1]: expected a positive int up to 65536"),
+    ({"space": {"num_heads": [10**6]}}, "space.num_heads.choice[0]: expected a positive int up to 65536"),
+    ({"space": {"mlp_ratio": [1000.0]}}, "space.mlp_ratio.choice[0]: expected a number in (0, 64] or null"),
+    ({"space": {"embedding": ["sne"], "hidden_width": [10**6]}},
+     "space.hidden_width.choice[0]: expected a positive int width up to 65536"),
+    ({"space": {"embedding": ["fsne"], "code_size": [10**6]}}, "space.code_size.choice[0]: expected a positive int up to"),
+    ({"model": {"name": "xcit_nano_12_p16_224", "img_size": 100000}}, "model.img_size: expected an int >= 8 up to 8192"),
+    ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1, "img_size": 100000}]}},
+     "stages.finetune[0].img_size: expected an int >= 8 up to 8192"),
+])
+def test_a_value_past_what_its_field_can_mean_is_refused(sections, expected):
+    errors = _errors(**sections)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_bounds_come_from_the_metric_declarations():
+    from qkvsearch.spaces.metrics import BOUNDS, OOD_METRICS, bound_problem, metric_bounds
+
+    assert all(BOUNDS[m] == (0.0, 100.0) for m in (*OOD_METRICS, "transfer_avg", "top1"))
+    assert metric_bounds("top1@cars") == (0.0, 100.0) and metric_bounds("latency_ms") == (0.0, float("inf"))
+    assert bound_problem("auroc", 100.0) is None and bound_problem("gmacs", 0.0) is None
+    spec = load_campaign({**BASE, "constraints": {"latency_ms": {"max": 5}}})   # a sound bound is still taken
+    assert spec.constraints[0].max == 5.0
+
+
+def test_a_runaway_model_size_is_refused_before_it_is_built(workdir, capsys):
+    import time
+
+    from qkvsearch.search.campaign.costs import check_size, estimated_params
+    from qkvsearch.trainers.cost import MAX_PARAMS
+
+    assert estimated_params({"depth": 12, "embed_dim": 192}) == 12 * 192 * 192 * 12   # 12 L d^2 at mlp_ratio 4
+    with pytest.raises(BadInput, match=r"^embed_dim: expected a model of at most 1e\+11 parameters with depth 256"):
+        check_size({"depth": 256, "embed_dim": 65536})
+    assert estimated_params({"depth": 64, "embed_dim": 16384}) > MAX_PARAMS > estimated_params({"embed_dim": 16384})
+    spec = _spec_file(workdir, model={"name": "vit_tiny_patch16_224"},
+                      space={"depth": {"int": [2, 64]}, "embed_dim": [192, 16384]})
+    start = time.monotonic()
+    code, out, err = _run(capsys, "validate", spec)
+    _refused(code, out, err, "embed_dim: expected a model of at most 1e+11 parameters", "depth=64 embed_dim=16384")
+    assert time.monotonic() - start < 60   # the space's other corners are built; this one is not
+
+
+@pytest.mark.parametrize("space,fragment", [
+    ({"mlp_ratio": [0.001]}, "mlp_ratio: expected a ratio giving at least one hidden unit at the token dim 128 "
+                             "(at least 0.00781), given 0.001"),   # xcit_nano: timm's d, read off the model
+    ({"embed_dim": [64], "mlp_ratio": {"float": [0.01, 4.0]}}, "at the token dim 64 (at least 0.0156), given 0.01"),
+])
+def test_an_mlp_of_no_hidden_unit_is_refused(workdir, capsys, space, fragment):
+    code, out, err = _run(capsys, "validate", _spec_file(workdir, space=space))
+    _refused(code, out, err, fragment)
+
+
+def test_a_finetune_img_size_the_patches_do_not_tile_is_refused_by_validate_and_launch(workdir, capsys, no_ray):
+    stages = {"finetune": [{"dataset": "digits", "epochs": 1, "img_size": 32},
+                           {"dataset": "digits_0to8", "epochs": 1, "img_size": 30}]}
+    spec = _spec_file(workdir, model={"name": "xcit_nano_12_p8_224", "img_size": 16}, stages=stages)
+    for command in ("validate", "launch"):
+        code, out, err = _run(capsys, command, spec)
+        _refused(code, out, err, "stages.finetune[1].img_size: expected a multiple of xcit_nano_12_p8_224's patch "
+                                 "size", "given 30")
+        assert "finetune[0]" not in err
+    assert not (workdir / "results").exists()
+
+
+# ------------------------------------------------------------------ a stage's resources against the cluster
+
+
+def _cluster(cpus=8.0, gpus=0.0, **kw):
+    from qkvsearch.search.cluster.capacity import Cluster
+
+    return Cluster(cpus, gpus, 4.0, None, False, **kw)
+
+
+def _staged(**resources):
+    ood = {"in_distribution": "digits", "datasets": [{"format": "noise"}], "resources": resources.pop("ood", {})}
+    return load_campaign({**BASE, "stages": {"finetune": [{"dataset": "digits", "epochs": 1, "resources": resources}],
+                                             "ood": ood}})
+
+
+def test_a_stage_no_node_can_hold_is_refused_naming_its_field():
+    from qkvsearch.search.campaign.preflight import ResourceError, check_stage_resources
+    from qkvsearch.search.cluster.capacity import NodeType
+
+    cluster = _cluster()
+    with pytest.raises(ResourceError) as info:
+        check_stage_resources(_staged(gpus_per_worker=1), cluster)
+    text = str(info.value)
+    assert text.startswith("stages.finetune[0].resources.gpus_per_worker: expected a stage the cluster can hold, "
+                           "given 1 worker(s) x (1 CPU, 1 GPU)"), text
+    assert "the cluster has 8 CPUs, 0 GPUs and no autoscaler" in text
+    assert cluster.waiting_for == ""   # the cluster is left as it was
+    with pytest.raises(ResourceError, match=r"^stages\.finetune\[0\]\.resources\.workers_per_trial: .* = 16 CPUs"):
+        check_stage_resources(_staged(workers_per_trial=16), cluster)
+    with pytest.raises(ResourceError, match=r"^stages\.ood\.resources\.cpus_per_worker: .*(64 CPU, 0 GPU)"):
+        check_stage_resources(_staged(ood={"cpus_per_worker": 64}), cluster)
+    cpu_only = [NodeType("cpu-node", 16.0, 0.0, 10)]
+    with pytest.raises(ResourceError, match="its autoscaler can add only cpu-node"):
+        check_stage_resources(_staged(gpus_per_worker=1), _cluster(node_types=cpu_only, autoscaler="v2"))
+    with pytest.raises(ResourceError, match="its autoscaler reports that no node type"):
+        check_stage_resources(_staged(gpus_per_worker=1), _cluster(autoscaler="v2"), ask=lambda bundles: False)
+
+
+def test_a_stage_that_fits_or_that_the_autoscaler_can_make_room_for_passes():
+    from qkvsearch.search.campaign.preflight import check_stage_resources
+    from qkvsearch.search.cluster.capacity import NodeType
+
+    assert check_stage_resources(_staged(gpus_per_worker=1), _cluster(gpus=2.0)) == []
+    assert check_stage_resources(load_campaign(BASE), _cluster()) == []   # no stages
+    gpu_nodes = _cluster(node_types=[NodeType("gpu-node", 8.0, 1.0, 4)], autoscaler="v2")
+    waiting = check_stage_resources(_staged(gpus_per_worker=1), gpu_nodes)
+    assert len(waiting) == 1 and waiting[0].startswith("stages.finetune[0]: waiting for the autoscaler") \
+        and "gpu-node (8 CPU, 1 GPU)" in waiting[0], waiting
+    asked = []
+    silent = check_stage_resources(_staged(gpus_per_worker=1), _cluster(autoscaler="v2"),
+                                   ask=lambda bundles: asked.append(bundles))
+    assert asked == [[{"CPU": 1.0, "GPU": 1.0}]] and "does not say what it can add" in silent[0]
+
+
+# ------------------------------------------------------------------ qkvsearch simulate: options and tables
+
+
+def _table(folder, name="t.csv", **change) -> str:
+    """A table of 6 curves of 4 epochs (config_w), top1 rising, params_m one value per curve; ``change``:
+    column -> {row: value} (the CSV's data rows, from 0)."""
+    import pandas as pd
+
+    rows = [{"config_w": c, "epoch": e, "top1": 10.0 * c + e, "params_m": 1.0 + c, "epoch_s": 1.0}
+            for c in range(6) for e in range(1, 5)]
+    df = pd.DataFrame(rows).astype({"top1": object, "params_m": object})
+    for column, cells in change.items():
+        for row, value in cells.items():
+            df.loc[row, column] = value
+    path = folder / name
+    df.to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.mark.parametrize("change,argv,expected", [
+    ({}, ["--objectives", "top1:max,top1:min"],
+     "objectives: expected each metric once, given top1 twice (top1:max, top1:min)"),
+    ({}, ["--seed", "-1"], "--seed: expected an int >= 0, given -1"),
+    ({}, ["--startup-s", "-5"], "--startup-s: expected a number of seconds >= 0, given -5.0"),
+    ({}, ["--schedulers", "fifo:grace=2"], "schedulers: expected fifo without options (it stops no trial), "
+                                           "given 'fifo:grace=2'"),
+    ({"top1": {5: "high"}}, [], "column top1: expected numbers (the metric top1), given 'high' in data row 6"),
+    ({"params_m": {2: 9.0}}, [], "column params_m: expected one value per curve (a cost is known before "
+                                 "training), given 1, 9 over the epochs of curve config_w=0"),
+    ({"params_m": {6: None}}, [], "column params_m: expected a cost on every row of a curve, given an empty cell "
+                                  "in data row 7 (curve config_w=1)"),
+    ({}, ["--constraints", "params_m:max=-1"],
+     "constraints: params_m:max: expected a number >= 0 (params_m cannot be negative), given -1"),
+])
+def test_simulate_refuses_what_it_cannot_replay(tmp_path, capsys, change, argv, expected):
+    table = _table(tmp_path, **change)
+    code, out, err = _run(capsys, "simulate", table, "--out", str(tmp_path / "out"), *argv)
+    _refused(code, out, err, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+
+
+def test_simulate_takes_the_same_table_when_it_is_sound(tmp_path, capsys):
+    code, out, err = _run(capsys, "simulate", _table(tmp_path), "--out", str(tmp_path / "out"),
+                          "--schedulers", "fifo", "--seed", "0")
+    assert code == 0, err
+    assert "6 curves" in out
+
+
+# ------------------------------------------------------------------ a standard output that takes nothing
+
+
+class _Failing(io.TextIOBase):
+    """A standard output whose writes fail as a full disk or a closed pipe does."""
+
+    def __init__(self, error: OSError):
+        self.error = error
+
+    def write(self, text):
+        raise self.error
+
+    def flush(self):
+        raise self.error
+
+
+@pytest.mark.parametrize("error,says", [
+    (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+    (BrokenPipeError(errno.EPIPE, "Broken pipe"), "Broken pipe"),
+    (None, "standard output is closed"),   # started with its stdout closed: Python's sys.stdout is None
+])
+def test_cost_into_a_full_or_closed_output_exits_with_one_line(workdir, capsys, monkeypatch, error, says):
+    spec = _spec_file(workdir)
+    stream = None if error is None else _Failing(error)
+    monkeypatch.setattr(sys, "stdout", stream)
+    code = main(["cost", spec, "--csv"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip().splitlines() == [f"qkvsearch cost: stdout: expected an output that takes what the command "
+                                        f"prints, given one that failed ({says}); nothing else was lost"]
+    assert sys.stdout is stream   # main gives back the stream it found
+
+
+# ------------------------------------------------------------------ damaged records: folders and pipes
+
+
+@pytest.mark.timeout(120)   # reading the pipe as a record would block for ever
+@pytest.mark.parametrize("command", [["status"], ["watch", "--once"], ["report"], ["simulate"]])
+def test_a_record_that_is_a_folder_a_pipe_or_a_dead_link_is_reported_like_any_damaged_one(tmp_path, capsys, command):
+    exp = tmp_path / "c"
+    write_campaign(exp, ["completed"] * 5 + ["failed"])
+    trials = exp / "qs_trials"
+    (trials / "t09997.json").mkdir()
+    os.mkfifo(trials / "t09998.json")
+    os.symlink(tmp_path / "nowhere", trials / "t09999.json")
+    argv = [command[0], str(exp), *command[1:]]
+    if command[0] in ("report", "simulate"):
+        argv += ["--out", str(tmp_path / "out")]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    for name, kind in (("t09997", "a folder"), ("t09998", "a pipe, socket or device"),
+                       ("t09999", "a link to nowhere")):
+        assert f"qs_trials/{name}.json: expected a trial record (a file), given {kind}" in err, err
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------ a campaign whose every trial failed
+
+
+@pytest.mark.parametrize("statuses,code", [
+    (["failed", "failed"], 3), (["failed", "completed"], 0), (["failed", "stopped_early"], 0),
+    (["failed", "diverged"], 0), ([], 0),
+])
+def test_launch_exits_3_with_the_first_error_when_every_trial_failed(tmp_path, capsys, statuses, code):
+    from qkvsearch.search.cli import EXIT_ALL_FAILED, closing_code
+    from qkvsearch.search.monitor.progress import read_progress
+
+    exp = str(tmp_path / "c")
+    write_campaign(exp, statuses)
+    assert closing_code(read_progress(exp), exp) == code
+    err = capsys.readouterr().err
+    if code:
+        assert code == EXIT_ALL_FAILED
+        assert err.strip() == (f"qkvsearch: every trial failed; the first: linear-h0-0000: RuntimeError: CUDA out of "
+                               f"memory (`qkvsearch status {exp}` shows each error)"), err
+    else:
+        assert err == ""
+
+
+@pytest.mark.parametrize("damage", ["no tuner.pkl", "searcher state of a newer version"])
+def test_resume_refuses_what_it_cannot_resume_before_writing_anything(tmp_path, capsys, no_ray, damage):
+    import json
+
+    exp = tmp_path / "results" / "t"
+    write_campaign(exp, ["completed", "running"], name="t",
+                   spec=load_campaign({**BASE, "storage": str(tmp_path / "results")}).to_dict())
+    if damage != "no tuner.pkl":
+        (exp / "tuner.pkl").write_bytes(b"")
+        (exp / "searcher-state-2030.pkl").write_text(json.dumps({"format": "qkvsearch-searcher-state",
+                                                                  "version": 99, "algorithm": "random"}))
+    before = tree_digest(exp)
+    code, out, err = _run(capsys, "resume", str(exp))
+    _refused(code, out, err, *(("tuner.pkl",) if damage == "no tuner.pkl" else ("version 99", "up to 1")))
+    assert tree_digest(exp) == before  # the campaign file's ended_at and the records as they were
