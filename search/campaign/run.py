@@ -203,15 +203,19 @@ def _tune_verbosity(verbose: bool) -> int:
     return 1 if verbose else 0  # 1: Tune's trial tables; 0: only the campaign's own lines (search.monitor.terminal)
 
 
+# Read by Tune in the driver while it runs, the same for every campaign of this process (a scoped setting would
+# leave a second campaign of the process without it): no check that each result holds every objective. A trial
+# reports its metrics, not its cost, which the scheduler and the searcher take from the trial
+# (search.campaign.driver); a searcher state saved by an earlier version still names every objective as Tune's
+# metric.
+os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+
+
 @contextlib.contextmanager
 def _tune_environment(verbose: bool):
-    """Tune's settings while it runs the campaign, read from the environment:
-    - its console output: its tables with --verbose, else nothing (its newer output prints an experiment
-      header at any verbosity; its older reporter prints nothing at verbosity 0);
-    - no check that each result holds every objective: a trial reports its metrics, not its cost, which the
-      scheduler and the searcher take from the trial (search.campaign.driver); a searcher state saved by an
-      earlier version still names every objective as Tune's metric."""
-    settings = {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1", **({} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"})}
+    """Tune's console output while it runs the campaign: its tables with --verbose, else nothing (its newer
+    output prints an experiment header at any verbosity; its older reporter prints nothing at verbosity 0)."""
+    settings = {} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"}
     before = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     try:

@@ -271,7 +271,7 @@ class MOASHAScheduler(CheckpointsTrialChanges, FIFOScheduler):
         problem.build_trial; a table's rows hold it in the replay)."""
         config = getattr(trial, "config", None)
         cost = config.get("cost") if isinstance(config, dict) else None
-        known = {**cost, **result} if isinstance(cost, dict) else result
+        known = {**result, **cost} if isinstance(cost, dict) else result
         return [as_float(known.get(m)) for m in self._metrics]
 
     def _assign(self, trial) -> int:

@@ -12,7 +12,6 @@ import csv
 import glob
 import json
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -156,9 +155,9 @@ def _searcher(exp: Path) -> tuple[int, list]:
     with open(sorted(glob.glob(f"{exp}/search_gen_state-*.json"))[-1], "rb") as f:
         counter = cloudpickle.load(f)["counter"]
     with open(sorted(glob.glob(f"{exp}/searcher-state-*.pkl"))[-1], "rb") as f:
-        study = pickle.load(f)["_ot_study"]
-    trials = [(t.number, t.params, next(v for k, v in t.system_attrs.items() if k.endswith(":generation")),
-               t.state.name) for t in study.trials]
+        study = json.load(f)["searcher"]["trials"]  # search.searchers.state: plain data
+    trials = [(t["number"], t["params"], next(v for k, v in t["system_attrs"].items() if k.endswith(":generation")),
+               t["state"]) for t in study]
     return counter, trials
 
 
