@@ -30,8 +30,9 @@ minimum over seeds. Targets (the last column, on means): at 50%, >= 0.97 on orde
 crossing; at 25% and 50%, never more than 0.02 below random search at the same budget.
 Last: the simulator's wall time per 1,000 trials (a 1,053-curve table, 8 at a time).
 
-``--searchers``: the searchers compared instead (random, TPE, NSGA-II, GP on NAS-Bench-201 and the
-synthetic tables, with and without cost constraints): see benchmarks/bench_searchers.py.
+``--searchers``: the searchers compared instead (ehvi, random, TPE, NSGA-II on NAS-Bench-201, HPOLib and
+HPOBench, ehvi's settings chosen on tables left out): see benchmarks/bench_searchers.py; multi-fidelity
+search on recorded curves: benchmarks/bench_multifidelity.py.
 """
 from __future__ import annotations
 

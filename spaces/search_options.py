@@ -9,23 +9,33 @@ from dataclasses import replace
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.checks import POS_INT, integer, one_of
 from qkvsearch.spaces.errors import Collector, section_failed
-from qkvsearch.spaces.metrics import COUNTED_METRICS
+from qkvsearch.spaces.metrics import COUNTED_METRICS, MEASURED_METRICS
 from qkvsearch.spaces.schema import SearchSpec, Space
 from qkvsearch.spaces.sections import as_mapping, optional
 
-ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi")
+ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi", "mfehvi")
 # What `qkvsearch simulate --searcher` offers: the campaign's algorithms but grid, and shuffle (every recorded
 # curve once, in an order drawn from the seed).
 SIMULATED_SEARCHERS = ("shuffle", *(a for a in ALGORITHMS if a != "grid"))
+# algorithms that model one training objective and search over cost objectives known before training (ehvi_problem)
+EHVI_ALGORITHMS = ("ehvi", "mfehvi")
 # search keys that only some algorithms read -> those algorithms
-OPTIONS = {"repeats": ("grid",), "population_size": ("nsga2",), "n_startup_trials": ("gp", "ehvi")}
-GP_STARTUP_TRIALS = 10   # gp, ehvi: random trials before the Gaussian process leads (Optuna's default)
+OPTIONS = {"repeats": ("grid",), "population_size": ("nsga2",), "n_startup_trials": ("gp", "ehvi", "mfehvi")}
+GP_STARTUP_TRIALS = 10   # gp: random trials before the Gaussian process leads (Optuna's default)
+# ehvi, mfehvi: random proposals before the model leads, chosen with ehvi's other settings on tables left out of
+# the choice (benchmarks/README.md, "Searchers compared"; search.searchers.ehvi_core.DEFAULT reads it)
+EHVI_STARTUP_TRIALS = 20
 NSGA2_POPULATION = 50    # nsga2: Optuna's default population
 
 
-def default_startup(num_trials: int) -> int:
-    """n_startup_trials when the file gives none: Optuna's default, or a quarter of a smaller budget."""
-    return max(1, min(GP_STARTUP_TRIALS, num_trials // 4))
+def startup_cap(algorithm: str) -> int:
+    return EHVI_STARTUP_TRIALS if algorithm in EHVI_ALGORITHMS else GP_STARTUP_TRIALS
+
+
+def default_startup(num_trials: int, algorithm: str = "gp") -> int:
+    """n_startup_trials when the file gives none: the algorithm's (startup_cap), or a quarter of a smaller
+    budget."""
+    return max(1, min(startup_cap(algorithm), num_trials // 4))
 
 
 def default_population(num_trials: int) -> int:
@@ -33,16 +43,18 @@ def default_population(num_trials: int) -> int:
     return max(2, min(NSGA2_POPULATION, num_trials // 2))
 
 
-def ehvi_problem(metrics, costs=COUNTED_METRICS) -> str | None:
+def ehvi_problem(metrics, costs=COUNTED_METRICS, measured=MEASURED_METRICS) -> str | None:
     """Why search.algorithm ehvi (search.searchers.ehvi) cannot serve objectives of these metrics, or None: it
-    needs one training objective and one or two cost objectives (``costs``: metrics known before training, a
-    campaign's counted ones by default)."""
+    needs one training objective and one or two cost objectives, each counted before training (``costs``: a
+    campaign's counted metrics by default) or measured before training (``measured``: spaces.metrics.MEASURED
+    by default)."""
     metrics = list(metrics)
-    known = [m for m in metrics if m in costs]
+    known = [m for m in metrics if m in costs or m in measured]
     if len(metrics) - len(known) == 1 and 1 <= len(known) <= 2:
         return None
-    return (f"ehvi expects one training objective and one or two objectives counted before training "
-            f"({', '.join(costs)}), given {', '.join(metrics)}")
+    what = f"counted ({', '.join(costs)})" + (f" or measured ({', '.join(measured)})" if measured else "")
+    return (f"ehvi expects one training objective and one or two cost objectives {what} before training, "
+            f"given {', '.join(metrics)}")
 
 
 def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
@@ -57,7 +69,8 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     # compared": on NAS-Bench-201 CIFAR-10 and CIFAR-100, ehvi holds the most hypervolume at 50 trained
     # configurations, then GP); random for one objective.
     known_cost = ehvi_problem(o.metric for o in objectives)
-    several = ("ehvi" if known_cost is None else "gp") if len(objectives) > 1 else "random"
+    counted_only = ehvi_problem((o.metric for o in objectives), measured=())
+    several = ("ehvi" if counted_only is None else "gp") if len(objectives) > 1 else "random"
     default_algorithm = "grid" if space.enumerable else several
     algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
                                        c, "search.algorithm")
@@ -95,14 +108,14 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                                     "the same one (add space dimensions, or set num_trials: 1)")
     if algorithm == "nsga2" and population is None:
         population = default_population(num_trials)
-    if algorithm == "ehvi" and known_cost:
+    if algorithm in EHVI_ALGORITHMS and known_cost:
         c.add("search.algorithm", known_cost)
     if algorithm in OPTIONS["n_startup_trials"] and startup is None:
-        startup = default_startup(num_trials)
+        startup = default_startup(num_trials, algorithm)
     elif startup is not None and 1 < num_trials <= startup:  # one trial: nothing could make the GP lead
         c.add("search.n_startup_trials", f"expected fewer than search.num_trials ({num_trials}), given {startup}: "
                                          f"every trial would be a random start-up one and the Gaussian process "
-                                         f"would never lead (leave it out for min({GP_STARTUP_TRIALS}, "
+                                         f"would never lead (leave it out for min({startup_cap(algorithm)}, "
                                          f"num_trials // 4))")
     return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm.strip() if warm else None)
 

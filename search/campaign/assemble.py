@@ -15,7 +15,7 @@ from qkvsearch.search.searchers.earlier import known_trials
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.search.searchers.proposals import Proposals
 from qkvsearch.spaces import base_config
-from qkvsearch.spaces.search_options import default_population, default_startup
+from qkvsearch.spaces.search_options import OPTIONS, default_population, default_startup
 
 
 def build_search(spec, exp: str | None = None, storage=None) -> Proposals:
@@ -64,7 +64,7 @@ def infeasible_share(spec, algorithm: str, trials: int = ESTIMATE_TRIALS) -> flo
     infeasible proposals as in a campaign."""
     search = replace(spec.search, algorithm=algorithm, num_trials=trials, warm_start=None,
                      population_size=default_population(trials) if algorithm == "nsga2" else None,
-                     n_startup_trials=default_startup(trials) if algorithm in ("gp", "ehvi") else None)
+                     n_startup_trials=default_startup(trials, algorithm) if algorithm in OPTIONS["n_startup_trials"] else None)
     searcher = build_search(replace(spec, search=search))
     planned = {"qs_epochs_planned": 1.0, "epoch": 1.0}
     for i in range(trials):

@@ -5,7 +5,9 @@ how each trial ended. The campaign (search.campaign) assembles one; `qkvsearch s
     base             the hooks every searcher has (Searcher) and the problem it searches (Problem)
     grid             grid: every configuration in order
     optuna_samplers  random, tpe, nsga2, gp: an Optuna sampler asking and telling a study
-    ehvi             ehvi: a GP on the training objective, EHVI with the costs known before training
+    ehvi             ehvi: a model of the training objective, EHVI with the costs counted or measured before
+                     training (ehvi_core: the search over candidates; surrogate: the models; hvi: the EHVI)
+    mfehvi           mfehvi: ehvi whose model learns every epoch a trial reached (for MO-ASHA)
     outcomes         how a finished trial ended, as every searcher learns it
     problem          a campaign spec's problem; a suggestion made into a trial (build_trial)
     earlier          a warm start's results from an earlier campaign
@@ -26,6 +28,7 @@ SEARCHERS = {
     "nsga2": "qkvsearch.search.searchers.optuna_samplers:NSGA2Searcher",
     "gp": "qkvsearch.search.searchers.optuna_samplers:GPSearcher",
     "ehvi": "qkvsearch.search.searchers.ehvi:EhviSearcher",
+    "mfehvi": "qkvsearch.search.searchers.mfehvi:MFEhviSearcher",
 }
 
 

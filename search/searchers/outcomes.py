@@ -2,7 +2,7 @@
 searcher learn from it (one rule for all of them)."""
 from __future__ import annotations
 
-from qkvsearch.search.records.layout import ORIGINAL_STATUS_KEY, PLANNED_KEY, STATUS_KEY
+from qkvsearch.search.records.layout import _TUNE_KEYS, ORIGINAL_STATUS_KEY, PLANNED_KEY, STATUS_KEY
 from qkvsearch.spaces.checks import finite
 from qkvsearch.spaces.metrics import EPOCH
 
@@ -16,8 +16,14 @@ def outcome_of_result(result: dict | None, error: bool) -> dict:
     if status is None:
         planned = result.get(PLANNED_KEY)
         status = "stopped_early" if planned is not None and result.get(EPOCH, 0) < planned else "completed"
-    metrics = {k: finite(v) for k, v in result.items() if not k.startswith("qs_") and finite(v) is not None}
+    metrics = {k: finite(v) for k, v in result.items() if _reported(k) and finite(v) is not None}
     return {"status": status, "metrics": metrics}
+
+
+def _reported(key: str) -> bool:
+    """A metric the trial reported: not a reserved (qs_) key, Tune's bookkeeping, nor the trial's config as Tune
+    flattens it into the result a searcher gets (``config/...``)."""
+    return not key.startswith(("qs_", "config/")) and key not in _TUNE_KEYS
 
 
 def outcome_state(result: dict | None, error: bool, metrics) -> tuple[str, list[float] | None]:

@@ -77,6 +77,7 @@ class Curves:
     startup_s: float = 0.0
     concurrency: int | None = None
     scheduler: dict = field(default_factory=dict)  # the campaign's: type, grace_epochs, reduction_factor, brackets
+    costs: tuple[str, ...] = TABLE_COSTS  # the metrics known before training (a searcher's known costs)
     finals: np.ndarray = field(init=False)
     reference: np.ndarray = field(init=False)
     grid_hv: float = field(init=False)
@@ -138,11 +139,13 @@ def load_table(path, objectives: Sequence[tuple[str, str]] | None = None) -> Cur
 
 
 def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = None, startup_s: float = 0.0,
-                      concurrency: int | None = None, scheduler: dict | None = None, strict: bool = True) -> Curves:
+                      concurrency: int | None = None, scheduler: dict | None = None, strict: bool = True,
+                      costs: Sequence[str] = ()) -> Curves:
     """A pandas DataFrame in the tabular format -> Curves. ``strict`` (a table): BadInput naming the first
     curve whose epochs are not 1..n (a gap or a repeat). Else (a campaign's records, where a trial may
     still be running or have repeated epochs after a restart) a repeated epoch keeps its last row and
-    the rows after a gap are left out, with a warning."""
+    the rows after a gap are left out, with a warning. ``costs``: columns known before training besides
+    TABLE_COSTS (a packaged benchmark's, search.simulation.packaged)."""
     import pandas as pd
 
     if EPOCH not in df.columns:
@@ -160,6 +163,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     _refuse_text_metrics(df, [c for c in df.columns if c not in skip and c not in metric_cols],
                          {m for m, _ in objectives or ()}, name)
     objectives = _check_objectives(objectives, metric_cols, name)
+    known = (*TABLE_COSTS, *(c for c in costs if c not in TABLE_COSTS))
     secs = pd.to_numeric(df["epoch_s"], errors="coerce") if "epoch_s" in df.columns else pd.Series(np.nan, df.index)
     secs = secs.where(secs > 0)
     overall = float(secs.median()) if secs.notna().any() else 1.0
@@ -172,7 +176,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
     groups = df.groupby(keys, dropna=False, sort=False).indices  # curve key -> its row positions
     if strict:
         _refuse_gaps(groups, epochs, keys, name)
-        _refuse_uneven_costs(df, [c for c in metric_cols if c in TABLE_COSTS], groups, keys, name)
+        _refuse_uneven_costs(df, [c for c in metric_cols if c in known], groups, keys, name)
     for i, (key, idx) in enumerate(groups.items()):
         idx = idx[np.argsort(epochs[idx], kind="stable")]
         keep = _gapless(idx, epochs[idx])
@@ -194,7 +198,7 @@ def curves_from_frame(df, name: str, objectives=None, *, max_t: int | None = Non
         log.warning(f"{name}: left out {dropped} row(s) after a gap or before epoch 1 in their curve")
     planned = max(len(r) for r in results) if max_t is None else int(max_t)
     return Curves(name, ids, configs, results, epoch_s, planned, objectives, startup_s, concurrency,
-                  dict(scheduler or {}))
+                  dict(scheduler or {}), known)
 
 
 def _curve_keys(df, config_cols: list[str], name: str) -> list[str]:
@@ -225,7 +229,7 @@ def _refuse_text_metrics(df, columns: list, named: set, name: str) -> None:
 
 
 def _refuse_uneven_costs(df, costs: list, groups: dict, keys: list[str], name: str) -> None:
-    """BadInput naming a cost column (TABLE_COSTS) that is empty on a row, or changes between one curve's
+    """BadInput naming a cost column (known before training) that is empty on a row, or changes between one curve's
     epochs: a cost is known before training, one value per configuration."""
     def label(key) -> str:
         return clip(", ".join(f"{k}={v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,))))
@@ -348,6 +352,27 @@ def _startup_estimate(trials, epochs) -> float:
     extra = (wall.to_numpy() - spent.reindex(t["trial_id"]).to_numpy())
     extra = extra[np.isfinite(extra)]
     return float(max(0.0, np.median(extra))) if extra.size else 0.0
+
+
+def curves_frame(curves: Curves, metrics: Sequence[str]):
+    """Curves back as a table in the format above (pandas DataFrame): one row per curve and epoch, the config
+    columns that vary between curves, ``epoch``, ``metrics`` (those a row has) and ``epoch_s``; what
+    ``qkvsearch simulate`` reads of a campaign, kept as a file."""
+    import pandas as pd
+
+    keys = [k for k in (curves.configs[0] if curves.configs else {})
+            if len({repr(c.get(k)) for c in curves.configs}) > 1]
+    rows = []
+    for cfg, results, seconds in zip(curves.configs, curves.results, curves.epoch_s):
+        for res, s in zip(results, seconds):
+            row = {f"{CONFIG_PREFIX}{k}": _plain(cfg.get(k)) for k in keys}
+            row.update({EPOCH: int(res[EPOCH]), **{m: res[m] for m in metrics if m in res}, "epoch_s": float(s)})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else value
 
 
 def parse_objectives(text: str) -> list[tuple[str, str]]:

@@ -217,9 +217,11 @@ class Run:
 
 def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CONCURRENCY,
              startup_s: float | None = None, seed: int = 0, num_trials: int | None = None,
-             searcher: str = "shuffle", constraints=()) -> Run:
+             searcher: str = "shuffle", constraints=(), searcher_options: dict | None = None, measured=()) -> Run:
     """Replay one scheduler setting on the curves (see the module doc); searcher: a name of
-    search.simulation.searchers.SEARCHERS, constraints: spaces.schema.Constraint on cost columns."""
+    search.simulation.searchers.SEARCHERS, constraints: spaces.schema.Constraint on cost columns;
+    searcher_options: keyword arguments of the searcher's class; measured: cost columns a campaign would
+    measure (known to the searcher once proposed, search.simulation.searchers.table_problem)."""
     from ray.tune.schedulers import TrialScheduler
 
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -228,7 +230,8 @@ def simulate(curves: Curves, setting: Setting, *, concurrency: int = DEFAULT_CON
     if not (math.isfinite(startup) and startup >= 0):
         raise BadInput(f"startup_s: expected a number >= 0, given {startup_s!r}")
     scheduler = build_scheduler(setting, curves)
-    name, searcher = searcher, make_searcher(searcher, curves, seed, num_trials, constraints)
+    name, searcher = searcher, make_searcher(searcher, curves, seed, num_trials, constraints, searcher_options,
+                                             measured)
     replay = _Replay(curves, scheduler, searcher, startup)
     saved = np.random.get_state()  # Ray's ASHA draws brackets from numpy's global generator
     np.random.seed(seed)

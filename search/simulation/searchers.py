@@ -20,13 +20,14 @@ from __future__ import annotations
 import numpy as np
 
 from qkvsearch.search.records.layout import PLANNED_KEY
-from qkvsearch.search.searchers import make_searcher as make_campaign_searcher
+from qkvsearch.search.searchers import searcher_class
 from qkvsearch.search.searchers.base import FINISHED, Problem
-from qkvsearch.search.simulation.curves import TABLE_COSTS, Curves
+from qkvsearch.search.simulation.curves import Curves
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.metrics import EPOCH, bound_problem
+from qkvsearch.spaces.metrics import EPOCH, MEASURED_METRICS, bound_problem
 from qkvsearch.spaces.schema import Constraint, violations
 from qkvsearch.spaces.search_options import (
+    EHVI_ALGORITHMS,
     GP_STARTUP_TRIALS,
     NSGA2_POPULATION,
     SIMULATED_SEARCHERS,
@@ -55,7 +56,7 @@ def _plain(value):
 def curve_cost(curves: Curves, c: int) -> dict[str, float]:
     """The cost columns of curve c (its first recorded epoch; costs repeat on every row)."""
     first = curves.results[c][0] if curves.results[c] else {}
-    return {m: float(v) for m, v in first.items() if m in TABLE_COSTS}
+    return {m: float(v) for m, v in first.items() if m in curves.costs}
 
 
 def parse_constraints(texts, curves: Curves) -> tuple[Constraint, ...]:
@@ -82,16 +83,18 @@ def parse_constraints(texts, curves: Curves) -> tuple[Constraint, ...]:
 
 
 def table_problem(curves: Curves, seed: int, num_trials: int, constraints=(), n_startup_trials: int | None = None,
-                  population_size: int | None = None) -> Problem:
-    """The problem of a table (module docstring)."""
+                  population_size: int | None = None, measured=()) -> Problem:
+    """The problem of a table (module docstring); measured: cost columns known only once a proposal is made
+    (as a campaign measures a proposal's model before it trains), not among the candidates' costs."""
     space = table_space(curves)
     configs = [{k: _plain(cfg[k]) for k in space} for cfg in curves.configs]
-    costs = [curve_cost(curves, c) for c in range(len(curves))]
+    costs = [{m: v for m, v in curve_cost(curves, c).items() if m not in measured} for c in range(len(curves))]
 
     def draw(trial) -> dict:
         return {k: trial.suggest_categorical(k, values) for k, values in space.items()}
 
-    return Problem(objectives=tuple(curves.objectives), constraints=tuple(constraints), known=TABLE_COSTS,
+    known = tuple(m for m in curves.costs if m not in measured)
+    return Problem(objectives=tuple(curves.objectives), constraints=tuple(constraints), known=known,
                    seed=seed, num_trials=num_trials, draw=draw,
                    candidates=lambda: (configs, costs, [True] * len(configs)),
                    n_startup_trials=n_startup_trials, population_size=population_size)
@@ -104,19 +107,27 @@ class TableSearch:
     the searcher (``<trial id>#<n>``): a proposal that takes no slot is told at once under it."""
 
     def __init__(self, curves: Curves, algorithm: str, seed: int, num_trials: int | None = None,
-                 constraints=(), n_startup_trials: int | None = None, population_size: int | None = None):
+                 constraints=(), n_startup_trials: int | None = None, population_size: int | None = None,
+                 options: dict | None = None, measured=()):
         if algorithm not in SEARCHERS[1:]:
             raise BadInput(f"searcher: expected one of {', '.join(SEARCHERS)}, given {algorithm!r}")
-        if algorithm == "ehvi" and ehvi_problem(curves.metrics, TABLE_COSTS):
-            raise BadInput(f"searcher: {ehvi_problem(curves.metrics, TABLE_COSTS)}")
+        bad = [m for m in measured if m not in curves.costs or m not in MEASURED_METRICS]
+        if bad:
+            raise BadInput(f"measured: expected cost columns of measured metrics ({', '.join(MEASURED_METRICS)}), "
+                           f"given {', '.join(bad)}")
+        known = tuple(m for m in curves.costs if m not in measured)
+        if algorithm in EHVI_ALGORITHMS and ehvi_problem(curves.metrics, known, tuple(measured)):
+            raise BadInput(f"searcher: {ehvi_problem(curves.metrics, known, tuple(measured))}")
         self.curves, self.max_t = curves, curves.max_t
         self.num_trials = len(curves) if num_trials is None else num_trials
         self.constraints = tuple(constraints)
         # Optuna's own start-up design and population, whatever the budget (as benchmarks/bench_searchers.py
         # measured the searchers); a campaign scales them down to a small budget (spaces.search_options).
-        problem = table_problem(curves, seed, self.num_trials, self.constraints,
-                                n_startup_trials or GP_STARTUP_TRIALS, population_size or NSGA2_POPULATION)
-        self.searcher = make_campaign_searcher(algorithm, problem)
+        # ehvi's start-up is its settings' unless given.
+        startup = n_startup_trials or (None if algorithm in EHVI_ALGORITHMS else GP_STARTUP_TRIALS)
+        problem = table_problem(curves, seed, self.num_trials, self.constraints, startup,
+                                population_size or NSGA2_POPULATION, tuple(measured))
+        self.searcher = searcher_class(algorithm)(problem, **(options or {}))
         self.space = table_space(curves)
         self.index = {tuple(_plain(cfg[k]) for k in self.space): c for c, cfg in enumerate(curves.configs)}
         self.trial_of: dict[str, tuple[int, str]] = {}      # trial id -> (curve, the searcher's proposal id)
@@ -160,7 +171,8 @@ class TableSearch:
         return None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        pass  # several objectives: nothing learnt before a trial ends
+        _, pid = self.trial_of[trial_id]
+        self.searcher.on_trial_result(pid, {PLANNED_KEY: float(self.max_t), **result})
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         c, pid = self.trial_of.pop(trial_id)
@@ -230,10 +242,12 @@ class FeasibleShuffle:
         pass
 
 
-def make_searcher(name: str, curves: Curves, seed: int, num_trials: int | None = None, constraints=()):
-    """The replay's searcher by name (SEARCHERS); ``shuffle`` without constraints is ShuffledCurves itself."""
+def make_searcher(name: str, curves: Curves, seed: int, num_trials: int | None = None, constraints=(),
+                  options: dict | None = None, measured=()):
+    """The replay's searcher by name (SEARCHERS); ``shuffle`` without constraints is ShuffledCurves itself.
+    options: keyword arguments of the searcher's class (a benchmark's settings); measured: TableSearch's."""
     if name == "shuffle":
         if constraints:
             return FeasibleShuffle(curves, seed, num_trials, constraints)
         return ShuffledCurves(len(curves), seed, num_trials)
-    return TableSearch(curves, name, seed, num_trials, constraints)
+    return TableSearch(curves, name, seed, num_trials, constraints, options=options, measured=measured)

@@ -15,6 +15,8 @@ from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.spaces.search_options import ALGORITHMS
 
 EARLIER = REPO / "tests" / "fixtures" / "earlier"
+# the algorithms the fixtures' version had (mfehvi came later: no campaign of that version can name it)
+EARLIER_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "mfehvi")
 
 
 def _tune_trials(exp) -> list[str]:
@@ -22,7 +24,7 @@ def _tune_trials(exp) -> list[str]:
     return [json.loads(t[0])["trial_id"] for t in state["trial_data"]]
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", EARLIER_ALGORITHMS)
 def test_each_fixture_was_stopped_with_trials_left_to_suggest(algorithm):
     exp = EARLIER / algorithm
     planned = json.loads((exp / "qs_campaign.json").read_text())["spec"]["search"]["num_trials"]
@@ -33,7 +35,7 @@ def test_each_fixture_was_stopped_with_trials_left_to_suggest(algorithm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", EARLIER_ALGORITHMS)
 def test_an_earlier_campaign_resumes_and_reports(ray_local, tmp_path, algorithm):
     import pyarrow.parquet as pq
 

@@ -32,7 +32,7 @@ def test_every_algorithm_a_campaign_may_name_has_a_searcher():
         assert issubclass(cls, Searcher) and cls.name == name
         for hook in ("suggest", "on_trial_complete", "state", "restore"):  # what the base leaves to each
             assert getattr(cls, hook) is not getattr(Searcher, hook), f"{name} does not implement {hook}"
-    with pytest.raises(ValueError, match="search.algorithm: expected one of grid, random, tpe, nsga2, gp, ehvi"):
+    with pytest.raises(ValueError, match="search.algorithm: expected one of grid, random, tpe, nsga2, gp, ehvi, mfehvi"):
         searcher_class("bayes")
 
 
@@ -49,7 +49,7 @@ def _spec(algorithm: str):
     search = {"algorithm": algorithm, "seed": 2}
     if algorithm != "grid":
         search.update(num_trials=12)
-    if algorithm in ("gp", "ehvi"):
+    if algorithm in ("gp", "ehvi", "mfehvi"):
         search.update(n_startup_trials=3)
     return load_campaign({**SPEC, "search": search})
 

@@ -173,8 +173,11 @@ def grid_table(epochs: int = 9) -> pd.DataFrame:
                          "epoch": np.tile(e, n), "top1": top1.reshape(-1), "params_m": np.repeat(params, epochs)})
 
 
-@pytest.mark.parametrize("searcher", ["shuffle", "random", "tpe", "nsga2", "gp", "ehvi"])
+@pytest.mark.parametrize("searcher", ["shuffle", "random", "tpe", "nsga2", "gp", "ehvi", "mfehvi"])
 def test_each_searcher_drives_a_table_replay_deterministically_for_a_seed(searcher):
+    from qkvsearch.spaces.search_options import SIMULATED_SEARCHERS
+
+    assert searcher in SIMULATED_SEARCHERS and len(SIMULATED_SEARCHERS) == 7   # every one of them is here
     curves = curves_from_frame(grid_table(), "g", TWO)
     setting = Setting("moasha", 1, 3, 2)
     a, b, c = (simulate(curves, setting, concurrency=2, seed=s, num_trials=14, searcher=searcher) for s in (3, 3, 4))
@@ -182,6 +185,10 @@ def test_each_searcher_drives_a_table_replay_deterministically_for_a_seed(search
     assert len(set(a.end_curve.tolist())) == 14  # a configuration is trained once
     if searcher == "ehvi":  # what it read: trained ones with their top1, stopped ones without a result
         assert len(a.searcher.searcher.core.results) == a.complete > 0 and len(a.searcher.searcher.core.tried) == 14
+    elif searcher == "mfehvi":  # and every epoch each reached, stopped ones included
+        core = a.searcher.searcher.core
+        assert len(core.results) == a.complete > 0 and len(core.epochs) == 14 and core.planned == 9
+        assert sum(len(e) for e in core.epochs.values()) == a.epochs
     elif searcher != "shuffle":
         import optuna
 
@@ -207,6 +214,24 @@ def test_constrained_replay_trains_only_feasible_curves_and_the_searcher_learns_
         parse_constraints(["top1:max=3"], curves)
     known = simulate(curves, Setting("fifo"), concurrency=2, seed=0, num_trials=10, searcher="ehvi", constraints=cons)
     assert known.infeasible_share == 0 and all(curves.results[c][0]["params_m"] <= 4.5 for c in known.end_curve)
+
+
+def test_a_measured_cost_is_known_to_ehvi_once_proposed_and_the_replay_is_deterministic():
+    """latency_ms measured (as a campaign measures a proposal's model before it trains): the candidates'
+    costs lack it, each proposal's is learnt; known, every candidate's is there from the start."""
+    df = grid_table(1).assign(latency_ms=lambda d: 2.0 + d["config_a"] + 0.1 * d["config_b"])
+    curves = curves_from_frame(df, "g", [("top1", "max"), ("latency_ms", "min")])
+    a, b = (simulate(curves, Setting("fifo"), concurrency=2, seed=1, num_trials=12, searcher="ehvi",
+                     measured=("latency_ms",)) for _ in range(2))
+    assert _trace(a) == _trace(b) and a.complete == 12
+    costs = a.searcher.searcher.core.costs[:, 0]
+    measured = np.flatnonzero(~np.isnan(costs))
+    assert sorted(measured.tolist()) == sorted(a.end_curve.tolist())   # measured: exactly those proposed
+    assert costs[measured].tolist() == [curves.results[c][0]["latency_ms"] for c in measured]
+    known = simulate(curves, Setting("fifo"), concurrency=2, seed=1, num_trials=12, searcher="ehvi")
+    assert not np.isnan(known.searcher.searcher.core.costs).any()
+    with pytest.raises(BadInput, match="measured: expected cost columns of measured metrics"):
+        simulate(curves, Setting("fifo"), seed=1, num_trials=2, searcher="ehvi", measured=("top1",))
 
 
 @pytest.mark.timeout(120)

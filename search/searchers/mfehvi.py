@@ -1,0 +1,124 @@
+"""``mfehvi``: ehvi that learns from every epoch a trial reached, for campaigns whose scheduler stops trials
+early (MO-ASHA).
+
+ehvi learns a trial's final value only: a trial MO-ASHA stopped at its first rung teaches it nothing, though
+its epochs were paid for. Here the model's observations are (configuration, fidelity) -> the training
+objective, fidelity s = log(epoch) / log(planned epochs) in [0, 1], one per epoch of a trial on the ladder
+1, 3, 9, ... (the rungs of MO-ASHA's default reduction factor) plus the last epoch it reached, whether it went
+on, was stopped or completed; s is one more input of the GP, with a length scale of its own (a curve-aware
+surrogate, as in freeze-thaw and multi-task Bayesian optimisation, rather than BOHB's one model per rung).
+Each proposal is the candidate of largest expected hypervolume improvement of its predicted final value
+(s = 1) against the front of the completed trials (search.searchers.ehvi_core). The start-up ends once START
+configurations have reported an epoch.
+
+State: ehvi's, plus every recorded epoch by configuration and the planned epochs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qkvsearch.search.records.layout import PLANNED_KEY
+from qkvsearch.search.searchers.ehvi import EhviSearcher, config_key
+from qkvsearch.search.searchers.ehvi_core import EHVICore
+from qkvsearch.spaces.checks import finite
+from qkvsearch.spaces.metrics import EPOCH
+
+LADDER = 3   # observations kept per trial: epochs 1, 3, 9, ... and its last
+
+
+def fidelity(epoch: float, planned: int) -> float:
+    return math.log(epoch) / math.log(planned) if planned > 1 else 1.0
+
+
+class MFCore(EHVICore):
+    """EHVICore whose model learns every kept epoch (module docstring). ``epochs``: candidate -> {epoch: value,
+    maximised sign}; ``planned``: the planned epochs (from the results)."""
+
+    def __init__(self, features, groups, *args, **kwargs):
+        groups = np.asarray(groups, int)
+        super().__init__(np.column_stack([features, np.ones(len(features))]),
+                         np.append(groups, groups.max() + 1 if len(groups) else 0), *args, **kwargs)
+        self.epochs: dict[int, dict[int, float]] = {}
+        self.planned = 1
+
+    def record(self, index: int, epoch: int, value: float, planned: int | None) -> None:
+        if planned:
+            self.planned = max(self.planned, int(planned))
+        if epoch >= 1 and math.isfinite(value):
+            self.epochs.setdefault(index, {})[int(epoch)] = self.sign * float(value)
+
+    def observed(self) -> int:
+        return len(set(self.epochs) | set(self.results))
+
+    def kept(self, index: int) -> dict[int, float]:
+        """The epochs of a candidate the model learns: on the ladder, its last, and its final result."""
+        points = dict(self.epochs.get(index, {}))
+        if index in self.results:
+            points[self.planned] = self.results[index]
+        last = max(points) if points else 0
+        return {e: v for e, v in points.items() if e == last or LADDER ** round(math.log(e, LADDER)) == e}
+
+    def training_data(self):
+        xs, ys, final = [], [], {}
+        for i in sorted(set(self.epochs) | set(self.results)):
+            for e, v in sorted(self.kept(i).items()):
+                xs.append(np.append(self.features[i, :-1], fidelity(e, self.planned)))
+                ys.append(v)
+                if i in self.results and e == self.planned:
+                    final[i] = len(ys) - 1
+        rows = np.array([final[i] for i in sorted(self.results)], dtype=int)
+        return np.array(xs).reshape(len(ys), -1), np.array(ys), rows
+
+    def prediction_inputs(self, index: np.ndarray) -> np.ndarray:
+        return self.features[index]   # its last column is 1: the planned epochs
+
+    def state(self) -> dict:
+        return {**super().state(), "planned": self.planned,
+                "epochs": [[int(i), [[int(e), float(v)] for e, v in sorted(c.items())]] for i, c in self.epochs.items()]}
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        self.planned = int(state.get("planned", 1))
+        self.epochs = {int(i): {int(e): float(v) for e, v in c} for i, c in state.get("epochs", [])}
+
+
+class MFEhviSearcher(EhviSearcher):
+    """``mfehvi`` (module docstring): ehvi's searcher, its core an MFCore fed by every epoch's result."""
+
+    name = "mfehvi"
+
+    def make_core(self, features, groups, costs, feasible, side) -> MFCore:
+        return MFCore(features, groups, costs, feasible, self.problem.modes[self.train] == "max",
+                      self.problem.seed, self.settings, self.problem.n_startup_trials, self.measured,
+                      [1.0 if d == "min" else -1.0 for _, d in self.cost_objectives], side)
+
+    def _record(self, trial_id: str, result: dict | None) -> None:
+        pick = self.proposed.get(trial_id)
+        value = finite((result or {}).get(self.problem.metrics[self.train]))
+        epoch = finite((result or {}).get(EPOCH))
+        if pick is not None and value is not None and epoch is not None:
+            self.core.record(pick, int(epoch), value, finite(result.get(PLANNED_KEY)))
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self._record(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        self._record(trial_id, result)   # a stopped trial's last epoch too: what it reached is learnt
+        super().on_trial_complete(trial_id, result, error)
+
+    def state(self) -> dict:
+        out = super().state()
+        if out["core"] is not None:
+            keys = [config_key(c) for c in self.candidates]
+            out["core"]["epochs"] = [[keys[i], e] for i, e in out["core"]["epochs"]]
+        return out
+
+    def restore(self, state: dict) -> None:
+        if state.get("core") is not None:
+            core = dict(state["core"])
+            _ = self.core  # the candidates and their index, made at the first use
+            core["epochs"] = [[self.index[k], e] for k, e in core.get("epochs", []) if k in self.index]
+            state = {**state, "core": core}
+        super().restore(state)
