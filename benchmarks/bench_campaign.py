@@ -51,6 +51,7 @@ def run_campaign(spec: dict) -> tuple[float, list[dict], dict[str, float]]:
     from qkvsearch.search.monitor.status import load_records
     from qkvsearch.spaces import load_campaign
 
+    os.environ.setdefault("QKVSEARCH_TUNE_DEFAULTS", "1")  # Tune's result.json files: engine_setup_s reads them
     t0 = time.perf_counter()
     exp = launch(load_campaign(spec))
     return time.perf_counter() - t0, load_records(exp), engine_setup_s(exp)

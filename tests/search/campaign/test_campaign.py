@@ -75,6 +75,7 @@ def campaign(ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("campaign")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QKVSEARCH_FAULTS", FAULTS)
+        mp.setenv("QKVSEARCH_TUNE_DEFAULTS", "1")  # Tune's result.json files: _trial_pids reads them
         exp = launch(load_campaign(_spec(tmp)))
     return Path(exp), load_records(exp)
 

@@ -105,8 +105,10 @@ def watched(tmp_path_factory):
     spec = write_spec(tmp / "spec.yaml", _spec(tmp))
     seen: dict = {"prometheus": None}
     start = time.time()
-    # Ray's agents push metrics every second (default 10 s), so a short campaign is seen in full.
-    with LiveCampaign(["launch", str(spec)], tmp, env={"RAY_metrics_report_interval_ms": "1000"}) as run:
+    # Ray's agents push metrics every second (default 10 s), so a short campaign is seen in full; Tune's
+    # result.json files give the process each trial ran in (search.campaign.tune_settings turns them off).
+    env = {"RAY_metrics_report_interval_ms": "1000", "QKVSEARCH_TUNE_DEFAULTS": "1"}
+    with LiveCampaign(["launch", str(spec)], tmp, env=env) as run:
         url = run.line_starting("Ray dashboard: ", 180).split()[2]
         token = auth_token()
         seen["token"], seen["header"] = token, run.stdout()

@@ -705,3 +705,20 @@ def test_every_scheduler_type_a_campaign_file_may_name_has_a_builder():
         built = make_scheduler(kind, max_t=9, metrics=["top1", "gmacs"], modes=["max", "min"], metric="top1",
                                mode="max")
         assert hasattr(built, "on_trial_result") and hasattr(built, "choose_trial_to_run")
+
+
+def test_forced_saves_take_a_bounded_share_of_the_driver_once_they_are_slow():
+    from qkvsearch.search.scheduling.tune_schedulers import CHEAP_SAVE_S, SAVE_SHARE, save_due
+
+    assert save_due(CHEAP_SAVE_S / 2, 0.0)  # a quick save follows every trial change
+    slow = 4 * CHEAP_SAVE_S
+    assert not save_due(slow, slow / SAVE_SHARE * 0.99)
+    assert save_due(slow, slow / SAVE_SHARE)
+    # over a long run of changes, the time spent saving stays within the share (plus one save)
+    clock, saving, last, since = 0.0, 0.0, slow, 0.0
+    for _ in range(10_000):
+        clock += 0.01
+        since += 0.01
+        if save_due(last, since):
+            saving, clock, since = saving + slow, clock + slow, 0.0
+    assert saving <= SAVE_SHARE * clock + slow
