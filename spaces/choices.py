@@ -1,5 +1,6 @@
 """The values of the choice keys, one table each: ``embedding``, ``attention``, ``pos_embed``,
-``patch_embed``, ``key``, and the model families that the ``model`` name decides.
+``patch_embed``, ``key``, the precisions of the quantization policy's keys (``quant_qkv``, ``quant_proj``,
+``quant_mlp``: one table for the three), and the model families that the ``model`` name decides.
 
 Each table maps a name to a ``Choice`` whose ``target`` names, as ``"module:Class"``, the trainers class
 that builds the choice and counts its parameters and MACs. The names are strings here and are resolved by
@@ -35,6 +36,7 @@ class Choice:
     size_key: str | None = None         # attention: the key that sizes it (features, length, landmarks)
     needs: tuple[Need, ...] = ()        # what it cannot be combined with
     rotary: bool = False                # positions: rotate q and k inside the attention
+    tag: str = ""                       # precision: how trial names show it (fp: nothing)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ ATTENTION_CHOICES: dict[str, Choice] = {
                                                "al.)",
                    needs=(Need("embedding", ("linear",), f"FNet mixes tokens by Fourier transforms: {_NO_QKV}"),
                           Need("key", ("shared",), "FNet has no key"),
-                          Need("pos_embed", UNROTATED, "RoPE rotates q and k, which FNet has not"))),
+                          Need("pos_embed", UNROTATED, "RoPE rotates q and k, which FNet has not"),
+                          Need("quant_qkv", ("fp",), "FNet has no q/k/v projection to quantize"),
+                          Need("quant_proj", ("fp",), "FNet has no output projection to quantize"))),
 }
 
 STEM_CHOICES: dict[str, Choice] = {
@@ -98,7 +102,28 @@ STEM_CHOICES: dict[str, Choice] = {
 
 KEY_CHOICES: dict[str, Choice] = {
     "shared": Choice(_T + "attention.manifold:SharedKey", "the key comes from the q/k/v embedding"),
-    "manifold": Choice(_T + "attention.manifold:ManifoldKey", "charts apart from q and v (arXiv 2402.00534)"),
+    "manifold": Choice(_T + "attention.manifold:ManifoldKey", "charts apart from q and v (arXiv 2402.00534)",
+                       needs=(Need("quant_qkv", ("fp",), "the manifold key's charts compute with batched matmuls, "
+                                                         "which int8 quantization of linears does not reach"),)),
+}
+
+# The precision of a part of the network under a quantization policy (trainers.quantize): applied after training,
+# uniform over the blocks; the patch embedding and the head stay in the model's own precision.
+PRECISION_CHOICES: dict[str, Choice] = {
+    "fp": Choice(_T + "quantize:FullPrecision", "the model's own precision (fp32; bf16 autocast on CUDA)"),
+    "int8_weight_only": Choice(_T + "quantize:Int8WeightOnly", "int8 weights, one scale per output channel; "
+                                                               "activations and matmuls in floating point",
+                               tag="w8"),
+    "int8_dynamic": Choice(_T + "quantize:Int8Dynamic", "int8 weights per output channel and int8 activations "
+                                                        "per token, scaled at run time; int8 matmuls", tag="a8w8"),
+}
+FULL_PRECISION = "fp"
+# The parts a policy sets, each by its key: what each holds, in every block (class-attention blocks included).
+QUANT_PARTS: dict[str, str] = {
+    "quant_qkv": "the q/k/v embedding's linears (timm's fused qkv, SNE / P-SNE / F-SNE layers, class attention's "
+                 "q, k, v)",
+    "quant_proj": "the attention's output projection",
+    "quant_mlp": "the MLP's linears (an MLP-Mixer's channel MLP)",
 }
 
 VIT, XCIT, MIXER = "vit", "xcit", "mixer"
@@ -110,7 +135,9 @@ FAMILIES: dict[str, Family] = {
     MIXER: Family(_T + "hosts:Mixer", ("mixer_",), "an MLP-Mixer",
                   "is an MLP-Mixer: token-mixing MLPs, no attention, class token or positions",
                   needs=(Need("embedding", ("linear",), f"{_MIXER_WHY}: {_NO_QKV}"),
-                         Need("key", ("shared",), f"{_MIXER_WHY}: there is no key"))),
+                         Need("key", ("shared",), f"{_MIXER_WHY}: there is no key"),
+                         Need("quant_qkv", ("fp",), f"{_MIXER_WHY}: there is no q/k/v to quantize"),
+                         Need("quant_proj", ("fp",), f"{_MIXER_WHY}: there is no attention projection to quantize"))),
 }
 
 # key -> its table (the model family is decided by the model name: model_family)
@@ -134,14 +161,24 @@ def sized_by(key: str) -> tuple[str, ...]:
 
 
 def unmet_need(cfg: Mapping, family: str) -> tuple[str, str, Any] | None:
-    """(key, expected, given) of the first value a chosen attention or the model's ``family`` cannot work with."""
+    """(key, expected, given) of the first value a chosen attention or key, or the model's ``family``, cannot work
+    with."""
     owners = [(f"model {cfg.get('model')}", FAMILIES[family].needs)]
     attention = ATTENTION_CHOICES.get(cfg.get("attention"))
     if attention is not None:
         owners.append((f"attention {cfg['attention']}", attention.needs))
+    key = KEY_CHOICES.get(cfg.get("key"))
+    if key is not None:
+        owners.append((f"key {cfg['key']}", key.needs))
     for owner, needs in owners:
         for need in needs:
             given = cfg.get(need.key)
             if given is not None and given not in need.allowed:
                 return need.key, f"{' or '.join(need.allowed)} with {owner} ({need.why})", given
     return None
+
+
+def policy_text(policy: Mapping[str, str]) -> str:
+    """A quantization policy (spaces.keys.quant_policy: quant key -> precision, parts in full precision left
+    out) as people read it: ``qkv int8_dynamic, mlp int8_weight_only``, or ``fp`` when it quantizes nothing."""
+    return ", ".join(f"{k.removeprefix('quant_')} {v}" for k, v in policy.items()) or FULL_PRECISION

@@ -45,9 +45,12 @@ from qkvsearch.spaces.choices import (
     ATTENTION_CHOICES,
     EMBEDDING_CHOICES,
     FAMILIES,
+    FULL_PRECISION,
     KEY_CHOICES,
     MIXER,
     POSITION_CHOICES,
+    PRECISION_CHOICES,
+    QUANT_PARTS,
     STEM_CHOICES,
     VIT,
     XCIT,
@@ -65,6 +68,7 @@ POS_EMBEDS = tuple(POSITION_CHOICES)
 PATCH_EMBEDS = tuple(STEM_CHOICES)
 KEY_KINDS = tuple(KEY_CHOICES)
 KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
+PRECISIONS = tuple(PRECISION_CHOICES)
 # the size key of each attention that has one
 ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}
 
@@ -92,8 +96,10 @@ DATASETS = tuple(DATASET_INFO)
 
 # ---------------------------------------------------------------------------------------------- the keys
 
-GROUPS = ("model", "embedding", "data", "train")
+GROUPS = ("model", "embedding", "quant", "data", "train")
 MODEL_GROUPS = ("model", "embedding")   # the keys that decide the model, hence its cost
+# quant: the quantization policy, applied after training (trainers.quantize): it decides the deployed model's
+# precision, hence its measured cost, size and top1_q, but neither the training nor the counted params and MACs.
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="model"),
     _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
        section="model", report=True),
+    # quantization policy (the space sets them): one precision per part, uniform over the blocks
+    *(_k(key, "quant", one_of(*PRECISIONS), FULL_PRECISION,
+         f"precision of {what}, applied after training: " + " | ".join(PRECISIONS), report=True)
+      for key, what in QUANT_PARTS.items()),
     # data (campaign section `data`)
     _k("dataset", "data", one_of(*DATASETS), "digits", "dataset: " + " | ".join(DATASETS),
        section="data", searchable=False),
@@ -231,6 +241,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("loader_workers", "train", NONNEG_INT, 0, "DataLoader processes per worker (PIL-decoded datasets)",
        section="train"),
 )}
+
+QUANT_KEYS = tuple(QUANT_PARTS)   # the quantization policy's keys, one per part
 
 # The architecture keys (trainers.architecture): the macro shape, then the attention design.
 MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size")
@@ -411,12 +423,21 @@ def flatten(section: str, values: Mapping) -> dict:
     return {table[k].name: v for k, v in values.items()}
 
 
-def identity(config: Mapping, ignore: tuple[str, ...] = ()) -> str:
+def identity(config: Mapping, ignore: tuple[str, ...] = (), policy: bool = False) -> str:
     """What makes two resolved trials the same training: the config with null keys (those that do not
     apply to the trial) left out, and the solved ``width`` standing for the requested ``hidden_width``.
-    ``ignore``: keys left out too (``("seed",)`` groups the repeats of one configuration)."""
+    The quantization policy changes nothing in training: its keys are left out, unless ``policy`` (then
+    the trained model as deployed: a part in full precision is left out still, so a config without policy
+    keys and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``
+    groups the repeats of one configuration)."""
     skip = {"hidden_width", *ignore}
-    return json.dumps({k: v for k, v in config.items() if v is not None and k not in skip}, sort_keys=True)
+    return json.dumps({k: v for k, v in config.items() if v is not None and k not in skip
+                       and (k not in QUANT_KEYS or (policy and v != FULL_PRECISION))}, sort_keys=True)
+
+
+def quant_policy(config: Mapping) -> dict:
+    """The parts a config quantizes: quant key -> precision, the parts in full precision left out ({}: none)."""
+    return {k: config[k] for k in QUANT_KEYS if config.get(k) not in (None, FULL_PRECISION)}
 
 
 def require_filled(cfg) -> dict:

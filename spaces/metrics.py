@@ -13,13 +13,18 @@ METRICS: dict[str, str] = {
     "train_s_total": "min",                                                   # per trial: sum of train_s
     "gmacs": "min", "params_m": "min", "params": "min", "embed_params": "min",  # cost, before training
     "epoch_step_ms": "min", "epoch_peak_mem_gb": "min",                       # per epoch, as training saw them
+    "top1_q": "max",   # per trial, once it has trained: top-1 of its model under its quantization policy
 }
+# A metric known only once a trial has completed -> the per-epoch metric schedulers rank its rungs by.
+RANKED_BY = {"top1_q": "top1"}
 # Cost measured on the trials' device before training (trainers.measure): metric -> (mode, unit, what).
 MEASURED: dict[str, tuple[str, str, str]] = {
     "latency_ms": ("min", "ms", "inference of measure.latency_batch images (median; p90 kept)"),
     "throughput": ("max", "images/s", "inference at measure.batch images a forward"),
     "train_step_ms": ("min", "ms", "forward, backward and optimizer step at the trial's per-worker batch"),
     "peak_mem_gb": ("min", "GB", "peak memory of that training step"),
+    "size_mb": ("min", "MB", "the weights as stored under the quantization policy: bytes of the state_dict's "
+                             "tensors (int8 data and scales of a quantized linear), 1e6 bytes"),
 }
 METRICS.update({name: mode for name, (mode, _, _) in MEASURED.items()})
 MEASURED_METRICS = tuple(MEASURED)
@@ -60,8 +65,13 @@ SCHEDULER_METRICS = ("top1", "top5", "val_loss", "train_loss")        # change f
 # is then that bound, and an objective's or constraint's bound outside it is refused. Every metric here is
 # >= 0 (metric_bounds), so a metric maximised is bounded below by 0. Accuracies and stage metrics are percents.
 PERCENT = (0.0, 100.0)
-BOUNDS: dict[str, tuple[float, float]] = {"top1": PERCENT, "top5": PERCENT,
+BOUNDS: dict[str, tuple[float, float]] = {"top1": PERCENT, "top5": PERCENT, "top1_q": PERCENT,
                                           **{m.name: PERCENT for m in STAGE_METRIC_LIST}}
+
+
+def ranked_by(metric: str) -> str:
+    """The metric a scheduler ranks ``metric`` by at its rungs (itself, or its per-epoch stand-in: RANKED_BY)."""
+    return RANKED_BY.get(metric, metric)
 
 
 def metric_bounds(metric: str) -> tuple[float, float]:

@@ -26,6 +26,7 @@ from qkvsearch.spaces.metrics import (
     SCHEDULER_METRICS,
     STAGE_METRICS,
     bound_problem,
+    ranked_by,
 )
 from qkvsearch.spaces.schema import (
     DEFAULT_OBJECTIVES,
@@ -208,7 +209,7 @@ def parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> Sc
         for key in ("metric", "mode"):
             if raw.get(key) is not None:
                 c.add(f"scheduler.{key}", f"applies to type asha only ({kind} uses the objectives)")
-        if kind == "moasha" and objectives and not any(o.metric in SCHEDULER_METRICS for o in objectives):
+        if kind == "moasha" and objectives and not any(ranked_by(o.metric) in SCHEDULER_METRICS for o in objectives):
             c.add("scheduler.type", "moasha stops trials on training metrics, but every objective is known "
                                     "before training; add e.g. {metric: top1, mode: max} or use fifo")
         return SchedulerSpec(kind if kind is not dimensions.ABSENT else "fifo", grace, factor, brackets=brackets)
@@ -220,7 +221,7 @@ def _asha_target(metric, mode, objectives, c: Collector):
     if metric is None:
         if not objectives:
             return None, None
-        metric = objectives[0].metric
+        metric = ranked_by(objectives[0].metric)   # top1_q: its rungs rank on top1
         if metric not in SCHEDULER_METRICS:
             c.add("scheduler.metric", f"asha stops trials on a training metric; the first objective {metric} "
                                       f"is known before training (set scheduler.metric)")

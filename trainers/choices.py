@@ -12,12 +12,13 @@ import importlib
 from collections.abc import Iterator, Mapping
 
 from qkvsearch.spaces.choices import FAMILIES as FAMILY_TABLE
-from qkvsearch.spaces.choices import TABLES
+from qkvsearch.spaces.choices import PRECISION_CHOICES, TABLES
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import ConfigError
 from qkvsearch.spaces.keys import model_family as _family
 
-__all__ = ["EMBEDDINGS", "FAMILIES", "KEY_TYPES", "MIXERS", "POSITIONS", "STEMS", "Registry", "family_of"]
+__all__ = ["EMBEDDINGS", "FAMILIES", "KEY_TYPES", "MIXERS", "POSITIONS", "PRECISIONS", "STEMS", "Registry",
+           "family_of"]
 
 
 def _load(target: str) -> type:
@@ -55,6 +56,7 @@ POSITIONS = _registry("pos_embed")
 STEMS = _registry("patch_embed")
 KEY_TYPES = _registry("key")
 FAMILIES = Registry("model", {n: f.target for n, f in FAMILY_TABLE.items()})
+PRECISIONS = Registry("quant", {n: c.target for n, c in PRECISION_CHOICES.items()})   # quant_qkv, _proj, _mlp
 
 
 def family_of(model: str) -> type:

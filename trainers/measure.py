@@ -1,11 +1,13 @@
 """Measured hardware cost of one configuration on this process's device, before any training.
 
-``measure(cfg, ...)`` builds the model afresh (its weights do not matter) and returns::
+``measure(cfg, ...)`` builds the model afresh (its weights do not matter), quantized under the config's policy for
+inference (trainers.quantize) and in its own precision for the training step, and returns::
 
     {"latency_ms": median ms of an eval forward of latency_batch images, "latency_p90_ms": its p90,
      "throughput": images/s of eval forwards of ``batch`` images (median),
      "train_step_ms": median ms of forward + backward + optimizer step at ``train_batch`` images,
      "peak_mem_gb": peak memory of that training step (GB = 1e9 bytes),
+     "size_mb": bytes of the weights as stored (trainers.quantize.weights_bytes) / 1e6,
      "compile_s": seconds spent compiling (0 when not compiled), "env": environment (``environment``),
      "stats": per timed metric {"n", "outliers", "ci_rel", "warmup"}}
 
@@ -47,7 +49,7 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
-from qkvsearch.spaces.keys import MODEL_GROUPS, identity, names
+from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, identity, names
 from qkvsearch.spaces.metrics import MEASURED_METRICS
 from qkvsearch.storage import read_json, write_json
 from qkvsearch.trainers.engine import autocast_context
@@ -266,6 +268,7 @@ def measure(cfg: dict, device=None, *, metrics=MEASURED_METRICS, rel_ci: float =
     (latency_ms also gives latency_p90_ms; peak_mem_gb comes with train_step_ms); how: ``plan``'s batch,
     latency_batch, train_batch, compile."""
     from qkvsearch.trainers import build_model
+    from qkvsearch.trainers.quantize import quantized_copy, weights_bytes
 
     device, env = plan(cfg, device, **how)
     autocast, compiled = autocast_context(cfg, device), env["compile"]
@@ -277,9 +280,15 @@ def measure(cfg: dict, device=None, *, metrics=MEASURED_METRICS, rel_ci: float =
     model = torch.compile(raw) if compiled else raw
     out: dict = {"compile_s": 0.0, "env": env, "stats": {}}
     raw.eval()
+    # Inference runs the model as deployed, under its quantization policy (trainers.quantize; its speed does not
+    # depend on the weights' values); training, in the model's own precision, is measured on ``raw``.
+    served = quantized_copy(raw, cfg, device)
+    if "size_mb" in metrics:
+        out["size_mb"] = weights_bytes(served) / 1e6
+    deployed = model if served is raw else torch.compile(served) if compiled else served
     for metric, b in (("latency_ms", env["latency_batch"]), ("throughput", env["batch"])):
         if metric in metrics:
-            call = _inference(model, _inputs(cfg, b, device), autocast)
+            call = _inference(deployed, _inputs(cfg, b, device), autocast)
             out["compile_s"] += _first_call_s(call, device) if compiled else 0.0
             t = time_calls(call, device, rel_ci, max_s=max_s)
             out[metric] = t.median_ms if metric == "latency_ms" else b / (t.median_ms / 1e3)
@@ -315,12 +324,13 @@ def _measure_train(cfg, raw, model, device, autocast, limits, out) -> dict:
 
 
 def cache_key(cfg: dict, env: dict, metrics) -> str:
-    """What decides a measurement: the model (spaces.keys.identity of its keys and solved width), the
-    optimizer (the training step), the metrics, and the environment (device, precision, batches, compile,
+    """What decides a measurement: the model (spaces.keys.identity of its keys, solved width and quantization
+    policy), the optimizer (the training step), the metrics, and the environment (device, precision, batches, compile,
     threads, versions)."""
-    model = {k: cfg.get(k) for k in (*names(*MODEL_GROUPS), "width", "opt")}
+    model = {k: cfg.get(k) for k in (*names(*MODEL_GROUPS), *QUANT_KEYS, "width", "opt")}
     env = {k: v for k, v in env.items() if k != "gpu_shared"}
-    text = json.dumps({"model": identity(model), "env": env, "metrics": sorted(metrics), "format": FORMAT},
+    text = json.dumps({"model": identity(model, policy=True), "env": env, "metrics": sorted(metrics),
+                       "format": FORMAT},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

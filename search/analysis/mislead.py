@@ -18,12 +18,14 @@ import numpy as np
 import pandas as pd
 
 from qkvsearch.search.analysis.pareto import nondominated_mask
-from qkvsearch.spaces.keys import MODEL_GROUPS, names
+from qkvsearch.spaces.choices import policy_text
+from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, names, quant_policy
 from qkvsearch.spaces.metrics import MEASURED, MEASURED_METRICS
 
 TITLE = "Where MACs mislead"
 MAX_PAIRS = 10   # flipped pairs listed (the largest flips first)
-MODEL_COLUMNS = tuple(f"config_{k}" for k in (*names(*MODEL_GROUPS), "width"))
+# A model as deployed: its architecture and its quantization policy (each policy of one training is a row).
+MODEL_COLUMNS = tuple(f"config_{k}" for k in (*names(*MODEL_GROUPS), "width", *QUANT_KEYS))
 
 
 @dataclass
@@ -48,7 +50,8 @@ def _cost_of(metric: str, values: pd.Series) -> pd.Series:
 
 
 def distinct_models(trials: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct model that has GMACs and a measured metric (its first trial's name as label)."""
+    """One row per distinct model that has GMACs and a measured metric (its first trial's name as label), with
+    the quantization policy it was measured under (``fp``: none; a campaign without policy keys shows fp)."""
     measured = [m for m in MEASURED_METRICS if m in trials and trials[m].notna().any()]
     if not measured or "gmacs" not in trials:
         return pd.DataFrame()
@@ -56,7 +59,9 @@ def distinct_models(trials: pd.DataFrame) -> pd.DataFrame:
     have = trials[trials["gmacs"].notna() & trials[measured].notna().any(axis=1)]
     first = have.astype({c: "string" for c in keys}).drop_duplicates(keys)
     label = first["trial_name"].astype(str).str.rsplit("-", n=1).str[0]
-    return pd.DataFrame({"model": label, "gmacs": first["gmacs"].astype(float),
+    policy = [policy_text(quant_policy({k: v if isinstance(v := row.get(f"config_{k}"), str) else None
+                                        for k in QUANT_KEYS})) for row in first.to_dict("records")]
+    return pd.DataFrame({"model": label, "policy": policy, "gmacs": first["gmacs"].astype(float),
                          **{m: first[m].astype(float) for m in measured}}).reset_index(drop=True)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from qkvsearch.search.records.layout import ERROR_CHARS
 from qkvsearch.spaces.checks import finite
-from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, identity, names
+from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, batch_plan, identity, names
 
 CACHE_DIR = "qs_measurements"   # in the campaign folder, unless measure.cache names another place
 ERROR_PREFIX = "measuring: "    # a failed measurement's error, as its trial reports it
@@ -158,11 +158,13 @@ class Measurer:
         self.done = {k: v if isinstance(v, str) else tuple(v) for k, v in state["done"].items()}
 
 
-# What decides a trial's measured figures besides the device: its model, optimizer and batches.
-MEASURED_BY = (*names(*MODEL_GROUPS), "width", "opt", "batch_size", "batch_per_worker")
+# What decides a trial's measured figures besides the device: its model as deployed (its quantization policy
+# included), optimizer and batches.
+MEASURED_BY = (*names(*MODEL_GROUPS), *QUANT_KEYS, "width", "opt", "batch_size", "batch_per_worker")
 
 
 def measured_key(config: dict) -> str:
-    """Trials with one key share their measured figures (the campaign's device and settings are fixed)."""
-    return identity({k: config.get(k) for k in MEASURED_BY})
+    """Trials with one key share their measured figures (the campaign's device and settings are fixed). A
+    policy all in full precision adds nothing: such a config keeps the key it had before policies existed."""
+    return identity({k: config.get(k) for k in MEASURED_BY}, policy=True)
 

@@ -16,6 +16,14 @@ or one Tune may still restart (its end is not yet in the experiment state Tune s
 before that save restores the trial as running and runs it again). ``still_needed`` names the trials a
 later stage of the campaign may still need whole; they keep everything too.
 
+Quantization policies (spaces.keys QUANT_KEYS): where the space searches one, a completed trial that trained
+keeps at least its weights until the campaign has ended (``close``), since another policy of its configuration
+may still be proposed and is evaluated from them (search.campaign.policies). A completed trial on the front
+whose policy quantizes something also keeps its quantized weights, ready to deploy:
+``qs_weights/<trial_id>.quantized.pt`` (``{"model": the quantized state_dict, "config", "format"}``; load it
+with torchao installed), made from its trainer's weights on the driver's CPU; it goes when the trial leaves
+the front.
+
 ``decide`` is the rule (pure: a trials table in, a Keep per trial out); ``Retention`` applies it to a
 campaign's files (local path or URI) and records what each trial kept in its record (checkpoint_path,
 checkpoint_kept, checkpoint_note, through the recorder); ``RetentionCallback`` runs it in the driver as
@@ -38,12 +46,14 @@ from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.campaign.driver import TrialSettings, train_run_name
 from qkvsearch.search.records.layout import FINAL_STATUSES, WEIGHTS_DIR
 from qkvsearch.search.records.readers import read_trials
+from qkvsearch.spaces.keys import QUANT_KEYS, quant_policy
 from qkvsearch.storage import exists, remove_tree, write_bytes
 
 log = logging.getLogger(__name__)
 
 STATE, WEIGHTS, NONE = "state", "weights", "none"   # a record's checkpoint_kept
 WEIGHTS_FORMAT = "qkvsearch-weights-1"   # a weights file's "format": trainers.engine.load_state refuses it
+QUANTIZED_FORMAT, QUANTIZED_SUFFIX = "qkvsearch-quantized-weights-1", ".quantized.pt"   # a front member's, deployable
 RESUME_ONLY = ("optimizer", "scheduler")  # keys of a checkpoint state (trainers.engine.Run.state_dict) only resuming needs
 
 
@@ -79,12 +89,18 @@ def still_needed(spec, trials, exp: str | None = None) -> set[str]:
     return (set(selection["trial_ids"]) & completed) - done
 
 
-def decide(trials, objectives, policy: str, *, restartable=frozenset(), needed=frozenset()) -> dict[str, Keep]:
+FRONT_NOTE = "on the Pareto front of"
+POLICIES_NOTE = "other quantization policies of its configuration may still come"
+
+
+def decide(trials, objectives, policy: str, *, restartable=frozenset(), needed=frozenset(),
+           trainers=frozenset()) -> dict[str, Keep]:
     """trial_id -> Keep, for every row of ``trials`` (search.analysis.results.collect's table).
 
     objectives: the spec's (Objective objects, or {"metric", "mode"} mappings); policy: "front" | "all" |
     "none"; restartable: ids of trials Tune may still run (kept whole whatever their record says);
-    needed: ids a later stage needs (``still_needed``)."""
+    needed: ids a later stage needs (``still_needed``); trainers: ids whose weights other quantization
+    policies may still need (kept as weights at least)."""
     ids = trials.column("trial_id").to_pylist()
     statuses = trials.column("status").to_pylist()
     ended = [s in FINAL_STATUSES and t not in restartable for t, s in zip(ids, statuses)]
@@ -97,12 +113,14 @@ def decide(trials, objectives, policy: str, *, restartable=frozenset(), needed=f
             out[tid] = Keep(STATE, "a later stage of the campaign needs it")
         elif policy == "all":
             out[tid] = Keep(STATE, "checkpoints: keep all")
+        elif on_front is not None and on_front[i]:
+            out[tid] = Keep(WEIGHTS, f"{FRONT_NOTE} {why} (checkpoints: keep front)")
+        elif tid in trainers:
+            out[tid] = Keep(WEIGHTS, POLICIES_NOTE)
         elif policy == "none":
             out[tid] = Keep(NONE, "checkpoints: keep none")
         elif on_front is None:
             out[tid] = Keep(STATE, f"the Pareto front is unknown ({why}): nothing removed")
-        elif on_front[i]:
-            out[tid] = Keep(WEIGHTS, f"on the Pareto front of {why} (checkpoints: keep front)")
         elif status == "completed":
             out[tid] = Keep(NONE, f"off the Pareto front of {why}: a completed trial dominates it (checkpoints: keep front)")
         else:
@@ -141,19 +159,56 @@ class Retention:
         self.exp, self.spec, self.recorder, self.settings = exp.rstrip("/"), spec, recorder, settings
         self._gone: set[str] = set()  # trials whose Train run folder is known removed (this driver)
 
-    def run(self, restartable=frozenset(), final: bool = False) -> dict[str, Keep]:
-        """One pass over every trial; final: also look for files a pass cut short left behind. Under
-        ``keep: all`` nothing is read or written: records and checkpoints stay as training left them."""
+    def run(self, restartable=frozenset(), final: bool = False, closed: bool = False) -> dict[str, Keep]:
+        """One pass over every trial; final: also look for files a pass cut short left behind; closed: the
+        campaign has ended (no other quantization policy can come). Under ``keep: all`` nothing is read or
+        written: records and checkpoints stay as training left them."""
         if self.spec.checkpoints.keep == "all":
             return {}
         trials, _ = collect(self.exp)
         records = {r["trial_id"]: r for r in read_trials(self.exp).records}
+        searched = set(self.spec.space.keys) & set(QUANT_KEYS)
+        trainers = set() if closed or not searched else {
+            t for t, r in records.items() if r.get("status") == "completed" and not r.get("trained_by")}
         plan = decide(trials, self.spec.objectives, self.spec.checkpoints.keep, restartable=restartable,
-                      needed=still_needed(self.spec, trials, self.exp))
+                      needed=still_needed(self.spec, trials, self.exp), trainers=trainers)
+        for tid, keep in plan.items():  # first: a quantized trial's trainer still has its weights
+            if keep != MAY_RUN and tid in records and quant_policy(records[tid]["config"]):
+                self._quantized(records[tid], keep, records)
         for tid, keep in plan.items():
-            if keep != MAY_RUN and tid in records:
+            if keep != MAY_RUN and tid in records and not records[tid].get("trained_by"):
                 self._apply(records[tid], keep, final)
         return plan
+
+    def quantized_uri(self, trial_id: str) -> str:
+        return f"{self.exp}/{WEIGHTS_DIR}/{trial_id}{QUANTIZED_SUFFIX}"
+
+    def _quantized(self, rec: dict, keep: Keep, records: dict) -> None:
+        """A completed front member's quantized weights (module docstring) written once; removed off the front."""
+        uri, wanted = self.quantized_uri(rec["trial_id"]), keep.note.startswith(FRONT_NOTE)
+        if not wanted or rec.get("status") != "completed":
+            if exists(uri):
+                remove_file(uri)
+            return
+        if exists(uri):
+            return
+        import torch
+
+        from qkvsearch.trainers import build_model
+        from qkvsearch.trainers.policy_eval import trained_weights
+        from qkvsearch.trainers.quantize import quantize_model
+
+        trainer = records.get(rec.get("trained_by"), rec)
+        if not trainer.get("checkpoint_path"):
+            log.warning("trial %s: no weights left to quantize (trial %s kept none)", rec["trial_id"],
+                        trainer["trial_id"])
+            return
+        model = build_model(rec["config"])
+        model.load_state_dict(trained_weights(trainer["checkpoint_path"]))
+        quantize_model(model.eval(), rec["config"], "cpu")
+        buf = io.BytesIO()
+        torch.save({"format": QUANTIZED_FORMAT, "model": model.state_dict(), "config": rec["config"]}, buf)
+        write_bytes(uri, buf.getbuffer())
 
     def weights_uri(self, trial_id: str) -> str:
         return f"{self.exp}/{WEIGHTS_DIR}/{trial_id}.pt"
@@ -212,10 +267,7 @@ class Retention:
                 remove_tree(run)
             self._gone.add(tid)
         if kept == NONE and exists(self.weights_uri(tid)):
-            from qkvsearch.storage import open_location
-
-            fs, path = open_location(self.weights_uri(tid))
-            fs.delete_file(path)
+            remove_file(self.weights_uri(tid))
 
 
 class RetentionCallback(Callback):
@@ -227,9 +279,8 @@ class RetentionCallback(Callback):
 
     def __init__(self, retention: Retention):
         self.retention = retention
-        self._ended: set[str] = set()   # trials that ended under this driver
+        self._ended: set[str] = set()   # trials that ended under this driver, until a stored state shows it
         self._saving: set[str] = set()  # of them, those that had ended when Tune last saved
-        self._saved: set[str] = set()   # of them, those in a saved state Tune has stored
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ended.add(trial.trial_id)
@@ -239,22 +290,37 @@ class RetentionCallback(Callback):
         self._ended.add(trial.trial_id)
         self._pass(trials)
 
+    def close(self) -> None:
+        """The campaign has ended: a last pass, no other quantization policy to keep trainers' weights for."""
+        try:
+            self.retention.run(final=True, closed=True)
+        except Exception as err:  # noqa: BLE001  (as _pass: the files stay, the campaign's results are whole)
+            log.warning("checkpoints of ended trials not pruned this time: %s", err, exc_info=True)
+
     def get_state(self):
-        self._saved |= self._saving
-        self._saving = self._ended - self._saved
+        self._ended -= self._saving  # stored by now: no id kept per ended trial, whatever the campaign's size
+        self._saving = set(self._ended)
         return None  # nothing to save: the records hold what was kept
 
     def on_experiment_end(self, trials, **info):
-        self._saved |= self._ended  # Tune stored its final state just before (ray.tune.tune.run)
+        self._ended.clear()  # Tune stored its final state just before (ray.tune.tune.run)
+        self._saving.clear()
         self._pass(trials, final=True)
 
     def _pass(self, trials, final: bool = False) -> None:
         live = {t.trial_id for t in trials if t.status not in (Trial.TERMINATED, Trial.ERROR)}
         try:
-            self.retention.run(live | (self._ended - self._saved), final=final)
+            self.retention.run(live | self._ended, final=final)
         except Exception as err:  # noqa: BLE001  (a Tune callback's error would fail the trial that just ended)
             # Storage unreachable, a damaged file: the campaign goes on, the files stay, the next pass retries.
             log.warning("checkpoints of ended trials not pruned this time: %s", err, exc_info=True)
+
+
+def remove_file(uri: str) -> None:
+    from qkvsearch.storage import open_location
+
+    fs, path = open_location(uri)
+    fs.delete_file(path)
 
 
 def retention_callback(exp: str, spec, recorder, settings: TrialSettings) -> RetentionCallback:

@@ -48,6 +48,8 @@ STATUS_KEY, ERROR_KEY, PLANNED_KEY = "qs_status", "qs_error", "qs_epochs_planned
 
 # A duplicate trial (its resolved config was trained already) reports its original's outcome under these.
 DUPLICATE_OF_KEY, ORIGINAL_STATUS_KEY = "qs_duplicate_of", "qs_original_status"
+# A trial that evaluated another trial's weights under its own quantization policy names that trial so.
+TRAINED_BY_KEY = "qs_trained_by"
 # How a trial's measured cost was measured (JSON: environment, p90 latency, stats; search.campaign.measured).
 MEASURED_ON_KEY = "qs_measured_on"
 

@@ -5,9 +5,14 @@ hooks only.
 A suggestion becomes the trial Tune holds (search.searchers.problem.build_trial: resolved config and cost,
 computed once, in the campaign's driver). Then, in order:
 
-- duplicates: a configuration whose training identity (spaces.keys.identity) was proposed before becomes a
-  duplicate trial reusing that trial's outcome (search.campaign.driver), which the searcher then learns as this
-  trial's result; an enumerating searcher (grid) skips it instead;
+- duplicates: a configuration whose training identity (spaces.keys.identity) and quantization policy were
+  proposed before becomes a duplicate trial reusing that trial's outcome (search.campaign.driver), which the
+  searcher then learns as this trial's result; an enumerating searcher (grid) skips it instead;
+- one training, many policies: a configuration whose training identity was proposed before under another
+  quantization policy trains nothing: it becomes a trial ``trained_by`` the trial that trains that identity,
+  which quantizes and evaluates that trial's weights (search.campaign.policies). Until that training has ended,
+  the proposal waits here under a name of its own (as a measured one does: no trial slot), and the searcher is
+  asked for the next one meanwhile;
 - constraints: a proposal whose cost (known before training) breaks one takes no trial slot: it is recorded
   (``record``: search.records.proposals), the searcher is told (``tell_infeasible``) and asked again, at most
   MAX_INFEASIBLE times per trial;
@@ -29,6 +34,8 @@ a resumed campaign builds it anew from its spec (search.campaign.run) and restor
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 
 from ray.tune.search import Searcher as TuneSearcher
@@ -36,7 +43,7 @@ from ray.tune.search import Searcher as TuneSearcher
 from qkvsearch.search.searchers import state as saved
 from qkvsearch.search.searchers.base import FINISHED, Searcher
 from qkvsearch.search.searchers.outcomes import outcome_of_result
-from qkvsearch.spaces.keys import identity
+from qkvsearch.spaces.keys import identity, quant_policy
 from qkvsearch.spaces.schema import violations
 
 log = logging.getLogger(__name__)
@@ -62,6 +69,10 @@ class Proposals(TuneSearcher):
         self.constraints = tuple(constraints)
         self.skip_duplicates = skip_duplicates
         self.first: dict[str, str] = {}        # identity -> the trial that trains it
+        self.variants: dict[str, str] = {}     # identity and policy (_variant) -> the trial that evaluates it
+        self.variant_of: dict[str, str] = {}   # trial id -> its variant (trials that train or evaluate a policy)
+        self.variant_outcomes: dict[str, dict] = {}  # variant -> outcome, once its trial has ended
+        self.for_trainer: list[tuple[str, dict]] = []  # (parked id, trial): a policy waiting for its training
         self.identity_of: dict[str, str] = {}  # trial id -> identity (trials that train)
         self.outcomes: dict[str, dict] = {}    # identity -> outcome, once its trial has ended
         self.warm: set[str] = set()            # identities an earlier campaign trained (warm start)
@@ -94,13 +105,16 @@ class Proposals(TuneSearcher):
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         self.live.discard(trial_id)
-        if trial_id in self.identity_of:
-            self.outcomes[self.identity_of[trial_id]] = outcome_of_result(result, error)
+        outcome = outcome_of_result(result, error)
+        if trial_id in self.identity_of:  # an ended trial leaves identity_of and variant_of: its outcome stays
+            self.outcomes[self.identity_of.pop(trial_id)] = outcome
+        if trial_id in self.variant_of:
+            self.variant_outcomes[self.variant_of.pop(trial_id)] = outcome
         cost = self.costs.pop(trial_id, None)
         if cost is None and self.recorded_cost is not None:
             cost = self.recorded_cost(trial_id)
-        if result and cost:
-            result = {**cost, **result}
+        if result and cost:  # the trial's exact cost over anything the result holds for it (NaN, say)
+            result = {**result, **cost}
         self.inner.on_trial_complete(trial_id, result=result, error=error)
 
     # -- proposing ---------------------------------------------------------------------------------------
@@ -110,11 +124,14 @@ class Proposals(TuneSearcher):
             return
         known = self.earlier()
         for k in known:
-            if k.key in self.first:
+            key = _key(k.key)
+            if key in self.first:
                 continue
-            self.first[k.key] = k.trial
-            self.outcomes[k.key] = {"status": k.status, "metrics": k.values}
-            self.warm.add(k.key)
+            self.first[key] = k.trial
+            self.outcomes[key] = {"status": k.status, "metrics": k.values}
+            self.variants[_variant(key, k.config)] = k.trial
+            self.variant_outcomes[_variant(key, k.config)] = self.outcomes[key]
+            self.warm.add(key)
             self.inner.tell_earlier(k)
         log.info(f"search.warm_start: {len(known)} earlier trial(s) lie in this space")
 
@@ -123,21 +140,24 @@ class Proposals(TuneSearcher):
             measured = self._measured_trial(trial_id)
             if measured is not None:
                 return measured
+        trained = self._trained_policy(trial_id)
+        if trained is not None:
+            return trained
         rejected = 0
         while True:
-            if self.measurer is not None and len(self.waiting) >= self.ahead:
-                return None  # Tune asks again once a measurement is done
+            if (self.measurer is not None or self.for_trainer) and len(self.waiting) + len(self.for_trainer) >= self.ahead:
+                return None  # Tune asks again once a measurement is done or a training has ended
             sampled = self.inner.suggest(trial_id)
-            if sampled == FINISHED and self.waiting:
-                return None  # the proposals still measured become the last trials
+            if sampled == FINISHED and (self.waiting or self.for_trainer):
+                return None  # the proposals still waiting become the last trials
             if sampled is None or sampled == FINISHED:
                 return sampled
             trial = self.build(sampled)
             if trial.get("invalid"):
                 self.costs[trial_id] = {}
                 return trial
-            key = identity(trial["config"])
-            if self.skip_duplicates and key in self.first and key not in self.warm:
+            key = _key(identity(trial["config"]))
+            if self.skip_duplicates and _variant(key, trial["config"]) in self.variants and key not in self.warm:
                 continue
             self.proposals += 1
             found = None
@@ -186,18 +206,39 @@ class Proposals(TuneSearcher):
                 return admitted
 
     def _admit(self, trial_id: str, trial: dict):
-        """A proposal that becomes trial_id's trial: the one that trains its configuration, or a duplicate of
-        it; None when a grid skips it."""
-        key = identity(trial["config"])
+        """A proposal that becomes trial_id's trial: the one that trains its configuration, one that evaluates
+        another quantization policy of a configuration trained (``trained_by``), or a duplicate; None when a
+        grid skips it, or while it waits for its configuration's training (``for_trainer``)."""
+        key = _key(identity(trial["config"]))
+        variant = _variant(key, trial["config"])
+        if key in self.first and variant not in self.variants and key not in self.outcomes:
+            parked = f"{trial_id}-training-{self.proposals}"
+            self.inner.rename(trial_id, parked)
+            self.for_trainer.append((parked, trial))
+            return None
         self.inner.constrain(trial_id, trial["cost"])
         self.costs[trial_id] = trial["cost"]
-        if key not in self.first:
+        if variant not in self.variants:
+            self.variants[variant] = trial_id
+            self.variant_of[trial_id] = variant
+            if key in self.first:
+                return {**trial, "trained_by": self.first[key], "known": self.outcomes[key]}
             self.first[key] = trial_id
             self.identity_of[trial_id] = key
             return trial
         if not self.skip_duplicates:
-            return {**trial, "duplicate_of": self.first[key], "known": self.outcomes.get(key)}
+            return {**trial, "duplicate_of": self.variants[variant], "known": self.variant_outcomes.get(variant)}
         del self.costs[trial_id]
+        return None
+
+    def _trained_policy(self, trial_id: str):
+        """The first proposal waiting for a training that has ended, as trial_id's trial (it evaluates that
+        training's weights under its own policy, or duplicates a proposal that does); None while none is."""
+        for i, (parked, trial) in enumerate(self.for_trainer):
+            if _key(identity(trial["config"])) in self.outcomes:
+                del self.for_trainer[i]
+                self.inner.rename(parked, trial_id)
+                return self._admit(trial_id, trial)
         return None
 
     def _reject(self, trial_id: str, trial: dict, error: str) -> None:
@@ -211,14 +252,27 @@ class Proposals(TuneSearcher):
     def get_state(self) -> dict:
         """This wrapper's bookkeeping as plain data (its searcher's is apart: ``state``)."""
         return {"first": self.first, "identity_of": self.identity_of, "outcomes": self.outcomes,
+                "variants": self.variants, "variant_of": self.variant_of, "variant_outcomes": self.variant_outcomes,
+                "for_trainer": [list(w) for w in self.for_trainer],
                 "warm": sorted(self.warm), "started": self.started, "proposals": self.proposals,
                 "infeasible": self.infeasible, "waiting": [list(w) for w in self.waiting],
                 "live": sorted(self.live), "costs": self.costs,
                 "measured": self.measurer.state() if self.measurer else None}
 
     def set_state(self, state: dict) -> None:
-        self.first, self.identity_of = dict(state["first"]), dict(state["identity_of"])
-        self.outcomes, self.warm = dict(state["outcomes"]), set(state["warm"])
+        # Saved before identities were digests: converted (_key, _variant_key); ended trials leave identity_of.
+        self.first = {_key(k): t for k, t in state["first"].items()}
+        self.outcomes, self.warm = {_key(k): o for k, o in state["outcomes"].items()}, {_key(k) for k in state["warm"]}
+        self.identity_of = {t: _key(k) for t, k in state["identity_of"].items() if _key(k) not in self.outcomes}
+        # Saved before policies existed: every trial trained its configuration in full precision.
+        self.variants = {_variant_key(v): t for v, t in (state.get("variants") or {}).items()} \
+            or {_variant(k, {}): t for k, t in self.first.items()}
+        self.variant_outcomes = {_variant_key(v): o for v, o in (state.get("variant_outcomes") or {}).items()} \
+            or {_variant(k, {}): o for k, o in self.outcomes.items()}
+        self.variant_of = {t: _variant_key(v) for t, v in (state.get("variant_of") or {}).items()} \
+            or {t: _variant(k, {}) for t, k in self.identity_of.items()}
+        self.variant_of = {t: v for t, v in self.variant_of.items() if v not in self.variant_outcomes}
+        self.for_trainer = [(p, t) for p, t in state.get("for_trainer", [])]
         self.started, self.proposals = bool(state["started"]), int(state["proposals"])
         self.infeasible = int(state["infeasible"])
         self.waiting = [(p, k, t) for p, k, t in state["waiting"]]
@@ -237,6 +291,28 @@ class Proposals(TuneSearcher):
     def __reduce__(self):
         """What tuner.pkl holds of this searcher: its state format's version; a resume builds it anew."""
         return saved.Unbuilt, (saved.VERSION,)
+
+
+def _key(identity_text: str) -> str:
+    """What a training identity (spaces.keys.identity: a resolved config as JSON, ~0.8 kB) is remembered by: its
+    digest. Every configuration of a campaign is remembered (its duplicates reuse its outcome) and saved with
+    Tune's experiment state at every save. A digest already (a saved state) is returned as it is."""
+    if not identity_text.startswith("{"):
+        return identity_text
+    return hashlib.blake2b(identity_text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _variant_key(variant: str) -> str:
+    """A saved variant (an identity, then its policy as JSON) with its identity as a digest."""
+    if not variant.startswith("{"):
+        return variant
+    _, end = json.JSONDecoder().raw_decode(variant)
+    return _key(variant[:end]) + variant[end:]
+
+
+def _variant(key: str, config: dict) -> str:
+    """A training identity under a config's quantization policy (the parts in full precision left out)."""
+    return key + json.dumps(quant_policy(config), sort_keys=True)
 
 
 def _with_measured(trial: dict, found) -> dict:

@@ -47,7 +47,7 @@ def test_the_measure_section_fills_its_defaults_and_round_trips():
     ({"latency_batch": "one"}, 'measure.latency_batch: expected a positive int, given "one"'),
     ({"max_s": -1}, "measure.max_s: expected a number > 0, given -1"),
     ({"metrics": ["latncy_ms"]}, 'measure.metrics[0]: expected one of latency_ms, throughput, train_step_ms, '
-                                 'peak_mem_gb, given "latncy_ms" (did you mean "latency_ms"?)'),
+                                 'peak_mem_gb, size_mb, given "latncy_ms" (did you mean "latency_ms"?)'),
     ({"metrics": "latency_ms"}, "measure.metrics: expected a list of measured metrics"),
     ({"cache": ""}, 'measure.cache: expected a folder or URI (a string), given ""'),
     ({"warmup": 3}, "measure.warmup: unknown key"),

@@ -86,7 +86,7 @@ def test_unknown_objective_metric():
 def test_constraint_on_unknown_metric_or_not_a_number():
     msg = one_error(minimal(constraints={"flops": {"max": 1.0}}))
     assert msg.startswith("constraints.flops: expected a cost metric (params, params_m, embed_params, gmacs, "
-                          "latency_ms, throughput, train_step_ms, peak_mem_gb)")
+                          "latency_ms, throughput, train_step_ms, peak_mem_gb, size_mb)")
     msg = one_error(minimal(constraints={"top1": {"min": 50}}))
     assert "constraints.top1" in msg and "checked before training" in msg
     msg = one_error(minimal(constraints={"params_m": {"max": "4M"}}))

@@ -25,7 +25,19 @@ def _trials() -> pd.DataFrame:
 def test_each_distinct_model_counts_once():
     models = distinct_models(_trials())
     assert list(models["model"]) == ["linear", "sne-h64", "psne-h96", "fsne-h128"]
-    assert set(models.columns) == {"model", "gmacs", "latency_ms", "throughput"}   # no column without a value
+    assert set(models.columns) == {"model", "policy", "gmacs", "latency_ms", "throughput"}   # no column without a value
+    assert set(models["policy"]) == {"fp"}   # trials without policy keys (a campaign from before policies)
+
+
+def test_each_quantization_policy_of_one_training_is_a_row_that_shows_its_policy():
+    trials = _trials().iloc[:2].assign(config_quant_qkv="fp", config_quant_proj="fp", config_quant_mlp="fp")
+    quantized = trials.iloc[[1]].assign(trial_name="linear-qkv.a8w8-mlp.w8-5", config_quant_qkv="int8_dynamic",
+                                        config_quant_mlp="int8_weight_only", latency_ms=0.7, size_mb=1.0)
+    models = distinct_models(pd.concat([trials, quantized], ignore_index=True))
+    assert list(models["model"]) == ["linear", "linear-qkv.a8w8-mlp.w8"]
+    assert list(models["policy"]) == ["fp", "qkv int8_dynamic, mlp int8_weight_only"]
+    md = where_macs_mislead(pd.concat([trials, quantized]), ["final_top1", "latency_ms"], ["max", "min"]).markdown
+    assert "| linear-qkv.a8w8-mlp.w8 | qkv int8_dynamic, mlp int8_weight_only | 0.5 | 0.7 |" in md
 
 
 def test_rank_correlation_and_the_pairs_whose_order_flips():

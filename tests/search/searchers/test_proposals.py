@@ -128,7 +128,7 @@ def test_gp_is_an_algorithm_with_its_own_seed_and_startup_design():
     small = load_campaign({**CONSTRAINED, "search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 2}})
     sampler = build_search(small).inner.sampler
     assert isinstance(sampler, optuna.samplers.GPSampler) and sampler._n_startup_trials == 2
-    with pytest.raises(SpecError, match="search.n_startup_trials: applies to algorithm gp, ehvi only, not tpe"):
+    with pytest.raises(SpecError, match="search.n_startup_trials: applies to algorithm gp, ehvi, mfehvi only, not tpe"):
         load_campaign({**CONSTRAINED, "search": {"algorithm": "tpe", "num_trials": 8, "n_startup_trials": 2}})
 
 
@@ -190,3 +190,69 @@ def test_a_warm_start_tells_the_searcher_every_earlier_result_and_they_become_du
     fresh = build_search(other)
     fresh.suggest("t0")
     assert len(fresh.inner.study.trials) == 1 and list(fresh.first.values()) == ["t0"]
+
+
+def test_another_policy_of_a_trained_configuration_waits_for_its_training_without_a_slot_then_reuses_it():
+    """Two policies of one configuration: the first proposal trains; the second waits in the wrapper (no
+    trial) until that training has ended, then evaluates its weights (trained_by); the same policy again
+    is a duplicate of that evaluation. A state saved meanwhile holds the waiting proposal."""
+    s = load_campaign({**BASE, "space": {"embedding": ["linear"], "quant_mlp": ["fp", "int8_dynamic"]},
+                       "objectives": ["top1_q"], "search": {"algorithm": "random", "num_trials": 6, "seed": 1}})
+    searcher = build_search(s)
+    first = searcher.suggest("t0")
+    assert "trained_by" not in first and "duplicate_of" not in first
+    policy = "fp" if first["config"]["quant_mlp"] == "int8_dynamic" else "int8_dynamic"
+    waiting = None
+    for i in range(1, 20):  # same-policy proposals are duplicates of t0; the other policy waits
+        trial = searcher.suggest(f"t{i}")
+        if trial is None:
+            waiting = i
+            break
+        assert trial["duplicate_of"] == "t0"
+    assert waiting is not None and [t["config"]["quant_mlp"] for _, t in searcher.for_trainer] == [policy]
+    assert searcher.suggest("tx") is None  # one waits, concurrency 1: nothing more until the training ends
+    saved = json.loads(json.dumps(searcher.get_state()))
+    saved_inner = json.loads(json.dumps(searcher.inner.state()))
+    restored = build_search(s)
+    restored.set_state(saved)
+    restored.inner.restore(saved_inner)
+    done = {"top1": 50.0, "top1_q": 50.0, "epoch": 1.0, "qs_epochs_planned": 1.0}
+    for s_ in (restored, searcher):
+        s_.on_trial_complete("t0", done)
+        trial = s_.suggest("t9")
+        assert trial["trained_by"] == "t0" and trial["config"]["quant_mlp"] == policy
+        assert trial["known"]["status"] == "completed" and not s_.for_trainer
+    searcher.on_trial_complete("t9", {"top1": 50.0, "top1_q": 49.0, "epoch": 0.0, "qs_trained_by": "t0"})
+    again = next(t for i in range(10, 40) if (t := searcher.suggest(f"t{i}"))["config"]["quant_mlp"] == policy)
+    assert again["duplicate_of"] == "t9" and again["known"]["metrics"]["top1_q"] == 49.0
+
+
+def test_a_state_saved_before_policies_existed_still_loads_and_knows_its_trainings():
+    s = load_campaign({**BASE, "space": {"embedding": ["linear", "sne"]}, "objectives": ["top1"],
+                       "search": {"algorithm": "random", "num_trials": 6, "seed": 0}})
+    searcher = build_search(s)
+    first = searcher.suggest("t0")
+    searcher.on_trial_complete("t0", {"top1": 40.0, "epoch": 1.0, "qs_epochs_planned": 1.0})
+    old = {k: v for k, v in searcher.get_state().items()
+           if k not in ("variants", "variant_of", "variant_outcomes", "for_trainer")}
+    restored = build_search(s)
+    restored.set_state(json.loads(json.dumps(old)))
+    restored.inner.restore(json.loads(json.dumps(searcher.inner.state())))
+    again = next(t for i in range(1, 30) if (t := restored.suggest(f"t{i}"))["config"]["embedding"]
+                 == first["config"]["embedding"])
+    assert again["duplicate_of"] == "t0" and again["known"]["status"] == "completed"
+
+
+def test_a_trial_is_learnt_with_its_cost_whatever_its_result_holds_for_it():
+    """A trial reports its metrics, not its cost (a duplicate reports NaN for every objective it lacks): the
+    wrapper adds the trial's exact cost before its searcher learns the result."""
+    s = load_campaign({**BASE, "space": {"embedding": ["sne"], "hidden_width": [0.5, 64]},
+                       "objectives": ["top1", {"metric": "gmacs", "mode": "min"}],
+                       "search": {"algorithm": "random", "num_trials": 4, "seed": 0}})
+    searcher = build_search(s)
+    first, second = searcher.suggest("t0"), searcher.suggest("t1")
+    assert second["duplicate_of"] == "t0"
+    searcher.on_trial_complete("t0", {"top1": 55.0, "epoch": 1.0, "qs_epochs_planned": 1.0})
+    searcher.on_trial_complete("t1", {"top1": 55.0, "gmacs": float("nan"), "epoch": 0.0, "qs_status": "duplicate",
+                                      "qs_duplicate_of": "t0", "qs_original_status": "completed"})
+    assert [t.values for t in searcher.inner.study.trials[:2]] == [[55.0, first["cost"]["gmacs"]]] * 2

@@ -1,0 +1,235 @@
+"""Post-training quantization of a trained model under a trial's quantization policy (torchao).
+
+A policy gives each part of the network a precision (spaces.keys ``quant_qkv``, ``quant_proj``, ``quant_mlp``;
+the choices: spaces.choices.PRECISION_CHOICES, one class each below), uniform over the blocks, class-attention
+blocks included:
+
+    quant_qkv    the q/k/v embedding's linears: timm's fused ``qkv``, SNE / P-SNE / F-SNE layers, ClassAttn's q,
+                 k, v, the q and shared k/v heads of linformer_shared_kv
+    quant_proj   each attention's output projection ``proj``
+    quant_mlp    the linears of each block's MLP (``mlp``; an MLP-Mixer's ``mlp_channels``)
+
+The patch embedding, the head, norms, convolutions (XCiT's LPI) and token-axis projections (Linformer's E, F)
+stay as trained. ``quantize_model`` swaps each quantized part's weights for torchao's int8 tensors in place
+(``quantize_`` with one config per precision and a ``filter_fn`` naming the part's linears).
+
+torchao quantizes ``nn.Linear``. Two embeddings compute otherwise, and are first given a form of plain linears
+that computes the same outputs in floating point (``linear_forms``; tests compare them):
+- SNE's second layers are one ``GroupedLinear`` (a batched matmul of the three (h, d_out) weights): three
+  ``nn.Linear(h, d_out)``, one per q, k, v (``SNELinears``);
+- F-SNE's first layer is sliced in its forward (tokens ``W[:, :d]``, codes ``W[:, d:]``): the token part becomes
+  ``nn.Linear(d, h)`` and the code part, a constant once trained, the (parts, h) buffer ``codes_h``
+  (``FSNELinears``).
+The manifold key's charts are batched matmuls too: a policy on its q/k/v is refused by spaces.choices.
+
+``weights_bytes``: the bytes of a model's state_dict as stored (torch.save writes each distinct storage once; a
+torchao tensor is its int8 data, scale and zero point), the ``size_mb`` cost (spaces.metrics.MEASURED).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from timm.models.cait import ClassAttn
+from torch import nn
+
+from qkvsearch.spaces.choices import FULL_PRECISION, QUANT_PARTS
+from qkvsearch.spaces.errors import show
+from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, quant_policy
+from qkvsearch.trainers.attention.manifold import KeyedQKV
+from qkvsearch.trainers.embeddings import FSNE, SNE
+
+__all__ = ["FullPrecision", "Int8Dynamic", "Int8WeightOnly", "FSNELinears", "SNELinears", "linear_forms",
+           "part_linears", "quantize_model", "quantized_copy", "weights_bytes"]
+
+MLP_NAMES = ("mlp", "mlp_channels")   # a block's MLP (timm Block, XCiT blocks; an MLP-Mixer's channel MLP)
+
+
+# ---------------------------------------------------------------------------------------------- precisions
+
+
+class FullPrecision:
+    """``fp``: the part stays as trained."""
+
+    @classmethod
+    def config(cls, device: torch.device):
+        return None
+
+
+class Int8WeightOnly(FullPrecision):
+    """``int8_weight_only``: int8 weights with a scale per output channel, dequantized in the matmul."""
+
+    @classmethod
+    def config(cls, device: torch.device):
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        # set_inductor_config would change torch.compile's global settings for the trainings of this process
+        return Int8WeightOnlyConfig(set_inductor_config=False)
+
+
+class Int8Dynamic(FullPrecision):
+    """``int8_dynamic``: int8 weights per output channel, activations quantized per token at run time, int8
+    matmuls. On a CPU without VNNI, torchao's reduced range avoids overflowing the int16 accumulation
+    (torchao.utils.should_reduce_range, as torchao documents the config)."""
+
+    @classmethod
+    def config(cls, device: torch.device):
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+        from torchao.utils import should_reduce_range
+
+        return Int8DynamicActivationInt8WeightConfig(set_inductor_config=False,
+                                                     reduce_range=should_reduce_range(torch.device(device)))
+
+
+# ---------------------------------------------------------------------------------------------- linear forms
+
+
+class SNELinears(nn.Module):
+    """SNE with its grouped second layer as one ``nn.Linear(h, d_out)`` per part: the same [q | k | v]."""
+
+    def __init__(self, sne: SNE):
+        super().__init__()
+        self.parts, self.hidden, self.dim_out = sne.parts, sne.hidden, sne.dim_out
+        self.fc1, self.act = sne.fc1, sne.act
+        self.fc2 = nn.ModuleList()
+        for p in range(sne.parts):
+            layer = nn.Linear(sne.hidden, sne.dim_out, device=sne.fc2.weight.device, dtype=sne.fc2.weight.dtype)
+            with torch.no_grad():
+                layer.weight.copy_(sne.fc2.weight[p].T)  # GroupedLinear's (h, d_out) -> Linear's (d_out, h)
+                layer.bias.copy_(sne.fc2.bias[p])
+            self.fc2.append(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        hid = self.act(self.fc1(x)).view(B, N, self.parts, self.hidden)  # (B, N, 3, h)
+        return torch.cat([fc(hid[:, :, p]) for p, fc in enumerate(self.fc2)], dim=-1)  # (B, N, [q | k | v])
+
+
+class FSNELinears(nn.Module):
+    """F-SNE with its first layer split: ``nn.Linear(d, h)`` on the tokens and the codes' projection
+    ``C · Ws1[d:]`` (parts, h), fixed once trained, as a buffer; the second layer as it is."""
+
+    def __init__(self, fsne: FSNE):
+        super().__init__()
+        self.parts, self.dim_out = fsne.parts, fsne.dim_out
+        w = fsne.fc1.weight
+        self.fc1 = nn.Linear(fsne.dim, fsne.hidden, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            self.fc1.weight.copy_(w[:, : fsne.dim])          # (h, d): the tokens' columns
+            self.fc1.bias.copy_(fsne.fc1.bias)
+            self.register_buffer("codes_h", F.linear(fsne.codes, w[:, fsne.dim:]).detach().clone())  # (3, h)
+        self.act, self.fc2 = fsne.act, fsne.fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        hid = self.act(self.fc1(x).unsqueeze(2) + self.codes_h)  # (B, N, 3, h)
+        return self.fc2(hid).reshape(B, N, self.parts * self.dim_out)  # (B, N, [q | k | v])
+
+
+LINEAR_FORMS: dict[type, type] = {SNE: SNELinears, FSNE: FSNELinears}   # embeddings that are not linears alone
+
+
+def linear_forms(model: nn.Module) -> nn.Module:
+    """Replace, in place, every embedding of LINEAR_FORMS by its form of plain linears (same outputs in fp)."""
+    for path, module in list(model.named_modules()):
+        form = LINEAR_FORMS.get(type(module))
+        if form is not None:
+            parent, _, leaf = path.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, form(module))
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- parts
+
+
+def _linears(module: nn.Module, prefix: str) -> list[str]:
+    return [f"{prefix}.{n}" if n else prefix for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+
+
+def part_linears(model: nn.Module) -> dict[str, list[str]]:
+    """quant key -> the names of the part's nn.Linear modules (after ``linear_forms``), every block's."""
+    out: dict[str, list[str]] = {k: [] for k in QUANT_KEYS}
+    for path, m in model.named_modules():
+        qkv = getattr(m, "qkv", None)
+        if hasattr(m, "qkv_projections"):                   # linformer_shared_kv: q and the shared k/v head
+            names = {id(p): n for n, p in m.named_modules()}
+            out["quant_qkv"] += [f"{path}.{names[id(p)]}" for p in m.qkv_projections()]
+        elif isinstance(m, ClassAttn):                      # timm's class attention: q, k, v apart
+            out["quant_qkv"] += [f"{path}.{n}" for n in ("q", "k", "v")]
+        elif isinstance(qkv, KeyedQKV):                     # a manifold key: q/v embedding only (key refused)
+            out["quant_qkv"] += _linears(qkv.qv, f"{path}.qkv.qv")
+        elif isinstance(qkv, nn.Module):
+            out["quant_qkv"] += _linears(qkv, f"{path}.qkv")
+        else:
+            if path.rpartition(".")[2] in MLP_NAMES:
+                out["quant_mlp"] += _linears(m, path)
+            continue
+        if isinstance(getattr(m, "proj", None), nn.Linear):
+            out["quant_proj"].append(f"{path}.proj")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- quantizing
+
+
+def _precision(name: str, key: str) -> type:
+    from qkvsearch.trainers.choices import PRECISIONS
+
+    try:
+        return PRECISIONS[name]
+    except ConfigError:
+        raise ConfigError(f"{key}: expected one of {', '.join(PRECISIONS)}, given {show(name)}") from None
+
+
+def quantize_model(model: nn.Module, cfg: dict, device=None) -> nn.Module:
+    """``model`` (trained, in eval use) quantized in place under the policy of the filled config ``cfg`` and
+    returned; unchanged when every part is ``fp``. device: where it runs (default: its weights' device), which
+    picks torchao's settings. A part the model does not have raises ConfigError naming its key."""
+    policy = quant_policy(cfg)
+    if not policy:
+        return model
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    linear_forms(model)
+    parts = part_linears(model)
+    chosen: dict[str, set[str]] = {}
+    for key, name in policy.items():
+        if not parts[key]:
+            raise ConfigError(f"{key}: expected {FULL_PRECISION} for model {cfg.get('model')} (it has no "
+                              f"{QUANT_PARTS[key]}), given {show(name)}")
+        chosen.setdefault(name, set()).update(parts[key])
+    from torchao.quantization import quantize_
+
+    for name, fqns in chosen.items():
+        quantize_(model, _precision(name, "quant").config(device), filter_fn=lambda _m, fqn, s=fqns: fqn in s)
+    return model
+
+
+def quantized_copy(model: nn.Module, cfg: dict, device=None) -> nn.Module:
+    """A quantized copy of ``model`` in eval mode (``model`` itself, untouched, when the policy is all fp)."""
+    if not quant_policy(cfg):
+        return model
+    return quantize_model(copy.deepcopy(model).eval(), cfg, device)
+
+
+def _leaves(t: torch.Tensor):
+    """The plain tensors a tensor stores: itself, or a tensor subclass's inner tensors (torchao's int8 data,
+    scale, zero point)."""
+    if type(t) in (torch.Tensor, nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        yield t
+        return
+    names, _ = t.__tensor_flatten__()
+    for name in names:
+        inner = getattr(t, name)
+        if isinstance(inner, torch.Tensor):
+            yield from _leaves(inner)
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of ``model.state_dict()`` as torch.save stores it: each distinct storage once, whole."""
+    storages = {}
+    for tensor in model.state_dict().values():
+        for leaf in _leaves(tensor):
+            storage = leaf.untyped_storage()
+            storages[(leaf.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
