@@ -7,7 +7,8 @@ layer          what it owns                                                     
 =============  ==================================================================  =====================
 records        the campaign folder's files: layout, statuses, epochs CSV, readers,  neither
                the recorder
-analysis       Pareto maths, results tables (Parquet), the report                   neither
+analysis       Pareto maths, results tables (Parquet), the report, one-shot         neither
+               fidelity
 monitor        progress, the terminal view, metrics, Grafana, status, watch         neither (Ray's
                                                                                     metrics lazily)
 scheduling     MO-ASHA's rules (pure) and the Tune schedulers that apply them       Ray (the adapters)
@@ -16,7 +17,7 @@ searchers      the searchers (grid, Optuna's samplers, ehvi) behind one set of  
 cluster        a local Ray, cluster capacity, jobs                                  Ray
 campaign       launch and resume (one run path), the trial driver, the             Ray, torch (lazily)
                Train->Tune bridge, measured cost, retention, stages, trackers,
-               preflight checks, interrupts
+               preflight checks, interrupts, one-shot search's phases
 simulation     replaying searchers and schedulers on recorded curves               Ray's schedulers
 cli            the ``qkvsearch`` command                                            what a command needs
 =============  ==================================================================  =====================

@@ -108,7 +108,8 @@ def _add_simulate(sub) -> None:
                     "curves (a campaign folder, or a tabular benchmark file; format: qkvsearch.search.simulation) "
                     "and print the completed front's hypervolume against simulated time and epochs spent.")
     simulate.add_argument("source", metavar="SOURCE",
-                          help="a campaign folder (e.g. results/quickstart) or a .parquet/.csv table of curves")
+                          help="a campaign folder (e.g. results/quickstart), a .parquet/.csv table of curves, or a "
+                               "packaged benchmark: nb201:<dataset>, hpolib:<dataset>, hpobench:<dataset>")
     simulate.add_argument("--schedulers", nargs="+", metavar="SETTING", default=None,
                           help="TYPE[:grace=G,rf=R,brackets=B], TYPE fifo, asha or moasha, e.g. fifo "
                                "moasha moasha:brackets=3 (default: fifo, asha, moasha with 1-3 brackets at "
@@ -278,6 +279,13 @@ def cmd_validate(args) -> int:
           f"  configurations: {_distinct(spec)}\n"
           f"  models: {len(models)} distinct, {_span(c['params_m'] for _, c in models)} M params, "
           f"{_span(c['gmacs'] for _, c in models)} GMACs")
+    if spec.supernet:
+        sn = spec.supernet
+        trains = f"{sn.recipe.get('epochs')} epoch(s)" if sn.source is None else f"taken from {sn.source}"
+        chosen = "the inherited front" if sn.retrain == "front" else f"the top {sn.top_k}"
+        print(f"  one-shot: a supernet over the {len(models)} models ({trains}); "
+              f"{d['search'].get('num_trials')} subnets scored with inherited weights; {chosen} retrained, "
+              f"and {sn.control} control subnet(s) under two seeds")
     if spec.constraints and spec.search.algorithm != "grid":
         print(f"  infeasible proposals (estimated, no trial slot): {_infeasible_shares(spec)}")
     return EXIT_OK
@@ -286,10 +294,10 @@ def cmd_validate(args) -> int:
 def _infeasible_shares(spec) -> str:
     """Per searcher, the share of proposals that break the constraints (searchers.infeasible_share)."""
     from qkvsearch.search.campaign.assemble import ESTIMATE_TRIALS, infeasible_share
-    from qkvsearch.spaces.search_options import ALGORITHMS, ehvi_problem
+    from qkvsearch.spaces.search_options import ALGORITHMS, EHVI_ALGORITHMS, ehvi_problem
 
     ehvi_cannot = ehvi_problem(o.metric for o in spec.objectives)
-    searchers = [a for a in ALGORITHMS if a != "grid" and not (a == "ehvi" and ehvi_cannot)]
+    searchers = [a for a in ALGORITHMS if a != "grid" and not (a in EHVI_ALGORITHMS and ehvi_cannot)]
     shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS) for a in searchers}
     return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
 
@@ -374,11 +382,11 @@ def cmd_simulate(args) -> int:
     if args.startup_s is not None and not 0 <= args.startup_s < float("inf"):
         raise BadInput(f"--startup-s: expected a number of seconds >= 0, given {args.startup_s}")
     objectives = sim.parse_objectives(args.objectives) if args.objectives is not None else None
-    from qkvsearch.search.simulation import nasbench
+    from qkvsearch.search.simulation import packaged
     from qkvsearch.search.simulation.searchers import parse_constraints
 
-    if nasbench.is_nb201(args.source):  # NAS-Bench-201's table; output next to the current folder
-        curves = nasbench.load_nb201(args.source, objectives)
+    if packaged.is_packaged(args.source):  # a packaged benchmark's table; output next to the current folder
+        curves = packaged.load_packaged(args.source, objectives)
         out = checked_out_dir(args.source.replace(":", "-") + ".parquet", args.out)
     else:
         curves = sim.load_source(args.source, objectives)

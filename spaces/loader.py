@@ -35,6 +35,7 @@ from qkvsearch.spaces.sections import (
     parse_train,
 )
 from qkvsearch.spaces.stages import parse_stages
+from qkvsearch.spaces.supernet import check_shareable, parse_supernet
 from qkvsearch.spaces.tracking import parse_tracking
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,12 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     tracking = parse_tracking(raw.get("tracking"), storage, c)
     measure = parse_measure(raw.get("measure"), c)
     stages = parse_stages(raw.get("stages"), c)
+    supernet = parse_supernet(raw.get("supernet"), c)
+    if supernet:
+        check_shareable(space, c)
+        for section, present in (("stages", bool(stages)), ("search.warm_start", bool(search.warm_start))):
+            if present:
+                c.add(section, "not with a supernet (one-shot search scores subnets, then retrains the chosen)")
     given_name = isinstance(raw.get("model"), Mapping) and raw["model"].get("name") is not None
     if model.name is None and not given_name and "model" not in space.keys:
         c.add("model.name", "required (a timm model name, e.g. xcit_nano_12_p16_224)")
@@ -125,11 +132,13 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     if partial:
         return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
                             scheduler, resources, storage, description if isinstance(description, str) else "",
-                            checkpoints=checkpoints, tracking=tracking, measure=measure, stages=stages)
+                            checkpoints=checkpoints, tracking=tracking, measure=measure, stages=stages,
+                            supernet=supernet)
     if c.errors:
         return None
     cross_check(train, space, resources, c)
     if c.errors:
         return None
     return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
-                        scheduler, resources, storage, description, source, checkpoints, tracking, stages, measure=measure)
+                        scheduler, resources, storage, description, source, checkpoints, tracking, stages, measure=measure,
+                        supernet=supernet)

@@ -283,7 +283,35 @@ class MeasureSpec:
 
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
-            "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages", "measure")
+            "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages", "measure",
+            "supernet")
+
+
+@dataclass(frozen=True)
+class SupernetSpec:
+    """The campaign file's ``supernet`` section (spaces.supernet parses it): one-shot search. Empty (falsy):
+    a campaign that trains every configuration it proposes."""
+
+    recipe: FrozenMap = FrozenMap()     # train keys of the supernet's training (its epochs at least)
+    random_subnets: int = 2             # random subnets per update besides the sandwich
+    distill: bool = True                # in-place distillation from the largest subnet
+    bn_batches: int = 2                 # training batches a subnet's BatchNorm is recalibrated on
+    retrain: str = "front"              # front | top_k: which evaluated subnets train on their own
+    top_k: int | None = None
+    control: int = 8                    # random evaluated subnets retrained too, twice: the ranking's check
+    source: str | None = None           # ``from``: a campaign folder whose trained supernet is searched
+
+    def __bool__(self) -> bool:
+        return bool(self.recipe) or self.source is not None
+
+    def to_dict(self) -> dict:
+        out = {"train": plain(self.recipe), "random_subnets": self.random_subnets, "distill": self.distill,
+               "bn_batches": self.bn_batches, "retrain": self.retrain, "control": self.control}
+        if self.top_k is not None:
+            out["top_k"] = self.top_k
+        if self.source is not None:
+            out["from"] = self.source
+        return out
 
 
 # ---------------------------------------------------------------- the stages after training (spaces.stages)
@@ -366,6 +394,7 @@ class CampaignSpec:
     tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> its settings (spaces.tracking.TRACKERS)
     stages: StagesSpec = field(default_factory=StagesSpec)  # empty: none (spaces.stages parses it)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
+    supernet: SupernetSpec = field(default_factory=SupernetSpec)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
@@ -386,6 +415,7 @@ class CampaignSpec:
             **({"tracking": plain(self.tracking)} if self.tracking else {}),
             **({"measure": vars_of(self.measure)} if self.measure != MeasureSpec() else {}),
             **({"stages": self.stages.to_dict()} if self.stages else {}),
+            **({"supernet": self.supernet.to_dict()} if self.supernet else {}),
         }
 
     def violations(self, cost: Mapping[str, float]) -> list[str]:

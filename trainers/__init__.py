@@ -10,6 +10,8 @@ training.
 - data (datasets by name, shards), sources (in-memory and PIL sources), data_sources (the file formats).
 - engine (the training loop), loop (the Ray Train adapter), checkpoints (run folders, local mode), cli (the
   plain path), transfer and ood_metrics (stages after the search), faults and errors.
+- supernet/: one-shot search's weight-sharing supernet, its training (sandwich rule) and subnet scoring.
+- quantize (post-training quantization policies with torchao), policy_eval (a policy on trained weights).
 
 `build_model` is resolved on first use: importing `trainers.<module>` must not pay for timm's import
 in processes that never build a model (Ray Train's controller unpickles `trainers.loop`).

@@ -151,7 +151,7 @@ class Run:
         self.train_src, self.val_src = qdata.load_data(cfg)
         self.updates_per_epoch = self._updates_per_epoch()
         torch.manual_seed(cfg["seed"])  # same initial weights on every rank
-        self.raw = _build_model(cfg).to(dist.device)
+        self.raw = self.build_model().to(dist.device)
         self.model = wrap_model(self.raw) if wrap_model else self.raw
         if compile_enabled(cfg, dist.device, self.updates_per_epoch * cfg["epochs"]):
             self.model = torch.compile(self.model)  # after DDP: its optimizer splits graphs at buckets
@@ -163,6 +163,10 @@ class Run:
         self.updates = 0        # completed optimizer updates, all epochs
         self.history = []       # rank-0-style metrics of every completed epoch
         self.first_step_at = None  # time.time() of this process's first training step
+
+    def build_model(self) -> torch.nn.Module:
+        """The module this run trains (a subclass trains another: trainers.supernet.training)."""
+        return _build_model(self.cfg)
 
     def _updates_per_epoch(self):
         per_update = self.bpw * self.accum * self.dist.world_size  # == batch_size
@@ -253,6 +257,12 @@ class Run:
             "qs_first_step_at": float(self.first_step_at or 0.0),  # unix time, this process
             "qs_setup_s": float((self.first_step_at or self.created_at) - self.created_at),  # data, model...
         }
+        if self.epoch == self.cfg["epochs"]:  # top1_q: the trained model under its quantization policy (a copy)
+            from qkvsearch.trainers.quantize import quantized_copy
+
+            served = quantized_copy(self.raw, self.cfg, self.dist.device)  # the model itself when all fp
+            metrics["top1_q"] = metrics["top1"] if served is self.raw else evaluate(
+                served, self.val_src, self.dist, batch_size=max(2 * self.bpw, 128), autocast=self.autocast)["top1"]
         self.history.append(metrics)
         return metrics
 
@@ -402,7 +412,8 @@ def _build_model(cfg):
     return build_model(cfg)
 
 
-def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=(), init=None) -> list[dict]:
+def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=(), init=None,
+        make_run=None) -> list[dict]:
     """Train a filled config to cfg["epochs"], resuming from restore() -> state | None; returns every
     epoch's metrics.
 
@@ -411,6 +422,7 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
     checkpoint's epoch; one whose checkpoint had already finished does only that, without building the
     model or loading data. init: a checkpoint whose weights a fresh run starts from, with a new head
     (trainers.transfer.load_pretrained: a fine-tuning); a resumed run restores its own state instead.
+    make_run(cfg, dist, wrap_model, faults): the Run to train (default Run; a supernet's: trainers.supernet).
     """
     cfg = require_filled(cfg)
     state = restore() if restore else None
@@ -419,7 +431,7 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
         if report:
             report(state["history"][-1], None)
         return list(state["history"])
-    run = Run(cfg, dist, wrap_model, faults)
+    run = (make_run or Run)(cfg, dist, wrap_model, faults)
     if state is None and init:
         from qkvsearch.trainers.transfer import load_pretrained
 

@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from qkvsearch.search.analysis import hv_reference
+from qkvsearch.search.analysis.fidelity import fidelity_report
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
 from qkvsearch.search.analysis.front import FrontInfo, front_info, objective_columns, rows
@@ -330,6 +331,7 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
         info = front_info(trials, objectives, front_statuses, reference)
         paths, figures = _write_page(out, campaign, info, epochs, reference_csv)
         paths.update(stage_report(experiment_dir, out, campaign, trials, paths["md"]))  # spaces.stages
+        paths.update(fidelity_report(experiment_dir, out, campaign, trials, paths["md"], reference))  # one-shot
         paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))
     if static:
         paths.update(_export_static(figures, out))

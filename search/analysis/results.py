@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from qkvsearch.search.records.inherited import FIDELITY_STANDALONE
 from qkvsearch.search.records.layout import read_campaign
 from qkvsearch.search.records.outputs import check_output_dir
 from qkvsearch.search.records.readers import read_trials
@@ -72,7 +73,7 @@ TRIAL_MEASURED: tuple[tuple[str, pa.DataType], ...] = (("latency_p90_ms", pa.flo
 TRIAL_TAIL: tuple[tuple[str, pa.DataType], ...] = (
     ("best_epoch", pa.int64()), ("epochs_run", pa.int64()), ("epochs_planned", pa.int64()),
     ("train_s_total", pa.float64()), ("checkpoint_path", pa.string()), ("started_at", TS), ("ended_at", TS),
-    ("error", pa.string()), ("config_json", pa.string()),
+    ("error", pa.string()), ("fidelity", pa.string()), ("supernet", pa.string()), ("config_json", pa.string()),
 )
 
 
@@ -193,7 +194,7 @@ def _summaries(columns: dict[str, np.ndarray], counts: np.ndarray, metric_names:
 _AS_IS = {pa.int64(): {int}, pa.float64(): {float, int}, pa.string(): {str}, pa.bool_(): {bool}}
 
 
-def _config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, pa.Array]]:
+def config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, pa.Array]]:
     keys: list[str] = list(CONFIG_TYPES)
     extra = sorted(set().union(*configs) - set(CONFIG_TYPES))
     cols = []
@@ -242,6 +243,8 @@ def _trial_columns(records: list[dict]) -> dict[str, pa.Array]:
     for name, typ in TRIAL_TAIL:
         if typ == TS:
             out[name] = _timestamps([r.get(name) for r in records])
+        elif name == "fidelity":  # a trial without one trained its own weights, as every trial did before
+            out[name] = pa.array([r.get(name) or FIDELITY_STANDALONE for r in records], pa.string())
         elif name == "config_json":
             out[name] = pa.array([_SORTED_JSON.encode(r["config"]) for r in records], pa.string())
         elif name not in ("best_epoch", "epochs_run"):  # those come from the epochs
@@ -294,7 +297,7 @@ def collect(experiment_dir, *, opened: bool = False) -> tuple[pa.Table, pa.Table
     summary["epochs_run"] = counts.astype(np.float64)
 
     out: dict[str, pa.Array] = {name: fields[name] for name, _ in TRIAL_HEAD}
-    for name, _, array in _config_columns([r["config"] for r in records]):
+    for name, _, array in config_columns([r["config"] for r in records]):
         out[name] = array
     for name, _ in (*TRIAL_COST, *TRIAL_MEASURED):
         out[name] = fields[name]

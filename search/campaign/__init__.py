@@ -8,6 +8,10 @@
                      Tune callbacks: the recorder, what ended trials keep, stop signals, the stages after
                      training, the experiment trackers
     preflight, costs the checks made before Ray starts
+    tune_settings    what Tune keeps and writes per trial: the Ray Tune settings a campaign applies
+    oneshot/         one-shot search: the supernet's nested campaign, subnets scored on Ray actors, the
+                     selection retrained as the campaign's trials
+    policies         a quantization policy evaluated on the weights its configuration's trial trained
 """
 from qkvsearch.search import _legacy
 

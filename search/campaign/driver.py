@@ -26,6 +26,7 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
 from qkvsearch.search.campaign.bridge import drive
 from qkvsearch.search.campaign.measured import ERROR_PREFIX, MeasureSettings, measure_here
+from qkvsearch.search.campaign.policies import run_policy
 from qkvsearch.search.records.layout import (
     DUPLICATE_OF_KEY,
     ERROR_CHARS,
@@ -37,7 +38,8 @@ from qkvsearch.search.records.layout import (
     STATUS_KEY,
 )
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.keys import fill
+from qkvsearch.spaces.choices import PRECISION_CHOICES
+from qkvsearch.spaces.keys import fill, quant_policy
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.schema import violations
 
@@ -60,15 +62,18 @@ class TrialSettings:
     campaign: str = ""                              # its name: Train runs are <campaign>-<trial name>
     max_failures: int = 0                           # worker-group restarts of a Train run (from its checkpoint)
     measure: MeasureSettings = MeasureSettings()    # measured cost (search.campaign.measured); none by default
+    supernet: dict | None = None                    # a supernet's plan: its one trial trains it (search.campaign.oneshot)
 
 
 def trial_name(cfg: dict, trial_id: str) -> str:
-    """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart, then the trial index."""
+    """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart (and the parts its quantization
+    policy quantizes: `linear-qkv.a8w8-mlp.w8-00004`), then the trial index."""
     parts = [str(cfg.get("embedding"))]
     if cfg.get("width"):
         parts.append(f"h{cfg['width']}")
     if cfg.get("embedding") == "fsne":
         parts += [f"c{cfg['code_size']}", str(cfg["code_sharing"]).replace("_", "")]
+    parts += [f"{k.removeprefix('quant_')}.{PRECISION_CHOICES[v].tag}" for k, v in quant_policy(cfg).items()]
     return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])
 
 
@@ -165,6 +170,13 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     if trial.get("duplicate_of"):
         _report_duplicate(settings, trial)
         return
+    if trial.get("trained_by"):  # another policy of a configuration trained: quantize its weights (seconds)
+        try:
+            run_policy(trial, cfg, settings.objectives, settings.experiment, settings.workers,
+                       int(settings.cpus_per_worker))
+        except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
+            tune.report(_terminal_report(settings, "failed", error_text(exc), measured))
+        return
     if trial.get("invalid"):
         tune.report(_terminal_report(settings, "infeasible", trial["invalid"], measured))
         return
@@ -188,7 +200,8 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             num_workers=0 if local else settings.workers, cpus_per_worker=settings.cpus_per_worker,
             gpus_per_worker=settings.gpus_per_worker, placement_strategy=settings.placement_strategy,
             name=run_name, storage_path=settings.train_storage, callbacks=callbacks,
-            on_report=on_report if local else None, faults=settings.faults, max_failures=settings.max_failures))
+            on_report=on_report if local else None, faults=settings.faults, max_failures=settings.max_failures,
+            supernet=settings.supernet))
 
     try:
         if local:

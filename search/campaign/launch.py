@@ -151,18 +151,39 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
             check_shared_storage(exp, _node_hosts(), can_grow=outgrows(spec.resources, cluster, concurrency))
             if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
                 lease.clear_folder()  # only now: the new spec passed every check; the lease stays
-            _announce(spec, exp, cluster, f"{spec.search.num_trials} trial(s), up to {concurrency} at a time")
+            _announce(spec, exp, cluster, f"{_planned(spec)}, up to {concurrency} at a time")
             for line in [cluster.waiting_for, *stage_waits]:
                 if line:
                     log.info(line)
             folder = CampaignFolder.create(exp, spec, version)
             hv_reference.write(exp, hv_reference.at_launch([(o.metric, o.mode) for o in spec.objectives],
                                                            [cost for _, cost in models]))
-            CampaignRun(spec, exp, folder, cluster, version).fit(concurrency, verbose=verbose, view=view)
+            _run(spec, exp, folder, cluster, version, concurrency, restoring=False, verbose=verbose, view=view)
         finally:
             if cluster.started_here:
                 stop_local_ray()
     return exp
+
+
+def _run(spec, exp: str, folder, cluster: Cluster, version: str, concurrency, *, restoring: bool, verbose: bool,
+         view) -> None:
+    """The campaign's trials, or a one-shot campaign's phases (search.campaign.oneshot.phases)."""
+    if spec.supernet:
+        from qkvsearch.search.campaign.oneshot import phases
+
+        if concurrency is None:  # resuming: the retraining, if it starts now, runs as a launch's would
+            concurrency = plan_concurrency(spec.resources, cluster,
+                                           ask=autoscaler_can_hold if cluster.autoscaler == "v2" else None)
+        phases.run(spec, exp, folder, cluster, version, concurrency=concurrency, verbose=verbose, view=view)
+    else:
+        CampaignRun(spec, exp, folder, cluster, version).fit(concurrency, restoring=restoring, verbose=verbose,
+                                                             view=view)
+
+
+def _planned(spec) -> str:
+    if spec.supernet:  # one-shot: the subnets scored; the retrained ones are chosen from them
+        return f"one supernet, {spec.search.num_trials} subnet(s) scored with its weights"
+    return f"{spec.search.num_trials} trial(s)"
 
 
 def _announce(spec, exp: str, cluster: Cluster, trials: str) -> None:
@@ -194,7 +215,7 @@ def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
     spec = track_more(folder.campaign.spec, track)
     check_trackers(spec)
     check_readable(exp)
-    if not exists(f"{exp}/tuner.pkl"):
+    if not spec.supernet and not exists(f"{exp}/tuner.pkl"):  # a one-shot campaign has none until it retrains
         raise SpecError([f"{exp}: expected the Tune experiment a launch leaves (tuner.pkl), given a folder "
                          "without it; the campaign cannot be resumed (its records still report)"])
     with _holding(exp):
@@ -204,7 +225,7 @@ def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
             stage_waits = check_stage_resources(spec, cluster,
                                                 ask=autoscaler_can_hold if cluster.autoscaler == "v2" else None)
             check_shared_storage(exp, _node_hosts())
-            _announce(spec, exp, cluster, f"resuming, {spec.search.num_trials} trial(s) planned")
+            _announce(spec, exp, cluster, f"resuming, {_planned(spec)} planned")
             for line in stage_waits:
                 log.info(line)
             if spec is not folder.campaign.spec:
@@ -212,7 +233,7 @@ def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
             folder.mark(None)
             if view is not None:
                 view.skip_finished(exp)  # trials that ended before this driver are not announced again
-            CampaignRun(spec, exp, folder, cluster, version).fit(restoring=True, verbose=verbose, view=view)
+            _run(spec, exp, folder, cluster, version, None, restoring=True, verbose=verbose, view=view)
         finally:
             if cluster.started_here:
                 stop_local_ray()

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import threading
+from dataclasses import replace
 
 from ray import tune
 
@@ -33,10 +34,12 @@ from qkvsearch.search.campaign.measured import measure_settings
 from qkvsearch.search.campaign.recording import TrialRecorder
 from qkvsearch.search.campaign.retention import retention_callback
 from qkvsearch.search.campaign.tracking import study_storage, tracking_callbacks
+from qkvsearch.search.campaign.tune_settings import applied as tune_settings_applied
 from qkvsearch.search.cluster.capacity import Cluster
 from qkvsearch.search.cluster.local_ray import TRIAL_SLOT
 from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY, TRAIN_RUNS_DIR
 from qkvsearch.search.searchers.state import Unbuilt
+from qkvsearch.spaces.metrics import ranked_by
 from qkvsearch.trainers.faults import read_faults
 
 log = logging.getLogger(__name__)
@@ -44,12 +47,20 @@ log = logging.getLogger(__name__)
 
 class _Describe:
     """Trial -> its record's description: resolved config, cost (how it was measured, when it was),
-    planned epochs, readable name."""
+    planned epochs, readable name; ``fields``: what every record of the run also says (a one-shot campaign's
+    fidelity and supernet)."""
+
+    def __init__(self, fields: dict | None = None):
+        self.fields = dict(fields or {})
+
+    def __setstate__(self, state: dict) -> None:  # pickled by campaigns launched before records had fields
+        self.__dict__.update({"fields": {}, **state})
 
     def __call__(self, trial) -> dict:
         cfg, cost = trial.config["config"], trial.config["cost"]
         return {"config": cfg, "cost": cost, "epochs_planned": int(cfg["epochs"]),
-                "name": trial_name(cfg, trial.trial_id), "measured_on": trial.config.get("measured_on")}
+                "name": trial_name(cfg, trial.trial_id), "measured_on": trial.config.get("measured_on"),
+                **self.fields}
 
     def name(self, trial) -> str:
         return trial_name(trial.config["config"], trial.trial_id)
@@ -71,10 +82,11 @@ class CampaignRun:
     """One driver's run of a campaign (module docstring). folder: its campaign file (search.records.layout.
     CampaignFolder), opened once by the command; cluster: the connected Ray (search.cluster.capacity)."""
 
-    def __init__(self, spec, exp: str, folder, cluster: Cluster, version: str):
+    def __init__(self, spec, exp: str, folder, cluster: Cluster, version: str, *, supernet: dict | None = None,
+                 describe: dict | None = None):
         self.spec, self.exp, self.folder, self.cluster = spec, exp, folder, cluster
-        self.settings = trial_settings(spec, exp)
-        self.describe = _Describe()
+        self.settings = replace(trial_settings(spec, exp), supernet=supernet)
+        self.describe = _Describe(describe or {})
         self.recorder = TrialRecorder(exp, spec.name, self.describe)
         self.retention = retention_callback(exp, spec, self.recorder, self.settings)
         storage = study_storage(spec, exp)  # the searcher's study lives in the optuna tracker's storage
@@ -92,7 +104,8 @@ class CampaignRun:
 
     def fit(self, concurrency: int | None = None, *, restoring: bool = False, verbose: bool = False, view=None):
         """The trials (a new Tuner, or the restored one), then the stages."""
-        with StopSignals() as stop:
+        # What Tune keeps and writes per trial (search.campaign.tune_settings), for Tuner.restore and fit alike.
+        with StopSignals() as stop, tune_settings_applied():
             if restoring:
                 tuner = tune.Tuner.restore(self.exp, trainable=self.trainable(), resume_unfinished=True,
                                            resume_errored=False)
@@ -138,6 +151,7 @@ class CampaignRun:
             self.folder.mark(INTERRUPTED_KEY)
             raise CampaignInterrupted(self.exp, stop.received, interrupted)
         self.folder.mark(ENDED_KEY)
+        self.retention.close()  # no other quantization policy can come: trainers kept for them let go
 
     def _stages(self) -> None:
         """The stages after the trials (search.campaign.stages), once those begun beside them have run; a stop
@@ -185,7 +199,8 @@ def _scheduler(spec, exp: str):
     sched = spec.scheduler
     return make_scheduler(sched.type, max_t=spec.train.epochs, grace=sched.grace_epochs, rf=sched.reduction_factor,
                           brackets=sched.bracket_count(spec.train.epochs),
-                          metrics=[o.metric for o in spec.objectives], modes=[o.mode for o in spec.objectives],
+                          metrics=[ranked_by(o.metric) for o in spec.objectives],   # top1_q's rungs: top1
+                          modes=[o.mode for o in spec.objectives],
                           metric=sched.metric, mode=sched.mode, experiment=exp)  # asha: the loader resolved them
 
 

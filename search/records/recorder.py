@@ -34,6 +34,7 @@ from qkvsearch.search.records.layout import (
     ERROR_KEY,
     MEASURED_ON_KEY,
     STATUS_KEY,
+    TRAINED_BY_KEY,
     TRIALS_DIR,
     UNSCORED_STATUSES,
     UNTRAINED_STATUSES,
@@ -45,6 +46,11 @@ from qkvsearch.spaces.metrics import COST_METRICS, EPOCH, MEASURED_METRICS
 from qkvsearch.storage import append_bytes, open_location, read_many, write_bytes, write_json
 
 logger = logging.getLogger(__name__)
+
+# Record fields a campaign's run may add to every trial's record: how it was trained (fidelity: standalone,
+# its weights its own; the one-shot evaluations, fidelity inherited, are search.records.inherited's) and the
+# supernet it was chosen from.
+RECORD_FIELDS = ("fidelity", "supernet")
 
 
 def _metrics_of(result: dict) -> dict:
@@ -113,8 +119,9 @@ class Recorder:
         self.experiment_uri = experiment_uri.rstrip("/")
         self.campaign = campaign
         self.describe = describe
-        self.records: dict[str, dict] = {}
+        self.records: dict[str, dict] = {}  # records that may still change (ended ones leave: forget_ended)
         self.epoch_logs: dict[str, _EpochLog] = {}
+        self._ended: list[str] = []  # trials whose record ended since the last forget_ended()
 
     # -- record bookkeeping ------------------------------------------------------------------
     def _record(self, trial) -> dict:
@@ -130,6 +137,9 @@ class Recorder:
             }
             if info.get("measured_on"):
                 rec["measured_on"] = info["measured_on"]
+            for key in RECORD_FIELDS:  # what a run says of every trial (a one-shot campaign: fidelity, supernet)
+                if info.get(key) is not None:
+                    rec[key] = info[key]
             rec.update(self._load_existing(trial.trial_id) or {})  # a field an older record lacks stays fresh
             self.records[trial.trial_id] = rec
         return rec
@@ -226,12 +236,18 @@ class Recorder:
         rec = self._record(trial)
         _note_measured(rec, result)
         status = result.get(STATUS_KEY)
+        if result.get(TRAINED_BY_KEY):  # evaluated that trial's weights under its own quantization policy
+            rec["trained_by"] = str(result[TRAINED_BY_KEY])
         if status in UNSCORED_STATUSES:
             rec["status"] = status
             rec["error"] = result.get(ERROR_KEY)
         elif status == "duplicate":  # trained nothing: its outcome is its original's, recorded there
             rec["status"] = status
             rec["duplicate_of"] = result.get(DUPLICATE_OF_KEY)
+        elif rec.get("trained_by"):  # its one result: the trained model's accuracy at the planned epoch
+            metrics = _metrics_of(result)
+            if status is None and metrics:
+                rec["epochs"] = [{**metrics, EPOCH: float(rec["epochs_planned"])}]
         else:
             metrics = _metrics_of(result)
             if EPOCH in metrics:
@@ -259,6 +275,19 @@ class Recorder:
     def _finish(self, rec: dict) -> None:
         rec["ended_at"] = time.time()
         self._save(rec)
+        self._ended.append(rec["trial_id"])
+
+    def forget_ended(self) -> None:
+        """Drop from memory the records of the trials that ended since the last call: their files hold them, and
+        a trial that starts again (Tune restarts it, or retention notes what it kept) has its record read back.
+        Called once every callback has seen the end (search.campaign.recording: at Tune's next step), so that
+        the driver's memory does not grow with the campaign's trials."""
+        ended, self._ended = self._ended, []
+        for trial_id in ended:
+            rec = self.records.get(trial_id)
+            if rec is not None and rec.get("ended_at") is not None:
+                del self.records[trial_id]
+                self.epoch_logs.pop(trial_id, None)
 
     def note_checkpoint(self, trial_id: str, path: str | None, kept: str, note: str) -> None:
         """What an ended trial keeps of its checkpoints (search.campaign.retention): ``path`` its
@@ -274,6 +303,8 @@ class Recorder:
             self.records[trial_id] = rec
         rec.update(checkpoint_path=path, checkpoint_kept=kept, checkpoint_note=note)
         self._save(rec)
+        if rec.get("ended_at") is not None:
+            self._ended.append(trial_id)
 
     def mark_interrupted(self) -> list[str]:
         """After the driver was stopped: every trial still running becomes "interrupted" (resume continues

@@ -1,0 +1,133 @@
+"""Scoring subnets on Ray: a pool of actors, each loading the supernet's checkpoint once
+(trainers.supernet.scoring.SubnetScorer) and scoring the batches of subnets the campaign's searcher proposes,
+as ``simulate`` drives a searcher over a table: no Tune trial per subnet, so thousands of subnets cost the driver
+no per-trial state.
+
+The searcher (search.searchers.SEARCHERS: the ``search`` section's, over the space) learns each subnet's inherited
+top-1 with its counted cost, as it would a trial's; a configuration proposed again (one training identity) is
+told its known result and not scored twice. Each batch is recorded once scored (search.records.inherited): a
+driver stopped here and resumed scores no recorded subnet again; the searcher built anew is told the recorded
+ones (``Searcher.tell_earlier``) before it proposes more.
+"""
+from __future__ import annotations
+
+import logging
+
+import ray
+
+from qkvsearch.search.records import inherited
+from qkvsearch.search.searchers import make_searcher
+from qkvsearch.search.searchers.base import FINISHED, EarlierTrial
+from qkvsearch.search.searchers.problem import build_trial, spec_problem
+from qkvsearch.spaces import base_config
+from qkvsearch.spaces.keys import identity
+
+log = logging.getLogger(__name__)
+BATCH = 8            # most subnets per actor call: the actor's time to score them dwarfs the call's
+MAX_PROPOSALS = 50   # proposals in a row that are known already before the searcher is taken as done
+
+
+class _Scorer:
+    """A Ray actor: one supernet loaded once, subnets scored one after another."""
+
+    def __init__(self, plan: dict, checkpoint: str, cfg: dict, bn_batches: int, threads: int):
+        import torch
+
+        from qkvsearch.trainers.engine import load_state
+        from qkvsearch.trainers.supernet.scoring import SubnetScorer
+        from qkvsearch.trainers.supernet.training import SupernetPlan
+
+        torch.set_num_threads(threads)
+        self.scorer = SubnetScorer(SupernetPlan.from_dict(plan), load_state(checkpoint), cfg, bn_batches)
+
+    def score(self, configs: list[dict]) -> list[dict]:
+        return [self.scorer.score(c) for c in configs]
+
+
+def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, supernet_id: str, space: str,
+             actors: int) -> list[dict]:
+    """Score ``spec.search.num_trials`` subnets (counting those recorded before); -> every evaluation."""
+    records = inherited.read_evaluations(exp)
+    known = {identity(r["config"]): r for r in records}
+    searcher = make_searcher(spec.search.algorithm, spec_problem(spec))
+    for r in records:
+        searcher.tell_earlier(EarlierTrial(identity(r["config"]), r["subnet_id"], r["keys"], "completed",
+                                           r["metrics"], r["cost"]))
+    target = spec.search.num_trials
+    if len(known) >= target:
+        return records
+    res = spec.resources
+    threads = max(1, int(res.cpus_per_worker))
+    pool = [ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(_Scorer).remote(
+        plan, checkpoint, teacher_cfg, spec.supernet.bn_batches, threads) for _ in range(max(1, actors))]
+    base, n_batch, idle, pending = base_config(spec), inherited.batches_written(exp), list(pool), {}
+    claimed = set(known)  # identities scored or being scored: none is proposed to an actor twice
+    ids = _Ids(records)
+    done = False
+    try:
+        while pending or (not done and len(claimed) < target):
+            while idle and not done and len(claimed) < target:
+                share = -(-(target - len(claimed)) // len(pool))  # the rest spread over the actors
+                batch = _propose(searcher, base, known, claimed, min(BATCH, share), ids)
+                if not batch:
+                    done = True
+                    break
+                actor = idle.pop()
+                pending[actor.score.remote([t["config"] for t in batch])] = (actor, batch)
+            if not pending:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            actor, batch = pending.pop(ready[0])
+            idle.append(actor)
+            scored = [{"subnet_id": t["subnet_id"], "keys": t["keys"], "config": t["config"], "cost": t["cost"],
+                       "metrics": m, "supernet": supernet_id, "space": space}
+                      for t, m in zip(batch, ray.get(ready[0]))]
+            inherited.write_batch(exp, n_batch, scored)
+            n_batch += 1
+            for r in scored:
+                known[identity(r["config"])] = r
+                records.append(r)
+                searcher.on_trial_complete(r["subnet_id"], _result(r))
+            log.info(f"subnets scored: {len(known)}/{target}")
+    finally:
+        for actor in pool:
+            ray.kill(actor)
+    return records
+
+
+class _Ids:
+    """Subnet ids, one per proposal, never one twice (a resumed driver goes on after the recorded ones)."""
+
+    def __init__(self, records: list[dict]):
+        self.next = 1 + max((int(r["subnet_id"].rsplit("_", 1)[1]) for r in records), default=-1)
+
+    def __call__(self) -> str:
+        self.next += 1
+        return f"subnet_{self.next - 1:06d}"
+
+
+def _propose(searcher, base: dict, known: dict, claimed: set, n: int, ids: _Ids) -> list[dict]:
+    """Up to n new subnets ({"subnet_id", "keys", "config", "cost"}) from the searcher, each claimed; one
+    scored already is told its result at once, one being scored (or no model) is told it failed."""
+    out, repeats = [], 0
+    while len(out) < n and repeats < MAX_PROPOSALS + len(known):  # a grid proposes the recorded ones again
+        sid = ids()
+        keys = searcher.suggest(sid)
+        if keys is None or keys == FINISHED:
+            break
+        trial = build_trial(base, keys)
+        key = None if trial.get("invalid") else identity(trial["config"])
+        if key is None or key in claimed:
+            repeats += 1
+            searcher.on_trial_complete(sid, _result(known[key]) if key in known else None,
+                                       error=key not in known)
+            continue
+        claimed.add(key)
+        searcher.constrain(sid, trial["cost"])
+        out.append({"subnet_id": sid, "keys": keys, **trial})
+    return out
+
+
+def _result(record: dict) -> dict:
+    """An evaluation as a searcher learns a completed trial's last result."""
+    return {**record["metrics"], **record["cost"], "epoch": 1.0, "qs_epochs_planned": 1.0}

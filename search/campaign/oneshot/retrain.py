@@ -1,0 +1,66 @@
+"""Which scored subnets train on their own, and the campaign they train in.
+
+Chosen: the front of the campaign's objectives over the inherited scores (``retrain: front``), or the
+``top_k`` by non-dominated rank. Control: ``control`` subnets drawn at random (seeded) among the other scored
+ones. Chosen and control subnets train under the campaign's seed; the control ones also under the next seed,
+the noise floor against which the ranking is judged (search.analysis.fidelity). The selection is written once
+(search.records.inherited) so a resumed campaign retrains the same subnets.
+
+The retraining is an ordinary campaign (the trial path, MO-ASHA, records, trackers, report) whose space is the
+selected configurations as variants, searched as a grid.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
+from qkvsearch.search.records import inherited
+from qkvsearch.spaces import base_config, load_campaign
+from qkvsearch.spaces.keys import identity
+
+
+def _objective(record: dict, metric: str) -> float:
+    value = record["metrics"].get(metric, record["cost"].get(metric))
+    return float("nan") if value is None else float(value)
+
+
+def select(spec, records: list[dict]) -> dict:
+    """{"chosen": [space keys], "control": [space keys], "seed": the campaign's training seed}."""
+    records = list({identity(r["config"]): r for r in records}.values())  # one per training identity
+    metrics, modes = [o.metric for o in spec.objectives], [o.mode for o in spec.objectives]
+    values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float)
+    ok = ~np.isnan(values).any(axis=1)
+    idx = np.flatnonzero(ok)
+    s = spec.supernet
+    if s.retrain == "front":
+        chosen = idx[nondominated_mask(values[ok], modes)].tolist()
+    else:
+        ranks = nondominated_ranks(values[ok], modes)
+        order = np.lexsort((-values[ok][:, 0] if modes[0] == "max" else values[ok][:, 0], ranks))
+        chosen = idx[order[: s.top_k]].tolist()
+    others = [i for i in idx.tolist() if i not in set(chosen)]
+    rng = np.random.default_rng(spec.search.seed)
+    control = sorted(rng.choice(others, size=min(s.control, len(others)), replace=False).tolist()) if others else []
+    return {"chosen": [records[i]["keys"] for i in chosen], "control": [records[i]["keys"] for i in control],
+            "seed": int(base_config(spec)["seed"])}
+
+
+def selection(spec, exp: str, records: list[dict]) -> dict:
+    """The campaign's selection: the one written, else made now and written."""
+    found = inherited.read_selection(exp)
+    if found is None:
+        found = select(spec, records)
+        inherited.write_selection(exp, found)
+    return found
+
+
+def retrain_spec(spec, chosen: dict):
+    """The campaign the selected subnets train in: the spec's recipe, every selected configuration once, the
+    control ones a second time under the next seed."""
+    seed = chosen["seed"]
+    variants = [dict(k) for k in chosen["chosen"]] + [dict(k) for k in chosen["control"]]
+    variants += [{**k, "seed": seed + 1} for k in chosen["control"]]
+    d = spec.to_dict()
+    d.pop("supernet")
+    d.update(space={"variants": variants}, search={"algorithm": "grid", "seed": spec.search.seed})
+    return load_campaign(d)

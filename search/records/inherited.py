@@ -1,0 +1,57 @@
+"""Subnets scored with the weights they inherit from a supernet (one-shot search, search.campaign.oneshot): one file per
+batch of evaluations, written once, atomically, and the searcher's state beside them.
+
+    qs_inherited/batch-<n>.json    [{"subnet_id", "config", "cost", "metrics": {top1, top5, val_loss},
+                                     "fidelity": "inherited", "supernet": its checkpoint, "space": the space's
+                                     hash, "evaluated_at"}, ...]
+    qs_inherited/selection.json    the subnets chosen to train on their own, and the control sample
+"""
+from __future__ import annotations
+
+import time
+
+from qkvsearch.storage import exists, list_files, loads_json, open_location, read_json, read_many, write_json
+
+INHERITED_DIR = "qs_inherited"
+SELECTION_FILE = "selection.json"
+FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
+
+
+def write_batch(exp: str, n: int, evaluations: list[dict]) -> None:
+    stamped = [{**e, "fidelity": FIDELITY_INHERITED, "evaluated_at": time.time()} for e in evaluations]
+    write_json(f"{exp.rstrip('/')}/{INHERITED_DIR}/batch-{n:06d}.json", stamped)
+
+
+def read_evaluations(exp) -> list[dict]:
+    """Every recorded evaluation, in the order they were written ([] when none)."""
+    fs, root = open_location(exp)
+    folder = f"{root}/{INHERITED_DIR}"
+    try:
+        names = sorted(f for f in list_files(fs, folder) if f.startswith("batch-") and f.endswith(".json"))
+    except (FileNotFoundError, OSError):
+        return []
+    out = []
+    for data in read_many(fs, [f"{folder}/{name}" for name in names]):
+        if isinstance(data, bytes):
+            try:
+                out.extend(loads_json(data))
+            except ValueError:
+                continue  # a batch cut short by a kill is written again
+    return out
+
+
+def batches_written(exp) -> int:
+    fs, root = open_location(exp)
+    try:
+        return sum(1 for f in list_files(fs, f"{root}/{INHERITED_DIR}") if f.startswith("batch-"))
+    except (FileNotFoundError, OSError):
+        return 0
+
+
+def write_selection(exp: str, selection: dict) -> None:
+    write_json(f"{exp.rstrip('/')}/{INHERITED_DIR}/{SELECTION_FILE}", selection)
+
+
+def read_selection(exp) -> dict | None:
+    uri = f"{str(exp).rstrip('/')}/{INHERITED_DIR}/{SELECTION_FILE}"
+    return read_json(uri) if exists(uri) else None

@@ -1,0 +1,102 @@
+"""The campaign file's ``supernet`` section: one-shot search. One weight-sharing supernet is trained over the
+space; its subnets are scored with the weights they inherit (the ``search`` section's searcher proposes them,
+``search.num_trials`` of them); the chosen ones then train on their own as ordinary trials, with the ``train``
+section's recipe, from scratch (search.campaign.oneshot).
+
+    supernet:
+      train: {epochs: 30, lr: 1.0e-3}   # the supernet's recipe: train keys (the rest: the train section's)
+      random_subnets: 2                 # per update, besides the largest and smallest of the update's branch
+      distill: true                     # students learn the largest subnet's soft labels
+      bn_batches: 2                     # training batches a subnet's BatchNorm is recalibrated on
+      retrain: front                    # front: the inherited front; top_k: the top_k by non-dominated rank
+      top_k: 4
+      control: 8                        # random scored subnets also retrained, under two seeds: the check
+                                        # of how well inherited accuracy ranks, and its noise floor
+      from: results/earlier-oneshot     # search that campaign's trained supernet instead of training one
+
+What a supernet can share: width-like model keys (``WIDTH_KEYS``: the leading part of the largest's tensors)
+and categorical ones (``BRANCH_KEYS``: weights of their own per value). A space that searches anything else (a
+training key, the model, its image or patch size) is refused naming the key: a supernet is trained with one
+recipe on one input.
+"""
+from __future__ import annotations
+
+from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
+from qkvsearch.spaces.errors import Collector, show
+from qkvsearch.spaces.keys import KEYS, section_keys
+from qkvsearch.spaces.schema import FrozenMap, SupernetSpec
+
+# Which tensors a categorical key splits: the attention's (embedding, mixer, key), the stem's, the positions'.
+ATTENTION_BRANCH = ("embedding", "attention", "key", "key_aggregation", "key_context", "activation",
+                    "code_sharing")
+STEM_BRANCH = ("patch_embed",)
+POSITION_BRANCH = ("pos_embed",)
+BRANCH_KEYS = (*ATTENTION_BRANCH, *STEM_BRANCH, *POSITION_BRANCH)
+WIDTH_KEYS = ("hidden_width", "code_size", "depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio",
+              "attn_features", "attn_proj_len", "attn_landmarks", "key_charts")
+RETRAIN = ("front", "top_k")
+FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from")
+
+
+def parse_supernet(raw, c: Collector) -> SupernetSpec:
+    raw = c.section("supernet", raw, FIELDS, f"a mapping ({', '.join(FIELDS)})")
+    if raw is None:
+        return SupernetSpec()
+    recipe = _recipe(raw.get("train"), c, needs_epochs=raw.get("from") is None)
+    values: dict = {}
+    for key, check in (("random_subnets", NONNEG_INT), ("bn_batches", NONNEG_INT), ("control", NONNEG_INT),
+                       ("top_k", POS_INT), ("distill", FLAG)):
+        if raw.get(key) is not None:
+            try:
+                values[key] = check(raw[key])
+            except Bad:
+                c.expected(f"supernet.{key}", check.expected, raw[key])
+    if raw.get("retrain") is not None:
+        if raw["retrain"] in RETRAIN:
+            values["retrain"] = raw["retrain"]
+        else:
+            c.expected("supernet.retrain", " | ".join(RETRAIN), raw["retrain"])
+    if values.get("retrain") == "top_k" and values.get("top_k") is None:
+        c.add("supernet.top_k", "required with retrain: top_k (how many subnets to retrain)")
+    elif values.get("top_k") is not None and values.get("retrain") != "top_k":
+        c.add("supernet.top_k", "applies to retrain: top_k only")
+    source = raw.get("from")
+    if source is not None and not (isinstance(source, str) and source.strip()):
+        c.expected("supernet.from", "a campaign folder or URI whose supernet was trained (a string)", source)
+        source = None
+    return SupernetSpec(recipe=recipe, source=source.strip().rstrip("/") if source else None, **values)
+
+
+def _recipe(raw, c: Collector, needs_epochs: bool) -> FrozenMap:
+    """supernet.train: train keys by their section names, each checked as in the train section."""
+    table = section_keys("train")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        c.expected("supernet.train", "a mapping of train keys (epochs, lr, ...)", raw)
+        return FrozenMap()
+    c.unknown_keys("supernet.train", raw, table)
+    out = {}
+    for name, value in raw.items():
+        if name in table and value is not None:
+            try:
+                out[name] = table[name].check(value)
+            except Bad as bad:
+                c.expected(f"supernet.train.{name}", bad.expected or table[name].check.expected, value)
+    if needs_epochs and "epochs" not in out:
+        c.add("supernet.train.epochs", "required (how many epochs the supernet trains)")
+    return FrozenMap(out)
+
+
+def check_shareable(space, c: Collector) -> None:
+    """A space of a one-shot campaign searches only keys a supernet can share (module docstring)."""
+    shareable = set(WIDTH_KEYS) | set(BRANCH_KEYS)
+    searched = {d.key for d in space.dimensions if not d.enumerable or len({repr(v) for v in d.values}) > 1}
+    for key in {k for v in space.variants for k in v}:  # a key the variants set to more than one value
+        if len({repr(v.get(key)) for v in space.variants}) > 1:
+            searched.add(key)
+    for key in sorted(searched - shareable):
+        where = "the training recipe (one for the supernet: supernet.train)" if KEYS[key].group in ("train", "data") \
+            else "neither a width nor a choice of layer (one supernet is one model on one input, in full precision)"
+        c.add(f"space.{key}", f"expected keys one supernet can share (widths: {', '.join(WIDTH_KEYS[:4])}, ...; "
+                              f"choices: {', '.join(BRANCH_KEYS[:3])}, ...), given {show(key)}, which sets {where}")

@@ -1,0 +1,112 @@
+"""A one-shot campaign end to end on local Ray: its supernet trained as one DDP trial (two gloo workers), its
+subnets scored by actors with the weights they inherit, the best one and a control sample retrained on their own,
+the report's fidelity. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are
+scored: each resume goes on from what was recorded, the supernet trains each epoch once, and no subnet is
+scored twice."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from helpers.live_campaign import LiveCampaign, tiny_spec, wait_while_advancing, write_spec
+
+from qkvsearch.search.records import inherited
+from qkvsearch.search.records.lease import STALE_ENV, read_lease
+from qkvsearch.search.records.readers import read_trial_records
+from qkvsearch.spaces.keys import identity
+
+pytestmark = pytest.mark.slow
+
+SUBNETS = 5
+SUPERNET_EPOCHS = 3
+STALE_S = 8  # a killed driver's hold goes stale this long after its last heartbeat
+ENV = {STALE_ENV: str(STALE_S)}
+
+
+def _spec(storage: Path) -> dict:
+    spec = tiny_spec(storage, "oneshot", workers=2, epochs=1, variants=[], steps=2)
+    spec["space"] = {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]},
+                     "hidden_width": {"choice": [0.5, 1.0]}, "code_size": 4}
+    spec["supernet"] = {"train": {"epochs": SUPERNET_EPOCHS, "max_steps_per_epoch": 3}, "retrain": "top_k",
+                        "top_k": 1, "control": 1, "bn_batches": 1}
+    spec["search"] = {"algorithm": "random", "num_trials": SUBNETS, "seed": 0}
+    return spec
+
+
+def _supernet_epochs(exp: Path) -> list[int]:
+    files = sorted((exp / "supernet" / "qs_trials").glob("*.epochs.csv"))
+    if not files:
+        return []
+    return [int(float(row["epoch"])) for row in csv.DictReader(files[0].open())]
+
+
+def _batches(exp: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((exp / inherited.INHERITED_DIR).glob("batch-*.json"))}
+
+
+def _killed_when(run: LiveCampaign, exp: Path, done, what: str) -> None:
+    """SIGKILL the driver once ``done()``, then wait for its hold on the campaign to go stale."""
+    def ready():
+        run._check_alive()
+        return done()
+
+    wait_while_advancing(ready, lambda: run.advancing(exp), what)
+    run.kill()
+    wait_while_advancing(lambda: read_lease(exp).stale, lambda: None, "the killed driver's hold to go stale",
+                         stall_s=4 * STALE_S)
+
+
+def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_path):
+    spec_file = write_spec(tmp_path / "oneshot.yaml", _spec(tmp_path / "results"))
+    exp = tmp_path / "results" / "oneshot"
+
+    with LiveCampaign(["launch", str(spec_file)], tmp_path, ENV) as run:  # killed while the supernet trains
+        _killed_when(run, exp, lambda: len(_supernet_epochs(exp)) >= 1, "the supernet's first epoch")
+    assert len(_supernet_epochs(exp)) < SUPERNET_EPOCHS
+
+    with LiveCampaign(["resume", str(exp)], tmp_path, ENV) as run:  # killed once a batch of subnets is scored
+        _killed_when(run, exp, lambda: _batches(exp), "a scored batch of subnets")
+    before = _batches(exp)
+    assert _supernet_epochs(exp) == list(range(1, SUPERNET_EPOCHS + 1))  # each epoch trained once
+
+    with LiveCampaign(["resume", str(exp)], tmp_path, ENV) as run:
+        assert run.wait(900) == 0, run.stderr()[-3000:]
+
+    after = _batches(exp)
+    assert all(after[name] == data for name, data in before.items())  # recorded batches untouched
+    evaluations = inherited.read_evaluations(exp)
+    keys = [identity(e["config"]) for e in evaluations]
+    assert len(keys) == len(set(keys)) == SUBNETS  # none scored twice, all scored
+    assert len({e["subnet_id"] for e in evaluations}) == SUBNETS
+    assert all(0 <= e["metrics"]["top1"] <= 100 and e["fidelity"] == "inherited" for e in evaluations)
+    assert len({e["supernet"] for e in evaluations}) == 1
+    supernet_records, _ = read_trial_records(str(exp / "supernet"))
+    assert [r["fidelity"] for r in supernet_records] == ["supernet"]
+
+    selection = inherited.read_selection(exp)
+    records, _ = read_trial_records(str(exp))
+    retrained = len(selection["chosen"]) + 2 * len(selection["control"])
+    assert len(selection["chosen"]) == 1 and len(selection["control"]) == 1
+    assert len(records) == retrained and all(r["status"] == "completed" for r in records)
+    assert {r["fidelity"] for r in records} == {"standalone"}
+    assert {r["supernet"] for r in records} == {evaluations[0]["supernet"]}
+
+    from subprocess import run as sh
+    done = sh([sys.executable, "-m", "qkvsearch.search.cli", "report", str(exp)],
+              capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    subnets = pq.read_table(exp / "report" / "subnets.parquet").to_pandas()
+    assert len(subnets) == SUBNETS
+    assert (subnets["selected"] == "chosen").sum() == len(selection["chosen"])
+    assert subnets.loc[subnets["selected"].notna(), "top1_standalone"].notna().all()
+    assert subnets.loc[subnets["selected"] == "control", "top1_standalone_reseeded"].notna().all()
+    fidelity = json.loads((exp / "report" / "fidelity.json").read_text())
+    assert fidelity["subnets_scored"] == SUBNETS and fidelity["retrained"] == retrained - len(selection["control"])
+    assert fidelity["hv_inherited"] is not None and fidelity["hv_standalone"] is not None
+    assert "One-shot fidelity" in (exp / "report" / "report.md").read_text()
+    trials = pq.read_table(exp / "report" / "trials.parquet").to_pandas()
+    assert set(trials["fidelity"]) == {"standalone"}

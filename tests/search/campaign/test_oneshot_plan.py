@@ -1,0 +1,85 @@
+"""What a one-shot campaign derives from its spec (search.campaign.oneshot): its candidates, the nested campaign
+that trains the supernet, the selection and the campaign the selection retrains in, and a trained supernet
+taken with ``supernet.from``, checked to hold the campaign's space."""
+from __future__ import annotations
+
+import pytest
+
+from qkvsearch.search.campaign.oneshot.phases import PLAN_FILE, _trained_plan
+from qkvsearch.search.campaign.oneshot.plan import (
+    SUPERNET_DIR,
+    candidates,
+    supernet_plan,
+    supernet_spec,
+    teacher,
+)
+from qkvsearch.search.campaign.oneshot.retrain import retrain_spec, select
+from qkvsearch.search.records.layout import CampaignFolder
+from qkvsearch.spaces import BadInput, load_campaign
+from qkvsearch.spaces.keys import identity
+from qkvsearch.storage import write_json
+
+
+def _spec(tmp_path, **supernet) -> dict:
+    return {"name": "p", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
+            "data": {"dataset": "digits"}, "train": {"epochs": 2, "batch_size": 16, "seed": 5},
+            "space": {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]},
+                      "hidden_width": {"choice": [0.5, 1.0]}, "code_size": 4},
+            "supernet": {"train": {"epochs": 3, "lr": 1e-3}, **supernet},
+            "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+            "search": {"algorithm": "random", "num_trials": 5, "seed": 1}, "storage": str(tmp_path)}
+
+
+def test_the_candidates_are_the_distinct_models_of_the_space(tmp_path):
+    trials = candidates(load_campaign(_spec(tmp_path)))
+    # linear has no hidden width: its two widths are one model
+    assert len(trials) == 5 == len({identity(t["config"]) for t in trials})
+    assert sorted(t["config"]["embedding"] for t in trials).count("linear") == 1
+
+
+def test_the_supernet_trains_as_one_trial_of_the_teacher_with_its_own_recipe(tmp_path):
+    spec = load_campaign(_spec(tmp_path))
+    trials = candidates(spec)
+    plan = supernet_plan(spec, trials)
+    sub = supernet_spec(spec, str(tmp_path / "p"), trials, plan)
+    assert sub.storage.rstrip("/").endswith("p") and sub.name == SUPERNET_DIR
+    (variant,) = sub.space.variants
+    assert dict(variant) == trials[teacher(plan)]["keys"]
+    assert trials[teacher(plan)]["cost"]["gmacs"] == max(t["cost"]["gmacs"] for t in trials)
+    assert sub.train.epochs == 3 and sub.train.lr == 1e-3 and not sub.supernet and not sub.constraints
+    assert len(set(plan["branches"])) == 3  # the embedding types: weights of their own each
+
+
+def _records(trials):
+    return [{"keys": t["keys"], "config": t["config"], "cost": t["cost"], "metrics": {"top1": 50.0 + i}}
+            for i, t in enumerate(trials)]
+
+
+@pytest.mark.parametrize("how", [{"retrain": "front"}, {"retrain": "top_k", "top_k": 2}])
+def test_the_selection_and_its_control_sample_are_disjoint_and_fixed_by_the_seed(tmp_path, how):
+    spec = load_campaign(_spec(tmp_path, control=2, **how))
+    records = _records(candidates(spec))
+    chosen = select(spec, records)
+    assert chosen == select(spec, records) and chosen["seed"] == 5
+    assert len(chosen["control"]) == 2
+    assert not {repr(k) for k in chosen["chosen"]} & {repr(k) for k in chosen["control"]}
+    if how["retrain"] == "top_k":
+        assert len(chosen["chosen"]) == 2
+    retrain = retrain_spec(spec, chosen)
+    seeds = sorted(v.get("seed") for v in retrain.space.variants if "seed" in v)
+    assert len(retrain.space.variants) == len(chosen["chosen"]) + 4 and seeds == [6, 6]
+    assert not retrain.supernet and retrain.search.algorithm == "grid"
+
+
+def test_a_supernet_from_another_campaign_must_hold_this_space(tmp_path):
+    small = load_campaign({**_spec(tmp_path), "name": "small",
+                           "space": {"depth": 2, "embedding": "sne", "hidden_width": 0.5}})
+    trials = candidates(small)
+    folder = tmp_path / "small" / SUPERNET_DIR
+    CampaignFolder.create(str(folder), supernet_spec(small, str(tmp_path / "small"), trials,
+                                                     supernet_plan(small, trials)), "test")
+    write_json(str(folder / PLAN_FILE), supernet_plan(small, trials))
+    assert _trained_plan(str(folder), trials)["configs"] == [t["config"] for t in trials]
+    wider = candidates(load_campaign(_spec(tmp_path)))
+    with pytest.raises(BadInput, match="supernet.from: expected a supernet whose space holds this campaign's"):
+        _trained_plan(str(folder), wider)

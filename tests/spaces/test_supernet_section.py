@@ -1,0 +1,64 @@
+"""The campaign file's ``supernet`` section: what one-shot search accepts, and what it refuses by name."""
+from __future__ import annotations
+
+import pytest
+
+from qkvsearch.spaces import SpecError, load_campaign
+
+
+def _spec(**over) -> dict:
+    spec = {"name": "s", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
+            "data": {"dataset": "digits"}, "train": {"epochs": 2, "batch_size": 16, "seed": 0},
+            "space": {"embedding": {"choice": ["sne", "fsne"]}, "hidden_width": {"choice": [0.5, 1.0]},
+                      "patch_size": 8},
+            "supernet": {"train": {"epochs": 3, "lr": 1e-3}, "control": 2},
+            "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+            "search": {"algorithm": "random", "num_trials": 4}, "storage": "/tmp"}
+    for key, value in over.items():
+        spec[key] = value
+    return spec
+
+
+def _errors(spec: dict) -> str:
+    with pytest.raises(SpecError) as err:
+        load_campaign(spec)
+    return "\n".join(err.value.errors)
+
+
+def test_a_supernet_section_round_trips():
+    spec = load_campaign(_spec())
+    assert spec.supernet and spec.supernet.recipe["epochs"] == 3 and spec.supernet.control == 2
+    again = load_campaign(spec.to_dict())
+    assert again.supernet == spec.supernet
+    assert not load_campaign({k: v for k, v in _spec().items() if k != "supernet"}).supernet
+
+
+@pytest.mark.parametrize("space, field, words", [
+    ({"embedding": {"choice": ["sne"]}, "lr": {"choice": [1e-3, 2e-3]}}, "space.lr", "training recipe"),
+    ({"embedding": {"choice": ["sne"]}, "img_size": {"choice": [16, 32]}}, "space.img_size", "one input"),
+    ({"variants": [{"embedding": "sne", "seed": 0}, {"embedding": "sne", "seed": 1}]}, "space.seed", "recipe"),
+])
+def test_a_key_no_supernet_can_share_is_refused_naming_it(space, field, words):
+    text = _errors(_spec(space=space))
+    assert field in text and words in text and "hidden_width" in text
+
+
+@pytest.mark.parametrize("section, field, words", [
+    ({"train": {"lr": 1e-3}}, "supernet.train.epochs", "required"),
+    ({"train": {"epochs": 2, "momentum": 0.9}}, "supernet.train", "momentum"),
+    ({"train": {"epochs": -1}}, "supernet.train.epochs", "-1"),
+    ({"train": {"epochs": 2}, "retrain": "top_k"}, "supernet.top_k", "required"),
+    ({"train": {"epochs": 2}, "retrain": "best"}, "supernet.retrain", "front | top_k"),
+    ({"train": {"epochs": 2}, "top_k": 3}, "supernet.top_k", "top_k only"),
+    ({"train": {"epochs": 2}, "control": -2}, "supernet.control", "-2"),
+    ({"train": {"epochs": 2}, "from": 7}, "supernet.from", "7"),
+    ({"train": {"epochs": 2}, "wide": True}, "supernet", "wide"),
+])
+def test_a_bad_supernet_field_is_refused_naming_it(section, field, words):
+    text = _errors(_spec(supernet=section))
+    assert field in text and words in text, text
+
+
+def test_one_shot_search_has_no_stages():
+    stages = {"finetune": [{"dataset": "digits", "epochs": 1}]}
+    assert "stages" in _errors(_spec(stages=stages))

@@ -1,0 +1,101 @@
+"""The supernet holds every configuration of a space: a subnet run through it is, to the last bit, the model
+``build_model`` makes with the weights ``extract`` gives; a narrow subnet trains only the leading part of the
+tensors it shares; a configuration outside the space is refused, naming the tensor."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
+from qkvsearch.spaces import load_campaign
+from qkvsearch.trainers.models import build_model
+from qkvsearch.trainers.supernet.training import SupernetPlan
+from qkvsearch.trainers.supernet.weights import Supernet, widest
+
+
+def _spec(space: dict, **model) -> dict:
+    return {"name": "s", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10, **model},
+            "data": {"dataset": "digits"}, "train": {"epochs": 1, "batch_size": 8, "seed": 0},
+            "space": {"depth": 2, **space}, "supernet": {"train": {"epochs": 1}},
+            "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+            "search": {"algorithm": "random", "num_trials": 4}, "storage": "/tmp"}
+
+
+SPACE = {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]}, "hidden_width": {"choice": [0.25, 0.5, 1.0]},
+         "code_size": {"choice": [4, 8]}, "code_sharing": {"choice": ["shared", "per_block"]}}
+
+
+@pytest.fixture(scope="module")
+def space():
+    trials = candidates(load_campaign(_spec(SPACE)))
+    return [t["config"] for t in trials]
+
+
+def test_every_subnet_is_the_model_built_with_its_extracted_weights(space):
+    torch.manual_seed(0)
+    supernet = Supernet(space, seed=0).eval()
+    x = torch.randn(2, 3, 16, 16)
+    kinds = set()
+    for cfg in space:
+        model = build_model(cfg).eval()
+        model.load_state_dict(supernet.extract(cfg))
+        with torch.no_grad():
+            diff = (supernet(x, cfg) - model(x)).abs().max().item()
+        assert diff == 0.0, (cfg["embedding"], cfg.get("width"), cfg.get("code_size"), diff)
+        kinds.add((cfg["embedding"], cfg.get("code_sharing") if cfg["embedding"] == "fsne" else None))
+    assert kinds == {("linear", None), ("sne", None), ("psne", None), ("fsne", "shared"), ("fsne", "per_block")}
+
+
+def test_the_widest_subnets_start_as_models_of_their_own(space):
+    supernet = Supernet(space, seed=3)
+    for cfg in widest(space):
+        torch.manual_seed(3)
+        own = build_model(cfg).state_dict()
+        got = supernet.extract(cfg)
+        shared = [n for n in own if ".attn." in n]  # a branch's tensors come from its widest model alone
+        assert shared and all(torch.equal(own[n], got[n]) for n in shared)
+
+
+def test_a_narrow_subnet_trains_the_leading_part_of_its_branch_only(space):
+    supernet = Supernet(space, seed=0)
+    narrow = min((c for c in space if c["embedding"] == "sne"), key=lambda c: c["width"])
+    wide = max((c for c in space if c["embedding"] == "sne"), key=lambda c: c["width"])
+    assert narrow["width"] < wide["width"]
+    supernet(torch.randn(2, 3, 16, 16), narrow).sum().backward()
+    grads = {k: p.grad for k, p in supernet.masters.items()}
+    other_branch = [k for k, g in grads.items() if "embedding=" in k and "embedding=sne" not in k]
+    assert other_branch and all(grads[k] is None for k in other_branch)
+    sne = [k for k in grads if "embedding=sne" in k and grads[k] is not None and grads[k].dim() == 2]
+    assert sne
+    for k in sne:
+        g = grads[k]
+        rows = (g.abs().sum(dim=1) > 0).nonzero().flatten()
+        assert rows.numel() and rows.max().item() < g.shape[0], k
+    # the rows past the narrow subnet's width in SNE's first layer (three parts of h) get nothing
+    first = next(k for k in sne if k.startswith("blocks/0/attn/qkv/fc1/weight"))  # (3h, d): q, k, v parts
+    g = grads[first]
+    h_wide = g.shape[0] // 3
+    used = (g.abs().sum(dim=1) > 0).reshape(3, h_wide).sum(dim=1)
+    assert (used <= narrow["width"]).all() and used.max().item() > 0
+
+
+def test_a_configuration_outside_the_space_is_refused_naming_its_tensor(space):
+    narrow_space = [c for c in space if c["embedding"] == "sne" and c["width"] < max(s["width"] for s in space)]
+    supernet = Supernet(narrow_space, init=False)
+    wider = max((c for c in space if c["embedding"] == "sne"), key=lambda c: c["width"])
+    why = supernet.serves(wider)
+    assert why and "attn" in why and "needs" in why
+    with pytest.raises(ValueError, match="cannot run"):
+        supernet.params_for(wider)
+
+
+def test_the_sandwich_trains_every_branch_in_turn():
+    spec = load_campaign(_spec(SPACE))
+    trials = candidates(spec)
+    plan = SupernetPlan.from_dict(supernet_plan(spec, trials))
+    seen = set()
+    for update in range(len(plan.sandwich())):
+        for i in plan.students(update, seed=0):
+            seen.add(plan.branches[i])
+    assert seen == set(plan.branches)
+    assert plan.students(5, seed=0) == plan.students(5, seed=0)  # every rank draws the same subnets

@@ -1,0 +1,48 @@
+"""Scoring subnets with the weights they inherit from a trained supernet, in one process: the checkpoint is
+loaded once, then each subnet has its BatchNorm statistics recalibrated on a few training batches (when it has
+BatchNorm: XCiT's convolutional patch embedding and its blocks' local patch interaction do) and is evaluated on
+the validation split, as trainers.engine evaluates a trial."""
+from __future__ import annotations
+
+import torch
+
+from qkvsearch.spaces.keys import batch_plan
+from qkvsearch.trainers import data as qdata
+from qkvsearch.trainers import engine
+from qkvsearch.trainers.supernet.training import SupernetPlan, _Subnet
+from qkvsearch.trainers.supernet.weights import Supernet
+
+BN_SEED = 0   # the training images BatchNorm is recalibrated on: the same for every subnet
+
+
+class SubnetScorer:
+    """plan: the supernet's (SupernetPlan); state: its checkpoint state (trainers.engine.load_state); cfg: the
+    teacher's filled config (data, batch); bn_batches: training batches for BatchNorm; device: where it runs."""
+
+    def __init__(self, plan: SupernetPlan, state: dict, cfg: dict, bn_batches: int = 2, device=None):
+        self.device = torch.device(device or "cpu")
+        self.cfg, self.bn_batches = cfg, bn_batches
+        self.supernet = Supernet(list(plan.configs), init=False)
+        self.supernet.load_state_dict(state["model"])
+        self.supernet.to(self.device).eval()
+        self.train_src, self.val_src = qdata.load_data(cfg)
+        self.bpw = batch_plan(cfg, 1)[0]
+
+    def _bn_batches(self):
+        order = qdata.train_shard(len(self.train_src), 1, 0, BN_SEED, 0)
+        batches = self.train_src.batches(order, self.bpw, self.device, drop_last=True)
+        for _ in range(self.bn_batches):
+            x, _ = next(batches)
+            yield x
+
+    @torch.no_grad()
+    def score(self, cfg: dict) -> dict:
+        """{"top1", "top5", "val_loss"} of the subnet ``cfg`` (a resolved configuration of the plan's space)."""
+        self.supernet.recalibrate(cfg, self._bn_batches())
+        return engine.evaluate(_Subnet(self.supernet, cfg), self.val_src, engine.Dist(device=self.device),
+                               batch_size=max(2 * self.bpw, 128))
+
+    def extract(self, cfg: dict) -> dict:
+        """The subnet's state dict, BatchNorm recalibrated (build_model(cfg).load_state_dict takes it)."""
+        self.supernet.recalibrate(cfg, self._bn_batches())
+        return self.supernet.extract(cfg)

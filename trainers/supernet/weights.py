@@ -1,0 +1,205 @@
+"""The supernet: one set of tensors holding the weights of every configuration of a campaign's space.
+
+A subnet is the model ``build_model(cfg)`` defines: its module tree (a skeleton, built once per model shape and
+cached, with its parameters on the meta device and its own buffers) runs through ``torch.func.functional_call``
+on tensors cut from the supernet's (trainers.supernet.layout: its branch, the leading entries of each part of
+each dim). Nothing here builds a layer: a subnet extracted (``extract``) is ``build_model(cfg)`` with weights
+copied in, so its cost, measurement and every report column apply to it unchanged.
+
+Buffers (BatchNorm running statistics, RoPE tables) stay in each skeleton: a subnet's BatchNorm statistics are
+its own, recalibrated on training batches before it is scored (``recalibrate``), as Once-for-All does.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qkvsearch.spaces.keys import MODEL_GROUPS, identity, names
+from qkvsearch.trainers.supernet.layout import cut, fits, master_key, parts, place
+from qkvsearch.trainers.supernet.layout import widest as widest_layout
+
+MODEL_KEYS = (*names(*MODEL_GROUPS), "width")   # what decides a subnet's module tree (its skeleton)
+
+
+def model_identity(cfg: dict) -> str:
+    return identity({k: cfg.get(k) for k in MODEL_KEYS})
+
+
+def _skeleton(cfg: dict) -> nn.Module:
+    """build_model(cfg) with its parameters moved to the meta device (they are always given: functional_call)."""
+    from qkvsearch.trainers.models import build_model
+
+    model = build_model(cfg)
+    meta: dict[int, nn.Parameter] = {}  # a tied parameter (shared codes) stays one parameter
+    for module in model.modules():
+        for key, param in list(module._parameters.items()):
+            if param is not None:
+                if id(param) not in meta:
+                    meta[id(param)] = nn.Parameter(param.to("meta"), requires_grad=False)
+                module._parameters[key] = meta[id(param)]
+    return model
+
+
+class Supernet(nn.Module):
+    """configs: the resolved configurations (trials' configs) it serves. Its tensors are, part by part, the
+    widest layout over the configurations that are widest in some model key within each branch (the
+    skeletons of those only are built here: a space of thousands of shapes is not built up front; a
+    configuration outside them is checked when it runs, ``serves``). init: weights from ``build_model`` of
+    those configurations (the widest first), so a subnet starts as a model of its own would; a supernet about
+    to load trained weights skips it."""
+
+    def __init__(self, configs: list[dict], seed: int = 0, init: bool = True):
+        super().__init__()
+        self.varying = frozenset(k for k in MODEL_KEYS if len({repr(c.get(k)) for c in configs}) > 1)
+        self._skeletons: dict[str, nn.Module] = {}
+        self._checked: set[str] = set()                             # model identities known to fit
+        self._plans: dict[str, list[tuple[str, str, tuple]]] = {}   # model identity -> [(name, key, layout)]
+        self.layouts: dict[str, tuple] = {}                         # master key -> widest layout
+        widest_configs = widest(configs)
+        for cfg in widest_configs:
+            for _, key, layout in self._plan(cfg):
+                self.layouts[key] = widest_layout(self.layouts[key], layout) if key in self.layouts else layout
+        self.masters = nn.ParameterDict({
+            _safe(key): nn.Parameter(torch.zeros([sum(p) for p in layout])) for key, layout in self.layouts.items()})
+        if init:
+            self._init(widest_configs, seed)
+
+    # -- plans ----------------------------------------------------------------------------------------
+    def _plan(self, cfg: dict) -> list[tuple[str, str, tuple]]:
+        ident = model_identity(cfg)
+        if ident not in self._plans:
+            skeleton = self.skeleton(cfg)
+            self._plans[ident] = [(name, master_key(name, cfg, self.varying), parts(skeleton, name, p.shape))
+                                  for name, p in skeleton.named_parameters()]
+        return self._plans[ident]
+
+    def skeleton(self, cfg: dict) -> nn.Module:
+        """The subnet's module tree (cached per model shape), on the supernet's device."""
+        ident = model_identity(cfg)
+        if ident not in self._skeletons:
+            self._skeletons[ident] = _skeleton(cfg)
+        skeleton = self._skeletons[ident]
+        masters = self._parameters.get("masters") or getattr(self, "_modules", {}).get("masters")
+        device = next(iter(masters.values())).device if masters is not None and len(masters) else torch.device("cpu")
+        for module in skeleton.modules():  # buffers only: the meta parameters stay where they are
+            for key, buf in module._buffers.items():
+                if buf is not None and buf.device != device:
+                    module._buffers[key] = buf.to(device)
+        return skeleton
+
+    def serves(self, cfg: dict) -> str | None:
+        """Why this supernet cannot run ``cfg`` (a tensor it lacks or one too small), or None."""
+        for name, key, layout in self._plan(cfg):
+            if key not in self.layouts:
+                return f"{name}: no supernet tensor for it ({key})"
+            if not fits(layout, self.layouts[key]):
+                return f"{name}: needs {layout}, the supernet holds {self.layouts[key]}"
+        return None
+
+    # -- subnets --------------------------------------------------------------------------------------
+    def params_for(self, cfg: dict) -> dict[str, torch.Tensor]:
+        """name -> the subnet's parameter, cut from the supernet's tensors (gradients flow back to them)."""
+        why = self.serves(cfg) if model_identity(cfg) not in self._checked else None
+        if why:
+            raise ValueError(f"supernet: expected a configuration of its space, given one it cannot run: {why}")
+        self._checked.add(model_identity(cfg))
+        return {name: cut(self.masters[_safe(key)], self.layouts[key], layout)
+                for name, key, layout in self._plan(cfg)}
+
+    def forward(self, x: torch.Tensor, cfg: dict) -> torch.Tensor:
+        skeleton = self.skeleton(cfg)
+        skeleton.train(self.training)
+        return torch.func.functional_call(skeleton, self.params_for(cfg), (x,), strict=False, tie_weights=True)
+
+    @torch.no_grad()
+    def extract(self, cfg: dict) -> dict[str, torch.Tensor]:
+        """The subnet's state dict: ``build_model(cfg).load_state_dict`` takes it (tied parameters under every
+        name they have, buffers as the skeleton holds them)."""
+        skeleton = self.skeleton(cfg)
+        params = {n: p.detach().clone() for n, p in self.params_for(cfg).items()}
+        out = {}
+        for name, _ in skeleton.named_parameters(remove_duplicate=False):
+            owner = self._tied_name(skeleton, name)
+            out[name] = params[owner]
+        for name, buf in skeleton.named_buffers():
+            out[name] = buf.detach().clone()
+        return out
+
+    @staticmethod
+    def _tied_name(skeleton: nn.Module, name: str) -> str:
+        """The name named_parameters() gives the tensor registered as ``name`` (tied ones: the first)."""
+        target = skeleton.get_parameter(name)
+        for first, param in skeleton.named_parameters():
+            if param is target:
+                return first
+        return name
+
+    @torch.no_grad()
+    def recalibrate(self, cfg: dict, batches) -> None:
+        """Fresh BatchNorm statistics for the subnet from ``batches`` of training images (cumulative
+        averages, in train mode); a subnet without BatchNorm is left as it is."""
+        skeleton = self.skeleton(cfg)
+        norms = [m for m in skeleton.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if not norms:
+            return
+        saved = [(m, m.momentum) for m in norms]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # cumulative moving average over the batches
+        was = self.training
+        self.train()
+        params = self.params_for(cfg)
+        for x in batches:
+            torch.func.functional_call(skeleton, params, (x,), strict=False, tie_weights=True)
+        for m, momentum in saved:
+            m.momentum = momentum
+        self.train(was)
+
+    # -- initialisation -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _init(self, configs: list[dict], seed: int) -> None:
+        """Each tensor from the model of the widest configuration that has it; what no model covers keeps a
+        small normal initialisation."""
+        from qkvsearch.trainers.models import build_model
+
+        for master in self.masters.values():
+            if master.dim() > 1:
+                nn.init.trunc_normal_(master, std=0.02)
+        by_size = sorted(configs, key=lambda c: sum(sum(map(sum, lay)) for _, _, lay in self._plan(c)))
+        covered: set[str] = set()
+        for cfg in reversed(by_size):  # widest first: a tensor's first writer covers the most of it
+            plan = [(n, k, lay) for n, k, lay in self._plan(cfg) if k not in covered]
+            if not plan:
+                continue
+            torch.manual_seed(seed)
+            model = build_model(cfg)
+            values = dict(model.named_parameters())
+            for name, key, layout in plan:
+                place(self.masters[_safe(key)], self.layouts[key], layout, values[name])
+                covered.add(key)
+
+
+def widest(configs: list[dict]) -> list[dict]:
+    """Per branch (the values of the categorical keys that vary), the configurations widest in each varying
+    numeric model key (ties: the widest in the others): those whose tensors hold every other's."""
+    from qkvsearch.spaces.supernet import BRANCH_KEYS
+
+    varying = {k for k in MODEL_KEYS if len({repr(c.get(k)) for c in configs}) > 1}
+    categorical = [k for k in BRANCH_KEYS if k in varying]
+    numeric = [k for k in sorted(varying) if k not in categorical
+               and all(c.get(k) is None or isinstance(c.get(k), (int, float)) for c in configs)]
+    groups: dict[tuple, list[dict]] = {}
+    for c in configs:
+        groups.setdefault(tuple(repr(c.get(k)) for k in categorical), []).append(c)
+    picks: dict[str, dict] = {}
+    for group in groups.values():
+        size = [tuple((c.get(k) or 0) for k in numeric) for c in group]
+        for j in range(len(numeric)) or [0]:
+            best = max(range(len(group)), key=lambda i: (size[i][j] if numeric else 0, size[i]))
+            picks.setdefault(model_identity(group[best]), group[best])
+    return list(picks.values())
+
+
+def _safe(key: str) -> str:
+    """A master key as a ParameterDict name ('.' is not allowed in it)."""
+    return key.replace(".", "/")
