@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/qkvsearch report results/quickstart
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow'

@@ -21,15 +21,16 @@ SIMULATED_SEARCHERS = ("shuffle", *(a for a in ALGORITHMS if a != "grid"))
 EHVI_ALGORITHMS = ("ehvi", "mfehvi")
 # search keys that only some algorithms read -> those algorithms
 OPTIONS = {"repeats": ("grid",), "population_size": ("nsga2",), "n_startup_trials": ("gp", "ehvi", "mfehvi")}
-GP_STARTUP_TRIALS = 10   # gp: random trials before the Gaussian process leads (Optuna's default)
-# ehvi, mfehvi: random proposals before the model leads, chosen with ehvi's other settings on tables left out of
-# the choice (benchmarks/README.md, "Searchers compared"; search.searchers.ehvi_core.DEFAULT reads it)
-EHVI_STARTUP_TRIALS = 20
+# gp, ehvi, mfehvi: random proposals before the model leads. gp: Optuna's default; ehvi and mfehvi: chosen with
+# their other settings on tables left out of the choice (benchmarks/README.md, "ehvi's settings chosen on tables
+# left out" and "Multi-fidelity search"; search.searchers.ehvi_core and mfehvi read them)
+STARTUP_TRIALS = {"gp": 10, "ehvi": 20, "mfehvi": 10}
+GP_STARTUP_TRIALS = STARTUP_TRIALS["gp"]
 NSGA2_POPULATION = 50    # nsga2: Optuna's default population
 
 
 def startup_cap(algorithm: str) -> int:
-    return EHVI_STARTUP_TRIALS if algorithm in EHVI_ALGORITHMS else GP_STARTUP_TRIALS
+    return STARTUP_TRIALS[algorithm]
 
 
 def default_startup(num_trials: int, algorithm: str = "gp") -> int:

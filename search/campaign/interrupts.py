@@ -34,6 +34,11 @@ class StopSignals(Callback):
             signal.signal(signal.SIGTERM, _raise_interrupt)
         return self
 
+    def __getstate__(self) -> dict:
+        """Pickled with Tune's run config (tuner.pkl): the handlers it holds stay in this process (one may be
+        an earlier Tune run's, closing over its locks)."""
+        return {**self.__dict__, "_before": {}}
+
     def __exit__(self, *exc):
         for sig, handler in self._before.items():
             signal.signal(sig, handler)

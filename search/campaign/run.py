@@ -106,6 +106,7 @@ class CampaignRun:
         """The trials (a new Tuner, or the restored one), then the stages."""
         # What Tune keeps and writes per trial (search.campaign.tune_settings), for Tuner.restore and fit alike.
         with StopSignals() as stop, tune_settings_applied():
+            self.searcher.stopping = lambda: stop.received is not None  # endings then are the stop's
             if restoring:
                 tuner = tune.Tuner.restore(self.exp, trainable=self.trainable(), resume_unfinished=True,
                                            resume_errored=False)

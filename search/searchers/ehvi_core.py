@@ -32,7 +32,7 @@ import numpy as np
 
 from qkvsearch.search.searchers.hvi import COST_DRAWS, ehvi_sampled
 from qkvsearch.search.searchers.surrogate import Linear, copula, make_model
-from qkvsearch.spaces.search_options import EHVI_STARTUP_TRIALS
+from qkvsearch.spaces.search_options import STARTUP_TRIALS
 
 REF_MARGIN = 0.1    # reference point: the worst value seen, 10 % of the range beyond it
 REFIT_GROWTH = 1.2  # hyperparameters fitted again once the observations grew by 20 % (conditioned every time)
@@ -61,7 +61,7 @@ class Settings:
 
 # Chosen over every table of benchmarks/bench_searchers.py by the rule its left-out rows test (benchmarks/README.md,
 # "Searchers compared"): the keys kernel, copula warping, 20 random start-up proposals, every candidate scored.
-DEFAULT = Settings(start=EHVI_STARTUP_TRIALS)
+DEFAULT = Settings(start=STARTUP_TRIALS["ehvi"])
 
 
 class EHVICore:

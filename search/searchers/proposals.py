@@ -83,6 +83,8 @@ class Proposals(TuneSearcher):
         self.ahead = 1                         # at most this many wait (the campaign's concurrency)
         self.live: set[str] = set()            # trials suggested and not yet ended
         self.costs: dict[str, dict] = {}       # trial id -> its cost, until it ends
+        # () -> whether the campaign is stopping (a stop signal: search.campaign.run sets it); not saved
+        self.stopping = _never
 
     # -- Tune's protocol ---------------------------------------------------------------------------------
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
@@ -104,6 +106,11 @@ class Proposals(TuneSearcher):
         self.inner.on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        if self.stopping() and not _own_ending(result, error):
+            # Ended by the campaign's stop (Tune stops or fails what runs as it shuts down): the trial is
+            # interrupted, resumes, and is learnt when it ends. Told now, a searcher whose study others keep
+            # (a tracker's storage) would record a failure the resumed trial cannot undo.
+            return
         self.live.discard(trial_id)
         outcome = outcome_of_result(result, error)
         if trial_id in self.identity_of:  # an ended trial leaves identity_of and variant_of: its outcome stays
@@ -291,6 +298,16 @@ class Proposals(TuneSearcher):
     def __reduce__(self):
         """What tuner.pkl holds of this searcher: its state format's version; a resume builds it anew."""
         return saved.Unbuilt, (saved.VERSION,)
+
+
+def _never() -> bool:
+    return False
+
+
+def _own_ending(result: dict | None, error: bool) -> bool:
+    """Whether a trial ended on its own (its last planned epoch, or a status it reported: duplicate, infeasible,
+    diverged...), rather than stopped or failed from outside before its last epoch."""
+    return bool(result) and not error and outcome_of_result(result, error)["status"] != "stopped_early"
 
 
 def _key(identity_text: str) -> str:

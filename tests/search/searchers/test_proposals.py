@@ -256,3 +256,25 @@ def test_a_trial_is_learnt_with_its_cost_whatever_its_result_holds_for_it():
     searcher.on_trial_complete("t1", {"top1": 55.0, "gmacs": float("nan"), "epoch": 0.0, "qs_status": "duplicate",
                                       "qs_duplicate_of": "t0", "qs_original_status": "completed"})
     assert [t.values for t in searcher.inner.study.trials[:2]] == [[55.0, first["cost"]["gmacs"]]] * 2
+
+
+def test_a_trial_ended_by_the_campaigns_stop_is_learnt_only_when_it_really_ends():
+    """Tune stops (or fails) what runs while a campaign stops; that trial resumes later. The searcher learns
+    nothing of it then (no failure in a study others keep), and learns its real ending after the resume."""
+    import optuna
+
+    s = load_campaign({**BASE, "space": {"embedding": ["linear", "sne"]}, "objectives": ["top1"],
+                       "search": {"algorithm": "random", "num_trials": 4, "seed": 0}})
+    searcher = build_search(s)
+    searcher.suggest("t0")
+    searcher.suggest("t1")
+    searcher.stopping = lambda: True
+    searcher.on_trial_complete("t0", error=True)
+    searcher.on_trial_complete("t1", {"top1": 40.0, "epoch": 1.0, "qs_epochs_planned": 3.0})  # stopped at 1 of 3
+    assert [t.state for t in searcher.inner.study.trials] == [optuna.trial.TrialState.RUNNING] * 2
+    assert searcher.live == {"t0", "t1"}
+    searcher.stopping = lambda: False
+    searcher.on_trial_complete("t0", {"top1": 50.0, "epoch": 3.0, "qs_epochs_planned": 3.0})
+    searcher.on_trial_complete("t1", error=True)
+    assert [t.state for t in searcher.inner.study.trials] == [optuna.trial.TrialState.COMPLETE,
+                                                              optuna.trial.TrialState.FAIL]
