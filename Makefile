@@ -16,8 +16,11 @@ demo: $(STAMP)
 	$(BIN)/qkvsearch launch spaces/presets/quickstart.yaml --overwrite
 	$(BIN)/qkvsearch report results/quickstart
 
+# The tests that start no Ray and train for seconds run two at a time; those that start Ray (slow) one at a
+# time, each with the machine's CPUs to itself.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -m 'not slow' -n 2
+	$(BIN)/python -m pytest -q -m slow --durations=30
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow'

@@ -128,7 +128,7 @@ else:
 
 # --plain: the same shape of campaign in Ray Tune alone (no qkvsearch): a function trainable reporting one result
 # of KEYS numeric keys, a config of 60 plain keys beside a sampled lr, 1 CPU a trial, reuse_actors, and (as
-# qkvsearch's schedulers do, search.scheduling.tune_schedulers.CheckpointsTrialChanges) a save of the experiment
+# qkvsearch's schedulers do, search.scheduling.forced_saves.CheckpointsTrialChanges) a save of the experiment
 # state whenever trials were added or ended. Each ended trial leaves ended/<trial_id>.json for the benchmark.
 PLAIN = r'''
 import json, os, sys, time

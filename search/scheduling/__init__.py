@@ -1,2 +1,2 @@
-"""Trial schedulers: ``moasha`` (MO-ASHA's rules, pure) and ``tune_schedulers`` (the Ray Tune schedulers a
-campaign runs)."""
+"""Trial schedulers: ``moasha`` (MO-ASHA's rules, pure), ``tune_schedulers`` (the Ray Tune schedulers a
+campaign runs) and ``forced_saves`` (the experiment-state saves every one of them makes)."""

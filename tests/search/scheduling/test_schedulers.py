@@ -708,7 +708,7 @@ def test_every_scheduler_type_a_campaign_file_may_name_has_a_builder():
 
 
 def test_forced_saves_take_a_bounded_share_of_the_driver_once_they_are_slow():
-    from qkvsearch.search.scheduling.tune_schedulers import CHEAP_SAVE_S, SAVE_SHARE, save_due
+    from qkvsearch.search.scheduling.forced_saves import CHEAP_SAVE_S, SAVE_SHARE, save_due
 
     assert save_due(CHEAP_SAVE_S / 2, 0.0)  # a quick save follows every trial change
     slow = 4 * CHEAP_SAVE_S
