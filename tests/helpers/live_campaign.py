@@ -88,6 +88,13 @@ class LiveCampaign:
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
 
+    def finish(self, *folders) -> int:
+        """The command's exit code, waited for as long as its output or the folders given keep changing (a busy
+        machine makes a campaign slow, not stuck: wait_while_advancing)."""
+        wait_while_advancing(lambda: self.proc.poll() is not None, lambda: self.advancing(*folders),
+                             f"qkvsearch {self.args[0]} to exit")
+        return self.proc.wait()
+
     def line_starting(self, prefix: str, timeout: float) -> str:
         def found():
             self._check_alive()

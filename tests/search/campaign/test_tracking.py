@@ -259,11 +259,11 @@ def test_every_tracker_reads_back_and_a_resume_continues_the_same_runs(tmp_path)
         wait_while_advancing(one_ended_one_training, lambda: run.advancing(exp),
                              "a trial to end and another to train an epoch", every=0.2)
         run.proc.send_signal(signal.SIGTERM)
-        assert run.wait(120) == EXIT_INTERRUPTED, run.stderr()[-3000:]
+        assert run.finish(exp) == EXIT_INTERRUPTED, run.stderr()[-3000:]
     interrupted = [r for r in _records(exp) if r["status"] == "interrupted"]
     assert len(interrupted) == 1 and 1 <= len(interrupted[0]["epochs"]) < 3, _records(exp)
     with LiveCampaign(["resume", str(exp)], tmp_path) as run:
-        assert run.wait(300) == 0, run.stderr()[-3000:]
+        assert run.finish(exp) == 0, run.stderr()[-3000:]
         assert "tracking:" not in run.stderr()  # no tracker failed
         token = auth_token(run.env).encode()
     assert len(token) > 8 and not [p for p in (exp / "tracking").rglob("*") if p.is_file() and token in p.read_bytes()]
