@@ -39,11 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
+from make_earlier_campaigns import package_shim  # noqa: E402  (a checkout as the installed package)
+
 REPO = Path(__file__).resolve().parent.parent
 FINAL = {"completed", "stopped_early", "diverged", "failed", "infeasible", "duplicate", "interrupted"}
 SAMPLE_S = 0.5
 STOP_GRACE_S = 60  # a stopped driver saves Tune's state and stops its Ray: on 2 busy cores, tens of seconds
-PACKAGE_DIRS = {"search": "search", "spaces": "spaces", "trainers": "trainers", "reference": "results/reference"}
 WEIGHTS_DIRS = ("train_runs", "qs_weights")
 MARK_10, MARK_100 = signal.SIGRTMIN + 1, signal.SIGRTMIN + 2  # to the driver's probe (PROBE)
 
@@ -287,17 +289,6 @@ def _stop(proc: subprocess.Popen | None, ray_tmp: str) -> None:
     left = ray_pids(ray_tmp)
     if left:
         print(f"warning: Ray processes of {ray_tmp} still running: {left}", file=sys.stderr)
-
-
-def package_shim(tree: Path, into: Path) -> Path:
-    """into/qkvsearch: the tree's search/_root with its sibling packages, laid out as the installed package."""
-    pkg = into / "qkvsearch"
-    pkg.mkdir(parents=True)
-    for item in (tree / "search" / "_root").iterdir():
-        (pkg / item.name).symlink_to(item)
-    for name, folder in PACKAGE_DIRS.items():
-        (pkg / name).symlink_to(tree / folder)
-    return into
 
 
 # ------------------------------------------------------------------------------------------- one campaign

@@ -13,10 +13,11 @@ device, precision, batch, compile mode and software versions (trainers.measure),
 """
 from __future__ import annotations
 
-from qkvsearch.spaces.checks import POS_INT, POS_NUM, Bad
+from qkvsearch.spaces.checks import POS_INT, POS_NUM
 from qkvsearch.spaces.errors import Collector, hint, show
 from qkvsearch.spaces.metrics import MEASURED_METRICS
 from qkvsearch.spaces.schema import MeasureSpec
+from qkvsearch.spaces.sections import optional
 
 MEASURE_KEYS = ("batch", "latency_batch", "metrics", "cache", "max_s")
 
@@ -27,17 +28,10 @@ def parse_measure(raw, c: Collector) -> MeasureSpec:
     if raw is None:
         return MeasureSpec()
     values = {}
-    for key in ("batch", "latency_batch"):
-        if raw.get(key) is not None:
-            try:
-                values[key] = POS_INT(raw[key])
-            except Bad:
-                c.expected(f"measure.{key}", POS_INT.expected, raw[key])
-    if raw.get("max_s") is not None:
-        try:
-            values["max_s"] = POS_NUM(raw["max_s"])
-        except Bad:
-            c.expected("measure.max_s", POS_NUM.expected, raw["max_s"])
+    for key, check in (("batch", POS_INT), ("latency_batch", POS_INT), ("max_s", POS_NUM)):
+        value = optional(raw, key, check, None, c, "measure")
+        if value is not None:
+            values[key] = value
     metrics = raw.get("metrics") or []
     if not isinstance(metrics, list):
         c.expected("measure.metrics", f"a list of measured metrics ({', '.join(MEASURED_METRICS)})", metrics)

@@ -25,6 +25,7 @@ from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.keys import KEYS, section_keys
 from qkvsearch.spaces.schema import FrozenMap, SupernetSpec
+from qkvsearch.spaces.sections import optional
 
 # Which tensors a categorical key splits: the attention's (embedding, mixer, key), the stem's, the positions'.
 ATTENTION_BRANCH = ("embedding", "attention", "key", "key_aggregation", "key_context", "activation",
@@ -46,11 +47,9 @@ def parse_supernet(raw, c: Collector) -> SupernetSpec:
     values: dict = {}
     for key, check in (("random_subnets", NONNEG_INT), ("bn_batches", NONNEG_INT), ("control", NONNEG_INT),
                        ("top_k", POS_INT), ("distill", FLAG)):
-        if raw.get(key) is not None:
-            try:
-                values[key] = check(raw[key])
-            except Bad:
-                c.expected(f"supernet.{key}", check.expected, raw[key])
+        value = optional(raw, key, check, None, c, "supernet")
+        if value is not None:
+            values[key] = value
     if raw.get("retrain") is not None:
         if raw["retrain"] in RETRAIN:
             values["retrain"] = raw["retrain"]
