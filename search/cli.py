@@ -99,6 +99,8 @@ def _add_campaign_commands(sub) -> None:
     report = sub.add_parser("report", help="write the Pareto report (HTML, CSV, Markdown, Parquet, figures)")
     report.add_argument("dir", metavar="DIR")
     report.add_argument("--out", metavar="OUT", default=None, help="output folder (default DIR/report)")
+    report.add_argument("--no-static", action="store_true",
+                        help="skip the png/svg copies of the figures (they need a Chromium; pareto.html has them all)")
 
 
 def _add_simulate(sub) -> None:
@@ -339,7 +341,7 @@ def cmd_status(args) -> int:
 def cmd_report(args) -> int:
     from qkvsearch.search.analysis.report import build_report
 
-    written = build_report(args.dir, out_dir=args.out)
+    written = build_report(args.dir, out_dir=args.out, static=not args.no_static)
     for kind, path in written.items():
         print(f"{kind}: {path}")
     return EXIT_OK

@@ -18,11 +18,8 @@ import html
 import io
 import json
 import logging
-import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,8 +39,8 @@ from qkvsearch.search.analysis.results import (
     write_results,
 )
 from qkvsearch.search.analysis.stages import stage_report
+from qkvsearch.search.analysis.static_export import export_static
 from qkvsearch.search.records.layout import FINAL_STATUSES, Campaign, open_campaign
-from qkvsearch.spaces.errors import reason
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.storage import write_bytes
 
@@ -219,38 +216,6 @@ def _page(title: str, campaign: Campaign, summary_html: str, figures_html: list[
 
 
 # ---------------------------------------------------------------------------------------- output
-def _export_static(figures: dict, out: str) -> dict[str, str]:
-    """png + svg of every figure through plotly's kaleido exporter; a one-line warning when it can't."""
-    try:
-        import plotly.io as pio
-
-        with tempfile.TemporaryDirectory(prefix="qs-static-") as tmp:
-            names = [f"{n}.{ext}" for n in figures for ext in ("png", "svg")]
-            figs = [fig for fig in figures.values() for _ in ("png", "svg")]
-            pio.write_images(figs, [os.path.join(tmp, n) for n in names], width=1100, height=650, validate=False)
-            written = {}
-            for n in names:
-                write_bytes(f"{out}/{n}", Path(tmp, n).read_bytes())
-                written[n.replace(".", "_")] = f"{out}/{n}"
-            return written
-    except Exception as exc:  # any exporter failure: the HTML report stands on its own
-        logger.warning("static png/svg figures skipped: %s; pareto.html has every figure", _static_missing(exc))
-        return {}
-
-
-def _static_missing(exc: BaseException) -> str:
-    """What the static export lacks, said so the user can fix it. Without a browser plotly raises a
-    RuntimeError whose text opens with blank lines; kaleido's ChromeNotFoundError under it says more."""
-    cause = exc
-    while cause is not None and type(cause).__name__ != "ChromeNotFoundError":  # choreographer's, kaleido >= 1
-        cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        return f"{reason(exc)}; they need the kaleido package and a Chromium browser (e.g. apt-get install chromium)"
-    return ("kaleido (plotly's image exporter) found no Chromium or Chrome executable: it runs the one "
-            "BROWSER_PATH names, else chromium, chromium-browser or google-chrome from PATH or /usr/bin "
-            f"({reason(cause)}); install one, e.g. apt-get install chromium")
-
-
 def _summary_html(info: FrontInfo, front: pd.DataFrame, size) -> str:
     counts = info.trials["status"].value_counts().sort_index()
     return (f"<p>{len(info.trials)} trials ({', '.join(f'{html.escape(s)} {n}' for s, n in counts.items())}); "
@@ -334,5 +299,5 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
         paths.update(fidelity_report(experiment_dir, out, campaign, trials, paths["md"], reference))  # one-shot
         paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))
     if static:
-        paths.update(_export_static(figures, out))
+        paths.update(export_static(figures, out))  # a child process, bounded in time
     return paths

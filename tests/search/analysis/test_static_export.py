@@ -41,3 +41,42 @@ def test_a_reason_is_never_empty():
             raise ValueError() from inner
     except ValueError as exc:
         assert reason(exc) == "ValueError, from KeyError: 'width'"
+
+
+def test_a_browser_that_never_answers_is_stopped_and_the_report_goes_on(tmp_path, caplog, monkeypatch):
+    """kaleido waits on its browser without a time limit: the export's child is stopped after its own limit,
+    with the browser it started, and the report is written without the static figures, saying why."""
+    import logging
+    import time
+
+    from qkvsearch.search.analysis import static_export
+    from qkvsearch.search.analysis.report import build_report
+
+    exp = tmp_path / "exp"
+    write_campaign(exp, ["completed", "completed"])
+    pid_file = tmp_path / "browser.pid"
+    browser = tmp_path / "mute-chromium"
+    browser.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")  # started, then silent
+    browser.chmod(0o755)
+    monkeypatch.setenv("BROWSER_PATH", str(browser))
+    monkeypatch.setattr(static_export, "EXPORT_TIMEOUT_S", 5)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="qkvsearch.search.analysis.report"):
+        paths = build_report(exp, out_dir=tmp_path / "out", static=True)
+    assert time.monotonic() - started < 120  # bounded by the limit, not by the browser
+    assert "pareto_html" in paths or (tmp_path / "out" / "pareto.html").exists()
+    assert not [p for p in paths if p.endswith(("_png", "_svg"))]
+    assert "did not finish within 5 s" in caplog.text, caplog.text
+    if pid_file.exists():  # the browser was started: it was stopped with the child
+        pid = int(pid_file.read_text())
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_no_static_skips_the_image_exporter_without_a_warning(tmp_path, capsys, monkeypatch):
+    exp = tmp_path / "exp"
+    write_campaign(exp, ["completed", "completed"])
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chromium-here"))  # it would warn, were it run
+    assert main(["report", str(exp), "--out", str(tmp_path / "out"), "--no-static"]) == 0
+    assert "static png/svg figures skipped" not in capsys.readouterr().err
+    written = sorted(os.listdir(tmp_path / "out"))
+    assert "pareto.html" in written and not [n for n in written if n.endswith((".png", ".svg"))]
