@@ -16,11 +16,12 @@ demo: $(STAMP)
 	$(BIN)/qkvsearch launch spaces/presets/quickstart.yaml --overwrite
 	$(BIN)/qkvsearch report results/quickstart
 
-# The tests that start no Ray and train for seconds run two at a time; those that start Ray (slow) one at a
-# time, each with the machine's CPUs to itself.
+# Two at a time (pytest-xdist): first the tests that start no Ray, then those that do (slow), a test file at a
+# time per process (a file's shared campaign runs once). Each test judges only the processes it started
+# (tests/conftest.py), and each Ray it starts has ports of its own.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow' -n 2
-	$(BIN)/python -m pytest -q -m slow --durations=30
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --durations=30
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow'

@@ -1,5 +1,6 @@
 """Shared fixtures. Ray is started once per test session, on loopback, and shut down at the end."""
 import os
+from pathlib import Path
 
 # Train's controller polls workers every 2 s by default: each report would arrive ~2 s late.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
@@ -62,8 +63,26 @@ RAY_PROCESS_MARKS = ("ray::", "raylet", "gcs_server", "default_worker.py", "ray/
 ORPHAN_GRACE_S = 30  # a shut-down Ray's workers notice their raylet is gone within seconds
 
 
+# Under pytest-xdist each worker judges only what its own tests started: every process they start inherits
+# the worker's name in PYTEST_XDIST_WORKER (Ray's processes too: the raylet passes its environment on).
+WORKER_VAR = "PYTEST_XDIST_WORKER"
+
+
+def _started_here(pid: int) -> bool:
+    """Whether ``pid`` was started by this pytest process's tests (always so without xdist)."""
+    mine = os.environ.get(WORKER_VAR)
+    if mine is None:
+        return True
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
+    return f"{WORKER_VAR}={mine}".encode() in environ
+
+
 def _ray_orphans(exclude: set[int]) -> dict[int, str]:
-    """Ray processes whose parent is gone (re-parented to init or a subreaper), not in ``exclude``."""
+    """Ray processes whose parent is gone (re-parented to init or a subreaper), not in ``exclude``, started
+    by this process's tests."""
     import subprocess
 
     out = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True, text=True).stdout
@@ -74,7 +93,8 @@ def _ray_orphans(exclude: set[int]) -> dict[int, str]:
         pid, ppid = int(pid), int(ppid)
         if stat.startswith("Z"):  # ended, left for init to reap (a killed driver's agents): not running
             continue
-        if pid not in exclude and any(m in args for m in RAY_PROCESS_MARKS) and (ppid == 1 or ppid not in alive):
+        if pid not in exclude and any(m in args for m in RAY_PROCESS_MARKS) and (ppid == 1 or ppid not in alive) \
+                and _started_here(pid):
             found[pid] = args[:160]
     return found
 
@@ -106,6 +126,18 @@ _SEEN: set[int] = set()  # orphans found after earlier tests (each failed its te
 
 def pytest_sessionstart(session):
     _PRESENT_AT_START.update(_ray_orphans(set()))  # someone else's: not this suite's to judge
+
+
+def pytest_configure(config):
+    """Ray's token for a local Ray exists before tests start Ray side by side (pytest-xdist): on a machine
+    without one, each would write its own, and a cluster could read another's."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    import subprocess
+    import sys
+
+    ray_bin = Path(sys.executable).with_name("ray")
+    subprocess.run([str(ray_bin), "get-auth-token", "--generate"], check=True, capture_output=True)
 
 
 @pytest.fixture(autouse=True)

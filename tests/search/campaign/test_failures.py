@@ -24,10 +24,11 @@ def _records(exp) -> list[dict]:
         return []
 
 
-def _train_workers() -> list[int]:
+def _train_workers(address: str) -> list[int]:
+    """Pids of the Train workers alive on the Ray at ``address`` (named: other tests' Rays may run beside it)."""
     from ray.util.state import list_actors
 
-    alive = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    alive = list_actors(address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
     return [a.pid for a in alive]
 
 
@@ -52,7 +53,8 @@ def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local,
     threading.Thread(target=run, daemon=True).start()
     first = wait_while_advancing(lambda: next((r for r in _records(exp) if len(r["epochs"]) >= 2), None),
                                  lambda: folder_state(exp), "a trial's second epoch")
-    pids = wait_for(_train_workers, 60, "the trial's Train workers")
+    here = ray_local.get_runtime_context().gcs_address
+    pids = wait_for(lambda: _train_workers(here), 60, "the trial's Train workers")
     killed_at = time.time()
     os.kill(pids[-1], signal.SIGKILL)
     assert done.wait(600) and not errors, errors

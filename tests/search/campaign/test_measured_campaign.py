@@ -15,9 +15,11 @@ from qkvsearch.spaces import load_campaign
 
 pytestmark = pytest.mark.slow
 
-# One CPU thread, 16 px: a 1-block model runs in ~1.3 ms, a 12-block one in ~10 ms; the bound keeps them
-# apart while other jobs slow this machine down up to 3x.
-BOUND_MS = 4.0
+# One CPU thread, 16 px, batch 1: a 1-block model of width 128 runs in ~2 ms, the slow one (12 blocks of width
+# 512) in ~45 ms; the bound, near their geometric mean, keeps them apart while other jobs slow this machine
+# down up to 4x.
+BOUND_MS = 9.0
+SLOW = {"depth": 12, "embed_dim": 512}
 
 
 def _spec(tmp: Path) -> dict:
@@ -26,9 +28,9 @@ def _spec(tmp: Path) -> dict:
         "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
         "data": {"dataset": "digits"},
         "train": {"epochs": 1, "batch_size": 16, "max_steps_per_epoch": 2, "warmup_epochs": 0},
-        "space": {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 12, "lr": 1e-3}, {"depth": 1, "lr": 2e-3},
+        "space": {"variants": [{"depth": 1, "lr": 1e-3}, {**SLOW, "lr": 1e-3}, {"depth": 1, "lr": 2e-3},
                                {"depth": 1, "lr": 3e-3, "embedding": "fsne"}, {"depth": 1, "lr": 1e-3, "embedding": "sne"},
-                               {"depth": 12, "lr": 2e-3}]},
+                               {**SLOW, "lr": 2e-3}]},
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}],
         "constraints": {"latency_ms": {"max": BOUND_MS}},
         "measure": {"batch": 8, "metrics": ["train_step_ms", "peak_mem_gb"], "max_s": 1.0},
@@ -128,7 +130,7 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
     from qkvsearch.search.campaign.measured import measured_key
 
     spec = _spec(tmp_path)
-    spec["space"] = {"variants": [{"depth": 1, "lr": 1e-3}, {"depth": 12, "lr": 1e-3}, {"depth": 12, "lr": 2e-3},
+    spec["space"] = {"variants": [{"depth": 1, "lr": 1e-3}, {**SLOW, "lr": 1e-3}, {**SLOW, "lr": 2e-3},
                                   {"depth": 1, "lr": 2e-3}, {"depth": 1, "lr": 1e-3, "embedding": "sne"}]}
     searcher = build_search(load_campaign(spec), str(tmp_path))
     searcher.set_max_concurrency(2)
@@ -170,10 +172,12 @@ def test_ehvi_learns_what_waited_for_its_measurement_under_the_trial_that_traine
     from qkvsearch.search.searchers.ehvi import config_key
 
     spec = _spec(tmp_path)
-    spec.update(space={"depth": [1, 12], "lr": [1e-3, 2e-3, 3e-3]},
+    spec.update(space={"variants": [{"depth": depth, "embed_dim": width, "lr": lr}
+                                    for depth, width in ((1, 128), (SLOW["depth"], SLOW["embed_dim"]))
+                                    for lr in (1e-3, 2e-3, 3e-3)]},
                 objectives=[{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}])
     earlier = earlier_campaign(tmp_path / "earlier", load_campaign(spec),
-                               {"fast": ({"depth": 1, "lr": 3e-3}, 40.0)})
+                               {"fast": ({"depth": 1, "embed_dim": 128, "lr": 3e-3}, 40.0)})
     spec["search"] = {"algorithm": "ehvi", "num_trials": 5, "n_startup_trials": 1, "seed": 0,
                       "warm_start": str(tmp_path / "earlier")}
     searcher = build_search(load_campaign(spec), str(tmp_path))
@@ -194,15 +198,15 @@ def test_ehvi_learns_what_waited_for_its_measurement_under_the_trial_that_traine
             break
         trials[f"t{i}"] = trial
         pick = ehvi.proposed[f"t{i}"]  # the trial that runs the proposal holds it, whatever it waited under
-        assert ehvi.candidates[pick] == {"depth": trial["config"]["depth"], "lr": trial["config"]["lr"]}
+        assert ehvi.candidates[pick] == {k: trial["config"][k] for k in ("depth", "embed_dim", "lr")}
         searcher.on_trial_complete(f"t{i}", {"top1": 50.0 + i, **trial["cost"], "epoch": 1.0,
                                              "qs_epochs_planned": 1.0})
         assert ehvi.core.results[pick] == 50.0 + i and pick not in ehvi.core.running
     index = {config_key(c): i for i, c in enumerate(ehvi.candidates)}
-    warm = index[config_key({"depth": 1, "lr": 3e-3})]
+    warm = index[config_key({"depth": 1, "embed_dim": 128, "lr": 3e-3})]
     assert ehvi.core.results[warm] == 40.0 and earlier["fast"]["config"]["depth"] == 1  # told before any proposal
     assert {t["config"]["depth"] for t in trials.values()} == {1} and len(trials) == 2  # the rest is too slow
-    slow = [index[config_key({"depth": 12, "lr": lr})] for lr in (1e-3, 2e-3, 3e-3)]
+    slow = [index[config_key({**SLOW, "lr": lr})] for lr in (1e-3, 2e-3, 3e-3)]
     assert searcher.infeasible >= 1 and all(p not in ehvi.core.running for p in slow)
     told = [p for p in slow if p in ehvi.core.tried]
     assert len(told) == searcher.infeasible and not ehvi.proposed and not ehvi.core.running
