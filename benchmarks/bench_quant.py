@@ -11,6 +11,7 @@ policies on the front over (top1_q max, latency min, size min) that no uniform p
 
     python benchmarks/bench_quant.py            # the table in benchmarks/README.md
     python benchmarks/bench_quant.py --quick    # one width, fewer steps and rounds: a smoke test
+    python benchmarks/bench_quant.py --models T12 --embeddings psne fsne   # some rows of the table
 """
 from __future__ import annotations
 
@@ -101,16 +102,22 @@ def front_report(rows: list[dict]) -> tuple[list[dict], list[dict]]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", nargs="+", choices=[label.split()[0] for label in MODELS],
+                    help="some widths only (default: both; --quick: N12)")
+    ap.add_argument("--embeddings", nargs="+", choices=list(EMBEDDINGS), default=list(EMBEDDINGS))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     epochs, rounds, calls = (1, 3, 5) if args.quick else (2, 6, 10)
     models = dict(list(MODELS.items())[:1]) if args.quick else MODELS
+    if args.models:
+        models = {label: name for label, name in MODELS.items() if label.split()[0] in args.models}
+    embeddings = {emb: EMBEDDINGS[emb] for emb in args.embeddings}
     print(f"torch {torch.__version__}, 1 thread, batch 1, 32 px digits; ratios to the same model in fp\n")
     print("| model | embedding | policy | top-1 % | Δ top-1 | size MB | size ratio | latency ms | latency ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     found_mixed = 0
     for label, name in models.items():
-        for emb, keys in EMBEDDINGS.items():
+        for emb, keys in embeddings.items():
             cfg, run = train(name, keys, epochs)
             rows = rows_of(cfg, run, rounds, calls)
             uniform, mixed = front_report(rows)
@@ -123,7 +130,7 @@ def main(argv=None) -> None:
                       f"{r['size_mb']:.2f} | {r['size_mb'] / fp['size_mb']:.2f} | {r['latency_ms']:.2f} | "
                       f"{r['latency_ms'] / fp['latency_ms']:.2f} |", flush=True)
     print(f"\nmodels whose front holds a mixed policy no uniform one dominates: {found_mixed} of "
-          f"{len(models) * len(EMBEDDINGS)}")
+          f"{len(models) * len(embeddings)}")
 
 
 if __name__ == "__main__":

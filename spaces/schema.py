@@ -300,6 +300,7 @@ class SupernetSpec:
     top_k: int | None = None
     control: int = 8                    # random evaluated subnets retrained too, twice: the ranking's check
     source: str | None = None           # ``from``: a campaign folder whose trained supernet is searched
+    retrain_from: str = "scratch"       # scratch | inherited: where the chosen subnets' training starts
 
     def __bool__(self) -> bool:
         return bool(self.recipe) or self.source is not None
@@ -309,6 +310,8 @@ class SupernetSpec:
                "bn_batches": self.bn_batches, "retrain": self.retrain, "control": self.control}
         if self.top_k is not None:
             out["top_k"] = self.top_k
+        if self.retrain_from != "scratch":  # campaign files written before the setting read back unchanged
+            out["retrain_from"] = self.retrain_from
         if self.source is not None:
             out["from"] = self.source
         return out

@@ -1,7 +1,8 @@
 """The campaign file's ``supernet`` section: one-shot search. One weight-sharing supernet is trained over the
 space; its subnets are scored with the weights they inherit (the ``search`` section's searcher proposes them,
 ``search.num_trials`` of them); the chosen ones then train on their own as ordinary trials, with the ``train``
-section's recipe, from scratch (search.campaign.oneshot).
+section's recipe, from scratch or from the weights they inherit (search.campaign.oneshot). Every retrained
+subnet is also exported as a stand-alone checkpoint that ``build_model(cfg)`` loads.
 
     supernet:
       train: {epochs: 30, lr: 1.0e-3}   # the supernet's recipe: train keys (the rest: the train section's)
@@ -10,6 +11,8 @@ section's recipe, from scratch (search.campaign.oneshot).
       bn_batches: 2                     # training batches a subnet's BatchNorm is recalibrated on
       retrain: front                    # front: the inherited front; top_k: the top_k by non-dominated rank
       top_k: 4
+      retrain_from: scratch             # scratch | inherited: the chosen subnets start from their inherited
+                                        # weights (BatchNorm recalibrated), head included
       control: 8                        # random scored subnets also retrained, under two seeds: the check
                                         # of how well inherited accuracy ranks, and its noise floor
       from: results/earlier-oneshot     # search that campaign's trained supernet instead of training one
@@ -36,7 +39,8 @@ BRANCH_KEYS = (*ATTENTION_BRANCH, *STEM_BRANCH, *POSITION_BRANCH)
 WIDTH_KEYS = ("hidden_width", "code_size", "depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio",
               "attn_features", "attn_proj_len", "attn_landmarks", "key_charts")
 RETRAIN = ("front", "top_k")
-FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from")
+RETRAIN_FROM = ("scratch", "inherited")
+FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from", "retrain_from")
 
 
 def parse_supernet(raw, c: Collector) -> SupernetSpec:
@@ -50,11 +54,12 @@ def parse_supernet(raw, c: Collector) -> SupernetSpec:
         value = optional(raw, key, check, None, c, "supernet")
         if value is not None:
             values[key] = value
-    if raw.get("retrain") is not None:
-        if raw["retrain"] in RETRAIN:
-            values["retrain"] = raw["retrain"]
-        else:
-            c.expected("supernet.retrain", " | ".join(RETRAIN), raw["retrain"])
+    for key, allowed in (("retrain", RETRAIN), ("retrain_from", RETRAIN_FROM)):
+        if raw.get(key) is not None:
+            if raw[key] in allowed:
+                values[key] = raw[key]
+            else:
+                c.expected(f"supernet.{key}", " | ".join(allowed), raw[key])
     if values.get("retrain") == "top_k" and values.get("top_k") is None:
         c.add("supernet.top_k", "required with retrain: top_k (how many subnets to retrain)")
     elif values.get("top_k") is not None and values.get("retrain") != "top_k":

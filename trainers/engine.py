@@ -413,7 +413,7 @@ def _build_model(cfg):
 
 
 def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=(), init=None,
-        make_run=None) -> list[dict]:
+        init_head=False, make_run=None) -> list[dict]:
     """Train a filled config to cfg["epochs"], resuming from restore() -> state | None; returns every
     epoch's metrics.
 
@@ -421,7 +421,8 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
     given every checkpoint_every epochs and at the last one. A resumed run first re-reports its
     checkpoint's epoch; one whose checkpoint had already finished does only that, without building the
     model or loading data. init: a checkpoint whose weights a fresh run starts from, with a new head
-    (trainers.transfer.load_pretrained: a fine-tuning); a resumed run restores its own state instead.
+    (trainers.transfer.load_pretrained: a fine-tuning), with its head too when ``init_head``; a resumed run
+    restores its own state instead.
     make_run(cfg, dist, wrap_model, faults): the Run to train (default Run; a supernet's: trainers.supernet).
     """
     cfg = require_filled(cfg)
@@ -435,7 +436,7 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
     if state is None and init:
         from qkvsearch.trainers.transfer import load_pretrained
 
-        load_pretrained(run.raw, init)  # the same file on every rank: the replicas stay identical
+        load_pretrained(run.raw, init, keep_head=init_head)  # the same file on every rank: replicas stay identical
     if state is not None:
         run.load_state_dict(state)
         if report and state["history"]:

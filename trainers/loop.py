@@ -54,11 +54,12 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     torch.set_num_threads(loop_config["threads"])
     device = ray.train.torch.get_device()
     cfg, faults, local = loop_config["config"], loop_config["faults"], loop_config["local"]
-    init = loop_config.get("init")  # a fine-tuning's pretrained checkpoint
+    init = loop_config.get("init")  # a fine-tuning's pretrained checkpoint, or a subnet's inherited weights
+    init_head = bool(loop_config.get("init_head"))
     make_run = _supernet_run(loop_config.get("supernet"))
     if local is not None:  # world size 1; ray.train's context, report and checkpoint calls raise in a Tune trial
         return engine.fit(cfg, engine.Dist(0, 1, device), restore=_replaying(local.restore, local.report),
-                          report=local.report, faults=faults, init=init, make_run=make_run)
+                          report=local.report, faults=faults, init=init, init_head=init_head, make_run=make_run)
     import ray.train
 
     ctx = ray.train.get_context()
@@ -67,7 +68,7 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     report = _RayReporter(rank)
     wrap = None if make_run else ray.train.torch.prepare_model  # DDP if > 1 (a supernet averages its own)
     history = engine.fit(cfg, dist, wrap_model=wrap, restore=_replaying(_ray_restore, report), report=report,
-                         faults=faults, init=init, make_run=make_run)
+                         faults=faults, init=init, init_head=init_head, make_run=make_run)
     return history if rank == 0 else None
 
 
@@ -141,7 +142,8 @@ class RunSettings:
     name, storage_path: the run's folder <storage_path>/<name> (a path or a URI); a run whose folder holds a
     checkpoint resumes from it. faults: trainers.faults rules (None: $QKVSEARCH_FAULTS here). max_failures:
     how often Train restarts a failed worker group from the run's latest checkpoint. init_from: a checkpoint
-    (folder or weights file) a fresh run starts from with a new head (fine-tuning). supernet: a supernet's
+    (folder or weights file) a fresh run starts from with a new head (fine-tuning), or with its own head too
+    when init_head (a subnet trained on from the weights it inherits). supernet: a supernet's
     plan (trainers.supernet.training.SupernetPlan.as_dict): the run trains that supernet, the config being
     its teacher's with the supernet's recipe.
     """
@@ -158,6 +160,7 @@ class RunSettings:
     faults: Sequence | None = None
     max_failures: int = 0
     init_from: str | None = None
+    init_head: bool = False
     supernet: dict | None = None
 
     def __post_init__(self):
@@ -195,7 +198,7 @@ def run_trainer(config: dict, settings: RunSettings):
         torch_config=ddp("nccl" if run.gpus_per_worker else "gloo") if ddp else None,
         train_loop_config={"config": cfg, "faults": read_faults() if run.faults is None else list(run.faults),
                            "threads": max(1, int(run.cpus_per_worker)), "local": local, "init": run.init_from,
-                           "supernet": run.supernet},
+                           "init_head": run.init_head, "supernet": run.supernet},
         scaling_config=ray.train.ScalingConfig(
             num_workers=run.num_workers, use_gpu=run.gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=run.placement_strategy),

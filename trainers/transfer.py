@@ -38,14 +38,16 @@ def classifier_prefix(model: torch.nn.Module) -> str:
     return cfg.get("classifier", "head")
 
 
-def load_pretrained(model: torch.nn.Module, path: str) -> list[str]:
-    """Load the pretrained weights at ``path`` into ``model`` but its classifier (a new head, as built).
-    Returns the keys left as built: the classifier's, and any whose shape differs (e.g. a position table
-    of another input size), which are logged."""
+def load_pretrained(model: torch.nn.Module, path: str, keep_head: bool = False) -> list[str]:
+    """Load the pretrained weights at ``path`` into ``model`` but its classifier (a new head, as built), or
+    with it (``keep_head``: the same task, e.g. a subnet trained on from the weights it inherits). Returns the
+    keys left as built: the classifier's, and any whose shape differs (e.g. a position table of another
+    input size), which are logged."""
     weights = read_weights(path)
     own = model.state_dict()
     head = classifier_prefix(model) + "."
-    keep = {k: v for k, v in weights.items() if not k.startswith(head) and k in own and own[k].shape == v.shape}
+    keep = {k: v for k, v in weights.items()
+            if (keep_head or not k.startswith(head)) and k in own and own[k].shape == v.shape}
     fresh = sorted(k for k in own if k not in keep)
     odd = [k for k in fresh if not k.startswith(head)]
     if odd:

@@ -39,7 +39,7 @@ from qkvsearch.search.records.layout import (
 )
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.choices import PRECISION_CHOICES
-from qkvsearch.spaces.keys import fill, quant_policy
+from qkvsearch.spaces.keys import fill, identity, quant_policy
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.schema import violations
 
@@ -63,6 +63,8 @@ class TrialSettings:
     max_failures: int = 0                           # worker-group restarts of a Train run (from its checkpoint)
     measure: MeasureSettings = MeasureSettings()    # measured cost (search.campaign.measured); none by default
     supernet: dict | None = None                    # a supernet's plan: its one trial trains it (search.campaign.oneshot)
+    init_weights: dict | None = None                # training identity -> the weights its training starts from,
+                                                    # head included (one-shot's ``retrain_from: inherited``)
 
 
 def trial_name(cfg: dict, trial_id: str) -> str:
@@ -194,6 +196,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     local = trains_in_trial_process(settings.workers)
     run_name = train_run_name(settings, cfg, tune.get_context().get_trial_id())
     on_report = _report_to_tune(cfg["epochs"], measured, f"{settings.train_storage.rstrip('/')}/{run_name}")
+    init = (settings.init_weights or {}).get(identity(cfg))
 
     def fit(callbacks=()):
         return run_trainer(cfg, RunSettings(
@@ -201,7 +204,7 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             gpus_per_worker=settings.gpus_per_worker, placement_strategy=settings.placement_strategy,
             name=run_name, storage_path=settings.train_storage, callbacks=callbacks,
             on_report=on_report if local else None, faults=settings.faults, max_failures=settings.max_failures,
-            supernet=settings.supernet))
+            supernet=settings.supernet, init_from=init, init_head=init is not None))
 
     try:
         if local:

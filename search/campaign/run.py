@@ -39,6 +39,7 @@ from qkvsearch.search.cluster.capacity import Cluster
 from qkvsearch.search.cluster.local_ray import TRIAL_SLOT
 from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY, TRAIN_RUNS_DIR
 from qkvsearch.search.searchers.state import Unbuilt
+from qkvsearch.spaces.keys import fill, identity
 from qkvsearch.spaces.metrics import ranked_by
 from qkvsearch.trainers.faults import read_faults
 
@@ -48,19 +49,22 @@ log = logging.getLogger(__name__)
 class _Describe:
     """Trial -> its record's description: resolved config, cost (how it was measured, when it was),
     planned epochs, readable name; ``fields``: what every record of the run also says (a one-shot campaign's
-    fidelity and supernet)."""
+    fidelity and supernet); ``init_weights``: training identity -> the weights its training starts from (the
+    record's ``init_from``)."""
 
-    def __init__(self, fields: dict | None = None):
+    def __init__(self, fields: dict | None = None, init_weights: dict | None = None):
         self.fields = dict(fields or {})
+        self.init_weights = dict(init_weights or {})
 
     def __setstate__(self, state: dict) -> None:  # pickled by campaigns launched before records had fields
-        self.__dict__.update({"fields": {}, **state})
+        self.__dict__.update({"fields": {}, "init_weights": {}, **state})
 
     def __call__(self, trial) -> dict:
         cfg, cost = trial.config["config"], trial.config["cost"]
+        init = self.init_weights.get(identity(fill(cfg))) if self.init_weights else None
         return {"config": cfg, "cost": cost, "epochs_planned": int(cfg["epochs"]),
                 "name": trial_name(cfg, trial.trial_id), "measured_on": trial.config.get("measured_on"),
-                **self.fields}
+                **({"init_from": init} if init else {}), **self.fields}
 
     def name(self, trial) -> str:
         return trial_name(trial.config["config"], trial.trial_id)
@@ -83,10 +87,10 @@ class CampaignRun:
     CampaignFolder), opened once by the command; cluster: the connected Ray (search.cluster.capacity)."""
 
     def __init__(self, spec, exp: str, folder, cluster: Cluster, version: str, *, supernet: dict | None = None,
-                 describe: dict | None = None):
+                 describe: dict | None = None, init_weights: dict | None = None):
         self.spec, self.exp, self.folder, self.cluster = spec, exp, folder, cluster
-        self.settings = replace(trial_settings(spec, exp), supernet=supernet)
-        self.describe = _Describe(describe or {})
+        self.settings = replace(trial_settings(spec, exp), supernet=supernet, init_weights=init_weights or None)
+        self.describe = _Describe(describe or {}, init_weights)
         self.recorder = TrialRecorder(exp, spec.name, self.describe)
         self.retention = retention_callback(exp, spec, self.recorder, self.settings)
         storage = study_storage(spec, exp)  # the searcher's study lives in the optuna tracker's storage

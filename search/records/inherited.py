@@ -5,6 +5,8 @@ batch of evaluations, written once, atomically, and the searcher's state beside 
                                      "fidelity": "inherited", "supernet": its checkpoint, "space": the space's
                                      hash, "evaluated_at"}, ...]
     qs_inherited/selection.json    the subnets chosen to train on their own, and the control sample
+    subnets/<subnet_id>.pt         each selected subnet as a stand-alone checkpoint: {"model": the state dict
+                                   build_model(config) loads, BatchNorm recalibrated; "config"; "supernet"}
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from qkvsearch.storage import exists, list_files, loads_json, open_location, rea
 
 INHERITED_DIR = "qs_inherited"
 SELECTION_FILE = "selection.json"
+SUBNETS_DIR = "subnets"
 FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
 
 
@@ -55,3 +58,8 @@ def write_selection(exp: str, selection: dict) -> None:
 def read_selection(exp) -> dict | None:
     uri = f"{str(exp).rstrip('/')}/{INHERITED_DIR}/{SELECTION_FILE}"
     return read_json(uri) if exists(uri) else None
+
+
+def subnet_file(exp: str, subnet_id: str) -> str:
+    """Where a selected subnet's stand-alone checkpoint is written."""
+    return f"{exp.rstrip('/')}/{SUBNETS_DIR}/{subnet_id}.pt"

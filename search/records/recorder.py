@@ -47,10 +47,10 @@ from qkvsearch.storage import append_bytes, open_location, read_many, write_byte
 
 logger = logging.getLogger(__name__)
 
-# Record fields a campaign's run may add to every trial's record: how it was trained (fidelity: standalone,
-# its weights its own; the one-shot evaluations, fidelity inherited, are search.records.inherited's) and the
-# supernet it was chosen from.
-RECORD_FIELDS = ("fidelity", "supernet")
+# Record fields a campaign's run may add to a trial's record: how it was trained (fidelity: standalone, its
+# weights its own; the one-shot evaluations, fidelity inherited, are search.records.inherited's), the supernet
+# it was chosen from, and the weights its training started from (a subnet trained on from what it inherits).
+RECORD_FIELDS = ("fidelity", "supernet", "init_from")
 
 
 def _metrics_of(result: dict) -> dict:
@@ -137,7 +137,7 @@ class Recorder:
             }
             if info.get("measured_on"):
                 rec["measured_on"] = info["measured_on"]
-            for key in RECORD_FIELDS:  # what a run says of every trial (a one-shot campaign: fidelity, supernet)
+            for key in RECORD_FIELDS:  # what a run says of the trial (a one-shot campaign: fidelity, supernet, ...)
                 if info.get(key) is not None:
                     rec[key] = info[key]
             rec.update(self._load_existing(trial.trial_id) or {})  # a field an older record lacks stays fresh

@@ -29,7 +29,10 @@ def test_a_supernet_section_round_trips():
     spec = load_campaign(_spec())
     assert spec.supernet and spec.supernet.recipe["epochs"] == 3 and spec.supernet.control == 2
     again = load_campaign(spec.to_dict())
-    assert again.supernet == spec.supernet
+    assert again.supernet == spec.supernet and again.supernet.retrain_from == "scratch"
+    assert "retrain_from" not in spec.to_dict()["supernet"]  # campaign files written before it read back the same
+    inherited = load_campaign({**_spec(), "supernet": {**_spec()["supernet"], "retrain_from": "inherited"}})
+    assert load_campaign(inherited.to_dict()).supernet.retrain_from == "inherited"
     assert not load_campaign({k: v for k, v in _spec().items() if k != "supernet"}).supernet
 
 
@@ -49,6 +52,7 @@ def test_a_key_no_supernet_can_share_is_refused_naming_it(space, field, words):
     ({"train": {"epochs": -1}}, "supernet.train.epochs", "-1"),
     ({"train": {"epochs": 2}, "retrain": "top_k"}, "supernet.top_k", "required"),
     ({"train": {"epochs": 2}, "retrain": "best"}, "supernet.retrain", "front | top_k"),
+    ({"train": {"epochs": 2}, "retrain_from": "pretrained"}, "supernet.retrain_from", "scratch | inherited"),
     ({"train": {"epochs": 2}, "top_k": 3}, "supernet.top_k", "top_k only"),
     ({"train": {"epochs": 2}, "control": -2}, "supernet.control", "-2"),
     ({"train": {"epochs": 2}, "from": 7}, "supernet.from", "7"),

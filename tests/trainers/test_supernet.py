@@ -99,3 +99,40 @@ def test_the_sandwich_trains_every_branch_in_turn():
             seen.add(plan.branches[i])
     assert seen == set(plan.branches)
     assert plan.students(5, seed=0) == plan.students(5, seed=0)  # every rank draws the same subnets
+
+
+def test_an_exported_subnet_loads_into_its_own_model_and_a_retraining_starts_from_it(space, tmp_path):
+    """The stand-alone checkpoint a one-shot campaign writes per selected subnet: build_model(cfg) loads it
+    (strictly), computes what the subnet computes in the supernet, and a training started from it with its head
+    (``retrain_from: inherited``) starts with exactly those weights; a fine-tuning's load keeps a new head."""
+    from qkvsearch.search.campaign.oneshot.evaluation import _Scorer
+    from qkvsearch.trainers.engine import STATE_FORMAT, save_state
+    from qkvsearch.trainers.transfer import classifier_prefix, load_pretrained
+
+    cfg = next(c for c in space if c["embedding"] == "sne" and c.get("width") != max(s.get("width") for s in space))
+    spec = load_campaign(_spec(SPACE))
+    plan = supernet_plan(spec, candidates(spec))
+    supernet = Supernet(space, seed=1)
+    folder = tmp_path / "ckpt"  # as a supernet's trial checkpoints it
+    save_state({"format": STATE_FORMAT, "model": supernet.state_dict(), "epoch": 1, "history": [], "config": cfg},
+               str(folder))
+    actor = _Scorer(plan, str(folder), {**cfg, "batch_size": 8}, bn_batches=1, threads=1)
+    path = str(tmp_path / "subnets" / "subnet_000003.pt")
+    actor.export([cfg], [path], "sup:t@epoch1")
+
+    saved = torch.load(path, weights_only=True)
+    assert saved["config"] == cfg and saved["supernet"] == "sup:t@epoch1"
+    model = build_model(cfg).eval()
+    model.load_state_dict(saved["model"])  # strict: every tensor, nothing extra
+    x = torch.randn(2, 3, 16, 16)
+    scorer = actor.scorer
+    with torch.no_grad():
+        scorer.supernet.eval()
+        assert torch.equal(model(x), scorer.supernet(x, cfg))
+
+    fresh = build_model(cfg)
+    assert load_pretrained(fresh, path, keep_head=True) == []
+    assert all(torch.equal(v, saved["model"][k]) for k, v in fresh.state_dict().items())
+    tuned = build_model(cfg)
+    head = classifier_prefix(tuned) + "."
+    assert all(k.startswith(head) for k in load_pretrained(tuned, path))  # a fine-tuning: a new head only

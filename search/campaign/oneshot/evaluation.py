@@ -7,7 +7,8 @@ The searcher (search.searchers.SEARCHERS: the ``search`` section's, over the spa
 top-1 with its counted cost, as it would a trial's; a configuration proposed again (one training identity) is
 told its known result and not scored twice. Each batch is recorded once scored (search.records.inherited): a
 driver stopped here and resumed scores no recorded subnet again; the searcher built anew is told the recorded
-ones (``Searcher.tell_earlier``) before it proposes more.
+ones (``Searcher.tell_earlier``) before it proposes more. The selected subnets are then written as stand-alone
+checkpoints by the same kind of actor (``export_subnets``).
 """
 from __future__ import annotations
 
@@ -42,6 +43,19 @@ class _Scorer:
 
     def score(self, configs: list[dict]) -> list[dict]:
         return [self.scorer.score(c) for c in configs]
+
+    def export(self, configs: list[dict], paths: list[str], supernet_id: str) -> None:
+        """Each subnet as a stand-alone checkpoint (search.records.inherited.subnet_file)."""
+        import io
+
+        import torch
+
+        from qkvsearch.storage import write_bytes
+
+        for cfg, path in zip(configs, paths):
+            buf = io.BytesIO()
+            torch.save({"model": self.scorer.extract(cfg), "config": cfg, "supernet": supernet_id}, buf)
+            write_bytes(path, buf.getvalue())
 
 
 def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, supernet_id: str, space: str,
@@ -93,6 +107,27 @@ def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, sup
         for actor in pool:
             ray.kill(actor)
     return records
+
+
+def export_subnets(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, supernet_id: str,
+                   records: list[dict]) -> dict[str, str]:
+    """Write each of ``records`` (evaluations) as a stand-alone checkpoint, unless written before (a resumed
+    driver); -> {subnet_id: its file}. One actor: a selection is a handful of subnets."""
+    from qkvsearch.storage import exists
+
+    files = {r["subnet_id"]: inherited.subnet_file(exp, r["subnet_id"]) for r in records}
+    todo = [r for r in records if not exists(files[r["subnet_id"]])]
+    if todo:
+        res = spec.resources
+        actor = ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(_Scorer).remote(
+            plan, checkpoint, teacher_cfg, spec.supernet.bn_batches, max(1, int(res.cpus_per_worker)))
+        try:
+            ray.get(actor.export.remote([r["config"] for r in todo], [files[r["subnet_id"]] for r in todo],
+                                        supernet_id))
+        finally:
+            ray.kill(actor)
+        log.info(f"{len(todo)} selected subnet(s) written as stand-alone checkpoints under {exp}/{inherited.SUBNETS_DIR}")
+    return files
 
 
 class _Ids:

@@ -4,13 +4,15 @@ is done already.
     1 supernet   the nested campaign <exp>/supernet trains it (one trial, a Ray Train DDP run); skipped with
                  ``supernet.from`` (that campaign's trained supernet) or once it has ended
     2 scoring    search.campaign.oneshot.evaluation, until search.num_trials subnets are scored
-    3 retrain    the selected subnets as the campaign's own trials (search.campaign.oneshot.retrain)
+    3 export     each selected subnet as a stand-alone checkpoint (search.records.inherited.subnet_file)
+    4 retrain    the selected subnets as the campaign's own trials (search.campaign.oneshot.retrain), the
+                 chosen ones from their exported weights with ``retrain_from: inherited``
 """
 from __future__ import annotations
 
 import logging
 
-from qkvsearch.search.campaign.oneshot.evaluation import evaluate
+from qkvsearch.search.campaign.oneshot.evaluation import evaluate, export_subnets
 from qkvsearch.search.campaign.oneshot.plan import (
     SUPERNET_DIR,
     candidates,
@@ -18,7 +20,7 @@ from qkvsearch.search.campaign.oneshot.plan import (
     supernet_plan,
     supernet_spec,
 )
-from qkvsearch.search.campaign.oneshot.retrain import retrain_spec, selection
+from qkvsearch.search.campaign.oneshot.retrain import init_weights, retrain_spec, selected_records, selection
 from qkvsearch.search.campaign.run import CampaignRun
 from qkvsearch.search.records.inherited import FIDELITY_STANDALONE, FIDELITY_SUPERNET
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder, read_campaign
@@ -47,11 +49,13 @@ def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verb
     records = evaluate(spec, exp, plan, checkpoint, teacher_cfg, supernet_id, space_hash(spec),
                        min(actors, 4 * max(1, concurrency or 1)))
     chosen = selection(spec, exp, records)
+    chosen_records, control_records = selected_records(records, chosen)
+    files = export_subnets(spec, exp, plan, checkpoint, teacher_cfg, supernet_id, chosen_records + control_records)
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
              "subnet(s), these under two seeds")
     retrain = retrain_spec(spec, chosen)
     restoring = exists(f"{exp}/tuner.pkl")
-    CampaignRun(retrain, exp, folder, cluster, version,
+    CampaignRun(retrain, exp, folder, cluster, version, init_weights=init_weights(chosen, chosen_records, files),
                 describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(
         concurrency, restoring=restoring, verbose=verbose, view=view)
 

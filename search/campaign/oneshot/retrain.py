@@ -4,19 +4,23 @@ Chosen: the front of the campaign's objectives over the inherited scores (``retr
 ``top_k`` by non-dominated rank. Control: ``control`` subnets drawn at random (seeded) among the other scored
 ones. Chosen and control subnets train under the campaign's seed; the control ones also under the next seed,
 the noise floor against which the ranking is judged (search.analysis.fidelity). The selection is written once
-(search.records.inherited) so a resumed campaign retrains the same subnets.
+(search.records.inherited) so a resumed campaign retrains the same subnets. With ``retrain_from: inherited``
+the chosen subnets start from the weights they inherit (their exported checkpoints); the control subnets
+always start from scratch: they measure how well inherited accuracy predicts a subnet's own training.
 
 The retraining is an ordinary campaign (the trial path, MO-ASHA, records, trackers, report) whose space is the
 selected configurations as variants, searched as a grid.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
 from qkvsearch.search.records import inherited
 from qkvsearch.spaces import base_config, load_campaign
-from qkvsearch.spaces.keys import identity
+from qkvsearch.spaces.keys import fill, identity
 
 
 def _objective(record: dict, metric: str) -> float:
@@ -25,7 +29,8 @@ def _objective(record: dict, metric: str) -> float:
 
 
 def select(spec, records: list[dict]) -> dict:
-    """{"chosen": [space keys], "control": [space keys], "seed": the campaign's training seed}."""
+    """{"chosen": [space keys], "control": [space keys], "seed": the campaign's training seed, "retrain_from":
+    where the chosen ones' training starts (scratch | inherited)}."""
     records = list({identity(r["config"]): r for r in records}.values())  # one per training identity
     metrics, modes = [o.metric for o in spec.objectives], [o.mode for o in spec.objectives]
     values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float)
@@ -42,7 +47,7 @@ def select(spec, records: list[dict]) -> dict:
     rng = np.random.default_rng(spec.search.seed)
     control = sorted(rng.choice(others, size=min(s.control, len(others)), replace=False).tolist()) if others else []
     return {"chosen": [records[i]["keys"] for i in chosen], "control": [records[i]["keys"] for i in control],
-            "seed": int(base_config(spec)["seed"])}
+            "seed": int(base_config(spec)["seed"]), "retrain_from": s.retrain_from}
 
 
 def selection(spec, exp: str, records: list[dict]) -> dict:
@@ -64,3 +69,22 @@ def retrain_spec(spec, chosen: dict):
     d.pop("supernet")
     d.update(space={"variants": variants}, search={"algorithm": "grid", "seed": spec.search.seed})
     return load_campaign(d)
+
+
+def selected_records(records: list[dict], chosen: dict) -> tuple[list[dict], list[dict]]:
+    """(the chosen subnets' evaluations, the control subnets'), one per selected configuration."""
+    by_keys = {_keys(r["keys"]): r for r in records}
+    return ([by_keys[_keys(k)] for k in chosen["chosen"] if _keys(k) in by_keys],
+            [by_keys[_keys(k)] for k in chosen["control"] if _keys(k) in by_keys])
+
+
+def init_weights(chosen: dict, chosen_records: list[dict], files: dict[str, str]) -> dict[str, str]:
+    """Training identity -> the exported weights it starts from: the chosen subnets' when the selection says
+    ``retrain_from: inherited`` (the control subnets start from scratch), else none."""
+    if chosen.get("retrain_from") != "inherited":
+        return {}
+    return {identity(fill(r["config"])): files[r["subnet_id"]] for r in chosen_records}
+
+
+def _keys(keys: dict) -> str:
+    return json.dumps(keys, sort_keys=True, default=str)

@@ -1,6 +1,7 @@
 """A one-shot campaign end to end on local Ray: its supernet trained as one DDP trial (two gloo workers), its
 subnets scored by actors with the weights they inherit, the best one and a control sample retrained on their own,
-the report's fidelity. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are
+the report's fidelity; the best one trained on from the weights it inherits, each retrained subnet written as
+a stand-alone checkpoint its own model loads. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are
 scored: each resume goes on from what was recorded, the supernet trains each epoch once, and no subnet is
 scored twice."""
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _spec(storage: Path) -> dict:
     spec["space"] = {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]},
                      "hidden_width": {"choice": [0.5, 1.0]}, "code_size": 4}
     spec["supernet"] = {"train": {"epochs": SUPERNET_EPOCHS, "max_steps_per_epoch": 3}, "retrain": "top_k",
-                        "top_k": 1, "control": 1, "bn_batches": 1}
+                        "top_k": 1, "control": 1, "bn_batches": 1, "retrain_from": "inherited"}
     spec["search"] = {"algorithm": "random", "num_trials": SUBNETS, "seed": 0}
     return spec
 
@@ -96,7 +97,7 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     assert {r["supernet"] for r in records} == {evaluations[0]["supernet"]}
 
     from subprocess import run as sh
-    done = sh([sys.executable, "-m", "qkvsearch.search.cli", "report", str(exp)],
+    done = sh([sys.executable, "-m", "qkvsearch.search.cli", "report", str(exp), "--no-static"],
               capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     subnets = pq.read_table(exp / "report" / "subnets.parquet").to_pandas()
@@ -105,8 +106,26 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     assert subnets.loc[subnets["selected"].notna(), "top1_standalone"].notna().all()
     assert subnets.loc[subnets["selected"] == "control", "top1_standalone_reseeded"].notna().all()
     fidelity = json.loads((exp / "report" / "fidelity.json").read_text())
-    assert fidelity["subnets_scored"] == SUBNETS and fidelity["retrained"] == retrained - len(selection["control"])
+    # ranked over the subnets retrained from scratch: the control ones (the chosen one trained on from its weights)
+    assert fidelity["subnets_scored"] == SUBNETS and fidelity["retrained"] == len(selection["control"])
     assert fidelity["hv_inherited"] is not None and fidelity["hv_standalone"] is not None
     assert "One-shot fidelity" in (exp / "report" / "report.md").read_text()
     trials = pq.read_table(exp / "report" / "trials.parquet").to_pandas()
     assert set(trials["fidelity"]) == {"standalone"}
+
+    # the chosen subnet trained on from its exported weights, the control one from scratch
+    by_keys = {json.dumps(e["keys"], sort_keys=True): e for e in evaluations}
+    chosen = by_keys[json.dumps(selection["chosen"][0], sort_keys=True)]
+    control = by_keys[json.dumps(selection["control"][0], sort_keys=True)]
+    starts = {identity(r["config"], ignore=("seed",)): r.get("init_from") for r in records}
+    assert starts[identity(chosen["config"], ignore=("seed",))] == inherited.subnet_file(str(exp), chosen["subnet_id"])
+    assert starts[identity(control["config"], ignore=("seed",))] is None
+    assert list(subnets.loc[subnets["selected"].notna(), "retrained_from"].sort_values()) == ["inherited", "scratch"]
+    assert fidelity["ranked_over"].startswith("the control subnets")
+    for e in (chosen, control):  # stand-alone checkpoints: build_model(cfg) loads each, every tensor
+        import torch
+
+        from qkvsearch.trainers.models import build_model
+
+        saved = torch.load(inherited.subnet_file(str(exp), e["subnet_id"]), weights_only=True)
+        build_model(saved["config"]).load_state_dict(saved["model"])
