@@ -18,7 +18,8 @@ subnet is also exported as a stand-alone checkpoint that ``build_model(cfg)`` lo
       from: results/earlier-oneshot     # search that campaign's trained supernet instead of training one
 
 What a supernet can share: width-like model keys (``WIDTH_KEYS``: the leading part of the largest's tensors)
-and categorical ones (``BRANCH_KEYS``: weights of their own per value). A space that searches anything else (a
+and categorical ones (``BRANCH_KEYS``: weights of their own per value); a quantization policy (``QUANT_KEYS``)
+changes no weight: a subnet is scored under it, quantized after extraction (trainers.supernet.scoring). A space that searches anything else (a
 training key, the model, its image or patch size) is refused naming the key: a supernet is trained with one
 recipe on one input.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
-from qkvsearch.spaces.keys import KEYS, section_keys
+from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, section_keys
 from qkvsearch.spaces.schema import FrozenMap, SupernetSpec
 from qkvsearch.spaces.sections import optional
 
@@ -94,13 +95,13 @@ def _recipe(raw, c: Collector, needs_epochs: bool) -> FrozenMap:
 
 def check_shareable(space, c: Collector) -> None:
     """A space of a one-shot campaign searches only keys a supernet can share (module docstring)."""
-    shareable = set(WIDTH_KEYS) | set(BRANCH_KEYS)
+    shareable = set(WIDTH_KEYS) | set(BRANCH_KEYS) | set(QUANT_KEYS)
     searched = {d.key for d in space.dimensions if not d.enumerable or len({repr(v) for v in d.values}) > 1}
     for key in {k for v in space.variants for k in v}:  # a key the variants set to more than one value
         if len({repr(v.get(key)) for v in space.variants}) > 1:
             searched.add(key)
     for key in sorted(searched - shareable):
         where = "the training recipe (one for the supernet: supernet.train)" if KEYS[key].group in ("train", "data") \
-            else "neither a width nor a choice of layer (one supernet is one model on one input, in full precision)"
+            else "neither a width nor a choice of layer (one supernet is one model on one input)"
         c.add(f"space.{key}", f"expected keys one supernet can share (widths: {', '.join(WIDTH_KEYS[:4])}, ...; "
                               f"choices: {', '.join(BRANCH_KEYS[:3])}, ...), given {show(key)}, which sets {where}")

@@ -227,8 +227,13 @@ def _leaves(t: torch.Tensor):
 
 def weights_bytes(model: nn.Module) -> int:
     """Bytes of ``model.state_dict()`` as torch.save stores it: each distinct storage once, whole."""
+    return state_bytes(model.state_dict())
+
+
+def state_bytes(state: dict) -> int:
+    """Bytes of a state dict as torch.save stores it: each distinct storage once, whole."""
     storages = {}
-    for tensor in model.state_dict().values():
+    for tensor in state.values():
         for leaf in _leaves(tensor):
             storage = leaf.untyped_storage()
             storages[(leaf.device, storage.data_ptr())] = storage.nbytes()

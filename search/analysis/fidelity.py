@@ -4,7 +4,7 @@ measured against the subnets retrained on their own, with the retraining's own n
     inherited evaluations (search.records.inherited) + the campaign's trials (results.collect)
       --subnet_table--> subnets.parquet, one row per scored subnet:
           subnet_id, config_<key>..., params_m, gmacs, params, embed_params, top1_inherited, top5_inherited,
-          val_loss_inherited, supernet, space, evaluated_at, selected (chosen | control | null),
+          val_loss_inherited, top1_q_inherited, size_mb, supernet, space, evaluated_at, selected (chosen | control | null),
           retrained_from (scratch | inherited: where its standalone training started; null when not selected),
           top1_standalone (its retrained final top-1 under the campaign's seed; null when not retrained, or not
           completed), top1_standalone_reseeded (control subnets: under the next seed)
@@ -41,7 +41,7 @@ from qkvsearch.storage import read_bytes, write_bytes, write_json
 SUBNETS_FILE, FIDELITY_FILE = "subnets.parquet", "fidelity.json"
 BOOTSTRAP = 2000        # resamples of the retrained pairs for a rank correlation's interval
 MIN_PAIRS = 3           # fewer pairs have no rank correlation worth a figure
-INHERITED_METRICS = ("top1", "top5", "val_loss")
+INHERITED_METRICS = ("top1", "top5", "val_loss", "top1_q")
 COST_COLUMNS = (("params_m", pa.float64()), ("gmacs", pa.float64()), ("params", pa.int64()),
                 ("embed_params", pa.int64()))
 
@@ -57,9 +57,10 @@ def subnet_table(exp: str, trials: pa.Table) -> pd.DataFrame:
         df[name] = [r["cost"].get(name) for r in records]
     for metric in INHERITED_METRICS:
         df[f"{metric}_inherited"] = [_num(r["metrics"].get(metric)) for r in records]
+    df["size_mb"] = [_num(r["metrics"].get("size_mb")) for r in records]  # under its policy (none: fp)
     for name in ("supernet", "space", "evaluated_at"):
         df[name] = [r.get(name) for r in records]
-    groups = {identity(r["config"], ignore=("seed",)): i for i, r in enumerate(records)}
+    groups = {identity(r["config"], ignore=("seed",), policy=True): i for i, r in enumerate(records)}
     by_keys = {_sorted(r["keys"]): i for i, r in enumerate(records)}
     selected = [None] * len(records)
     for role in ("chosen", "control"):
@@ -77,7 +78,7 @@ def subnet_table(exp: str, trials: pa.Table) -> pd.DataFrame:
     done = trials.to_pandas() if trials.num_rows else pd.DataFrame(columns=["status"])
     for _, t in done[done["status"] == "completed"].iterrows():
         cfg = json.loads(t["config_json"])
-        i = groups.get(identity(cfg, ignore=("seed",)))
+        i = groups.get(identity(cfg, ignore=("seed",), policy=True))
         if i is not None:
             col = "top1_standalone" if seed is None or cfg.get("seed") == seed else "top1_standalone_reseeded"
             df.at[i, col] = _num(t.get("final_top1"))

@@ -1,7 +1,7 @@
 """Subnets scored with the weights they inherit from a supernet (one-shot search, search.campaign.oneshot): one file per
 batch of evaluations, written once, atomically, and the searcher's state beside them.
 
-    qs_inherited/batch-<n>.json    [{"subnet_id", "config", "cost", "metrics": {top1, top5, val_loss},
+    qs_inherited/batch-<n>.json    [{"subnet_id", "config", "cost", "metrics": {top1, top5, val_loss, top1_q, size_mb},
                                      "fidelity": "inherited", "supernet": its checkpoint, "space": the space's
                                      hash, "evaluated_at"}, ...]
     qs_inherited/selection.json    the subnets chosen to train on their own, and the control sample

@@ -66,3 +66,9 @@ def test_a_bad_supernet_field_is_refused_naming_it(section, field, words):
 def test_one_shot_search_has_no_stages():
     stages = {"finetune": [{"dataset": "digits", "epochs": 1}]}
     assert "stages" in _errors(_spec(stages=stages))
+
+
+def test_a_quantization_policy_is_searched_with_the_subnets():
+    spec = load_campaign(_spec(space={"embedding": "sne", "hidden_width": {"choice": [0.5, 1.0]},
+                                      "quant_qkv": {"choice": ["fp", "int8_dynamic"]}}))
+    assert spec.supernet

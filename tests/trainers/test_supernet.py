@@ -136,3 +136,48 @@ def test_an_exported_subnet_loads_into_its_own_model_and_a_retraining_starts_fro
     tuned = build_model(cfg)
     head = classifier_prefix(tuned) + "."
     assert all(k.startswith(head) for k in load_pretrained(tuned, path))  # a fine-tuning: a new head only
+
+
+def test_a_subnet_is_scored_under_its_quantization_policy_and_the_supernet_trains_each_model_once(tmp_path):
+    """A policy changes no weight: the supernet's plan holds each model once whatever the policies searched, and
+    a subnet is scored under its policy (top1_q of its extracted model quantized, size_mb as stored)."""
+    from qkvsearch.trainers.quantize import quantize_model, weights_bytes
+    from qkvsearch.trainers.supernet.scoring import SubnetScorer
+
+    space = {"embedding": {"choice": ["linear", "sne"]}, "quant_mlp": {"choice": ["fp", "int8_weight_only"]}}
+    spec = load_campaign(_spec(space))
+    trials = candidates(spec)
+    assert len(trials) == 4  # every subnet under each policy is a candidate to score
+    plan = supernet_plan(spec, trials)
+    assert len(plan["configs"]) == 2 and {c["quant_mlp"] for c in plan["configs"]} == {"fp"}
+    state = {"model": Supernet(plan["configs"], seed=0).state_dict()}
+    scorer = SubnetScorer(SupernetPlan.from_dict(plan), state, {**trials[0]["config"], "batch_size": 8}, bn_batches=1)
+    scores = {(t["config"]["embedding"], t["config"]["quant_mlp"]): scorer.score(t["config"]) for t in trials}
+    for emb in ("linear", "sne"):
+        fp, q = scores[(emb, "fp")], scores[(emb, "int8_weight_only")]
+        assert fp["top1_q"] == fp["top1"] == q["top1"]  # the same weights; the policy applies after extraction
+        cfg = next(t["config"] for t in trials if (t["config"]["embedding"], t["config"]["quant_mlp"])
+                   == (emb, "int8_weight_only"))
+        model = build_model(cfg)
+        model.load_state_dict(scorer.extract(cfg))
+        assert fp["size_mb"] == weights_bytes(model) / 1e6
+        assert q["size_mb"] == weights_bytes(quantize_model(model.eval(), cfg, "cpu")) / 1e6 < fp["size_mb"]
+        assert 0.0 <= q["top1_q"] <= 100.0
+
+
+def test_a_subnets_score_does_not_depend_on_what_was_scored_before():
+    """BatchNorm is recalibrated in train mode every time, not only at a skeleton's first use (its last forward
+    leaves it in eval mode): each subnet scores the same first, after others, and again."""
+    from qkvsearch.trainers.supernet.scoring import SubnetScorer
+
+    spec = load_campaign(_spec({"embedding": {"choice": ["linear", "sne"]}}))
+    trials = candidates(spec)
+    plan = supernet_plan(spec, trials)
+    state = {"model": Supernet(plan["configs"], seed=0).state_dict()}
+    scorer = SubnetScorer(SupernetPlan.from_dict(plan), state, {**trials[0]["config"], "batch_size": 8}, bn_batches=1)
+    first = [scorer.score(t["config"]) for t in trials]
+    again = [scorer.score(t["config"]) for t in reversed(trials)][::-1]
+    assert first == again
+    skeleton = scorer.supernet.skeleton(trials[0]["config"])
+    norms = [m for m in skeleton.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert norms and all(not torch.all(m.running_var == 1) for m in norms)  # statistics of the batches

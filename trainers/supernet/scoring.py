@@ -1,14 +1,17 @@
 """Scoring subnets with the weights they inherit from a trained supernet, in one process: the checkpoint is
 loaded once, then each subnet has its BatchNorm statistics recalibrated on a few training batches (when it has
 BatchNorm: XCiT's convolutional patch embedding and its blocks' local patch interaction do) and is evaluated on
-the validation split, as trainers.engine evaluates a trial."""
+the validation split, as trainers.engine evaluates a trial. A subnet is also scored under its quantization
+policy: ``top1_q``, the extracted model quantized (trainers.quantize) and evaluated again (its top-1 when the
+policy quantizes nothing), and ``size_mb``, its weights' bytes as stored under the policy."""
 from __future__ import annotations
 
 import torch
 
-from qkvsearch.spaces.keys import batch_plan
+from qkvsearch.spaces.keys import batch_plan, quant_policy
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers import engine
+from qkvsearch.trainers.quantize import quantize_model, state_bytes, weights_bytes
 from qkvsearch.trainers.supernet.training import SupernetPlan, _Subnet
 from qkvsearch.trainers.supernet.weights import Supernet
 
@@ -35,14 +38,35 @@ class SubnetScorer:
             x, _ = next(batches)
             yield x
 
+    def _recalibrate(self, cfg: dict) -> None:
+        """The subnet's BatchNorm statistics from the same batches under the same random state, whatever ran
+        before (the train-mode pass draws from torch's generator): a subnet's score does not depend on which
+        subnets were scored before it."""
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(BN_SEED)
+            self.supernet.recalibrate(cfg, self._bn_batches())
+
     @torch.no_grad()
     def score(self, cfg: dict) -> dict:
-        """{"top1", "top5", "val_loss"} of the subnet ``cfg`` (a resolved configuration of the plan's space)."""
-        self.supernet.recalibrate(cfg, self._bn_batches())
-        return engine.evaluate(_Subnet(self.supernet, cfg), self.val_src, engine.Dist(device=self.device),
-                               batch_size=max(2 * self.bpw, 128))
+        """{"top1", "top5", "val_loss", "top1_q", "size_mb"} of the subnet ``cfg`` (a resolved configuration
+        of the plan's space, with its quantization policy)."""
+        self._recalibrate(cfg)
+        batch = max(2 * self.bpw, 128)
+        out = engine.evaluate(_Subnet(self.supernet, cfg), self.val_src, engine.Dist(device=self.device),
+                              batch_size=batch)
+        weights = self.supernet.extract(cfg)
+        if not quant_policy(cfg):
+            return {**out, "top1_q": out["top1"], "size_mb": state_bytes(weights) / 1e6}
+        from qkvsearch.trainers.models import build_model
+
+        model = build_model(cfg)
+        model.load_state_dict(weights)
+        served = quantize_model(model.to(self.device).eval(), cfg, self.device)
+        top1_q = engine.evaluate(served, self.val_src, engine.Dist(device=self.device), batch_size=batch)["top1"]
+        return {**out, "top1_q": top1_q, "size_mb": weights_bytes(served) / 1e6}
 
     def extract(self, cfg: dict) -> dict:
         """The subnet's state dict, BatchNorm recalibrated (build_model(cfg).load_state_dict takes it)."""
-        self.supernet.recalibrate(cfg, self._bn_batches())
+        self._recalibrate(cfg)
         return self.supernet.extract(cfg)

@@ -146,14 +146,15 @@ class Supernet(nn.Module):
         for m in norms:
             m.reset_running_stats()
             m.momentum = None  # cumulative moving average over the batches
-        was = self.training
-        self.train()
+        # The skeleton is no child module of the supernet (a dict holds it): its own mode is set here, since
+        # the last forward left it in eval mode, where BatchNorm would keep the statistics just reset.
+        skeleton.train(True)
         params = self.params_for(cfg)
         for x in batches:
             torch.func.functional_call(skeleton, params, (x,), strict=False, tie_weights=True)
         for m, momentum in saved:
             m.momentum = momentum
-        self.train(was)
+        skeleton.train(self.training)
 
     # -- initialisation -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -4,7 +4,7 @@ as ``simulate`` drives a searcher over a table: no Tune trial per subnet, so tho
 no per-trial state.
 
 The searcher (search.searchers.SEARCHERS: the ``search`` section's, over the space) learns each subnet's inherited
-top-1 with its counted cost, as it would a trial's; a configuration proposed again (one training identity) is
+top-1 with its counted cost, as it would a trial's; a subnet proposed again (its training identity and policy) is
 told its known result and not scored twice. Each batch is recorded once scored (search.records.inherited): a
 driver stopped here and resumed scores no recorded subnet again; the searcher built anew is told the recorded
 ones (``Searcher.tell_earlier``) before it proposes more. The selected subnets are then written as stand-alone
@@ -62,10 +62,10 @@ def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, sup
              actors: int) -> list[dict]:
     """Score ``spec.search.num_trials`` subnets (counting those recorded before); -> every evaluation."""
     records = inherited.read_evaluations(exp)
-    known = {identity(r["config"]): r for r in records}
+    known = {_subnet(r["config"]): r for r in records}
     searcher = make_searcher(spec.search.algorithm, spec_problem(spec))
     for r in records:
-        searcher.tell_earlier(EarlierTrial(identity(r["config"]), r["subnet_id"], r["keys"], "completed",
+        searcher.tell_earlier(EarlierTrial(_subnet(r["config"]), r["subnet_id"], r["keys"], "completed",
                                            r["metrics"], r["cost"]))
     target = spec.search.num_trials
     if len(known) >= target:
@@ -99,7 +99,7 @@ def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, sup
             inherited.write_batch(exp, n_batch, scored)
             n_batch += 1
             for r in scored:
-                known[identity(r["config"])] = r
+                known[_subnet(r["config"])] = r
                 records.append(r)
                 searcher.on_trial_complete(r["subnet_id"], _result(r))
             log.info(f"subnets scored: {len(known)}/{target}")
@@ -151,7 +151,7 @@ def _propose(searcher, base: dict, known: dict, claimed: set, n: int, ids: _Ids)
         if keys is None or keys == FINISHED:
             break
         trial = build_trial(base, keys)
-        key = None if trial.get("invalid") else identity(trial["config"])
+        key = None if trial.get("invalid") else _subnet(trial["config"])
         if key is None or key in claimed:
             repeats += 1
             searcher.on_trial_complete(sid, _result(known[key]) if key in known else None,
@@ -161,6 +161,11 @@ def _propose(searcher, base: dict, known: dict, claimed: set, n: int, ids: _Ids)
         searcher.constrain(sid, trial["cost"])
         out.append({"subnet_id": sid, "keys": keys, **trial})
     return out
+
+
+def _subnet(config: dict) -> str:
+    """A subnet's identity: its training identity and its quantization policy (one scored per policy)."""
+    return identity(config, policy=True)
 
 
 def _result(record: dict) -> dict:

@@ -7,8 +7,9 @@ import json
 
 from qkvsearch.search.searchers.problem import build_trial, candidate_configs
 from qkvsearch.spaces import base_config, load_campaign
+from qkvsearch.spaces.choices import FULL_PRECISION
 from qkvsearch.spaces.errors import SpecError
-from qkvsearch.spaces.keys import identity
+from qkvsearch.spaces.keys import QUANT_KEYS, identity
 from qkvsearch.spaces.supernet import BRANCH_KEYS
 
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign whose one trial trains the supernet
@@ -19,9 +20,9 @@ def candidates(spec) -> list[dict]:
     base, out, seen = base_config(spec), [], set()
     for keys in candidate_configs(spec):
         trial = build_trial(base, keys)
-        if trial.get("invalid") or identity(trial["config"]) in seen:
+        if trial.get("invalid") or identity(trial["config"], policy=True) in seen:
             continue
-        seen.add(identity(trial["config"]))
+        seen.add(identity(trial["config"], policy=True))  # a subnet under each policy
         out.append({**trial, "keys": keys})
     if not out:
         raise SpecError(["space: expected configurations a model can be made of, given none"], spec.source)
@@ -32,8 +33,26 @@ def branch_of(config: dict, varying: list[str]) -> str:
     return json.dumps({k: config.get(k) for k in varying})
 
 
+def full_precision(config: dict) -> dict:
+    """The config with every part of its quantization policy at full precision: what the supernet trains (a
+    policy changes no weight; a subnet is scored under its policy after extraction)."""
+    return {**config, **{k: FULL_PRECISION for k in QUANT_KEYS if k in config}}
+
+
+def _trained(trials: list[dict]) -> list[dict]:
+    """One trial per configuration the supernet trains: the trials' configs at full precision, deduplicated."""
+    out, seen = [], set()
+    for t in trials:
+        cfg = full_precision(t["config"])
+        if identity(cfg) not in seen:
+            seen.add(identity(cfg))
+            out.append({**t, "config": cfg, "keys": {k: v for k, v in t["keys"].items() if k not in QUANT_KEYS}})
+    return out
+
+
 def supernet_plan(spec, trials: list[dict]) -> dict:
     """The plan a supernet of these trials is trained over (SupernetPlan.as_dict)."""
+    trials = _trained(trials)
     configs = [t["config"] for t in trials]
     varying = [k for k in BRANCH_KEYS if len({repr(c.get(k)) for c in configs}) > 1]
     s = spec.supernet
@@ -53,7 +72,7 @@ def supernet_spec(spec, exp: str, trials: list[dict], plan: dict):
     d = spec.to_dict()
     for section in ("supernet", "stages", "constraints"):
         d.pop(section, None)
-    d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [trials[teacher(plan)]["keys"]]},
+    d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [_trained(trials)[teacher(plan)]["keys"]]},
              train={**d["train"], **dict(spec.supernet.recipe)}, search={"algorithm": "grid"},
              scheduler={"type": "fifo"}, objectives=[{"metric": "top1", "mode": "max"}],
              checkpoints={"keep": "all"}, resources={**d["resources"], "max_concurrent_trials": 1})

@@ -31,7 +31,7 @@ def _objective(record: dict, metric: str) -> float:
 def select(spec, records: list[dict]) -> dict:
     """{"chosen": [space keys], "control": [space keys], "seed": the campaign's training seed, "retrain_from":
     where the chosen ones' training starts (scratch | inherited)}."""
-    records = list({identity(r["config"]): r for r in records}.values())  # one per training identity
+    records = list({identity(r["config"], policy=True): r for r in records}.values())  # one per subnet and policy
     metrics, modes = [o.metric for o in spec.objectives], [o.mode for o in spec.objectives]
     values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float)
     ok = ~np.isnan(values).any(axis=1)
