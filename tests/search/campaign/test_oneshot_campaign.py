@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 SUBNETS = 5
 SUPERNET_EPOCHS = 3
-STALE_S = 8  # a killed driver's hold goes stale this long after its last heartbeat
+STALE_S = 4  # a killed driver's hold goes stale this long after its last heartbeat (one every 0.67 s)
 ENV = {STALE_ENV: str(STALE_S)}
 
 

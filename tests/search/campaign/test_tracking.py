@@ -145,8 +145,8 @@ def _wandb_runs(exp: Path) -> dict[str, dict]:
 
 
 def _epoch_table(exp: Path) -> dict[str, list[dict]]:
-    """trial id -> its rows of epochs.parquet, written by `qkvsearch report`."""
-    assert main(["report", str(exp)]) == 0
+    """trial id -> its rows of epochs.parquet, written by `qkvsearch report` (no png/svg: not read here)."""
+    assert main(["report", str(exp), "--no-static"]) == 0
     by_trial = defaultdict(list)
     for row in pq.read_table(exp / "report" / "epochs.parquet").to_pylist():
         by_trial[row["trial_id"]].append(row)
