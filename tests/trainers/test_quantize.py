@@ -140,3 +140,21 @@ def test_the_precision_registry_holds_exactly_the_names_the_keys_check():
         assert list(PRECISIONS) == list(PRECISION_CHOICES) == list(KEYS[key].check.options)
     assert PRECISIONS["fp"].config("cpu") is None
     assert all(PRECISIONS[n].config("cpu") is not None for n in PRECISIONS if n != "fp")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["int8_weight_only", "int8_dynamic"])
+def test_each_precision_quantizes_on_cuda_and_computes_close_to_full_precision(sne_model, precision):
+    """The trial's device picks torchao's settings: on CUDA every part is quantized where the model runs, and its
+    logits stay close to the fp model's."""
+    device = torch.device("cuda")
+    cfg = _config(embedding="sne", embed_class_attn=True, **dict.fromkeys(QUANT_KEYS, precision))
+    fp = copy.deepcopy(sne_model).to(device)
+    model = quantize_model(copy.deepcopy(sne_model).to(device), cfg, device)
+    kind = "dynamic" if precision == "int8_dynamic" else "weight_only"
+    assert set(_int8(model).values()) == {kind}
+    assert all(m.weight.device.type == "cuda" for m in model.modules() if isinstance(m, nn.Linear))
+    x = torch.randn(8, 3, 16, 16, device=device)
+    with torch.inference_mode():
+        want, got = fp(x), model(x)
+    assert torch.isfinite(got).all() and (got - want).abs().max() <= 0.1 * want.abs().max()
