@@ -35,7 +35,6 @@ import pyarrow.parquet as pq
 from qkvsearch.search.analysis.pareto import hypervolume
 from qkvsearch.search.analysis.results import config_columns
 from qkvsearch.search.records import inherited
-from qkvsearch.spaces.keys import identity
 from qkvsearch.storage import read_bytes, write_bytes, write_json
 
 SUBNETS_FILE, FIDELITY_FILE = "subnets.parquet", "fidelity.json"
@@ -60,13 +59,13 @@ def subnet_table(exp: str, trials: pa.Table) -> pd.DataFrame:
     df["size_mb"] = [_num(r["metrics"].get("size_mb")) for r in records]  # under its policy (none: fp)
     for name in ("supernet", "space", "evaluated_at"):
         df[name] = [r.get(name) for r in records]
-    groups = {identity(r["config"], ignore=("seed",), policy=True): i for i, r in enumerate(records)}
-    by_keys = {_sorted(r["keys"]): i for i, r in enumerate(records)}
+    groups = {inherited.subnet_identity(r["config"], ignore=("seed",)): i for i, r in enumerate(records)}
+    by_keys = {inherited.keys_text(r["keys"]): i for i, r in enumerate(records)}
     selected = [None] * len(records)
     for role in ("chosen", "control"):
         for keys in selection[role]:
-            if _sorted(keys) in by_keys:
-                selected[by_keys[_sorted(keys)]] = role
+            if inherited.keys_text(keys) in by_keys:
+                selected[by_keys[inherited.keys_text(keys)]] = role
     df["selected"] = selected
     # Where each retrained subnet's training started: the chosen ones from their inherited weights when the
     # campaign said so (an older selection file says nothing: scratch), the control ones always from scratch.
@@ -78,15 +77,11 @@ def subnet_table(exp: str, trials: pa.Table) -> pd.DataFrame:
     done = trials.to_pandas() if trials.num_rows else pd.DataFrame(columns=["status"])
     for _, t in done[done["status"] == "completed"].iterrows():
         cfg = json.loads(t["config_json"])
-        i = groups.get(identity(cfg, ignore=("seed",), policy=True))
+        i = groups.get(inherited.subnet_identity(cfg, ignore=("seed",)))
         if i is not None:
             col = "top1_standalone" if seed is None or cfg.get("seed") == seed else "top1_standalone_reseeded"
             df.at[i, col] = _num(t.get("final_top1"))
     return df
-
-
-def _sorted(keys: dict) -> str:
-    return json.dumps(keys, sort_keys=True, default=str)
 
 
 def _num(v) -> float:

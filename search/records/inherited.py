@@ -10,14 +10,26 @@ batch of evaluations, written once, atomically, and the searcher's state beside 
 """
 from __future__ import annotations
 
+import json
 import time
 
+from qkvsearch.spaces.keys import identity
 from qkvsearch.storage import exists, list_files, loads_json, open_location, read_json, read_many, write_json
 
 INHERITED_DIR = "qs_inherited"
 SELECTION_FILE = "selection.json"
 SUBNETS_DIR = "subnets"
 FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
+
+
+def subnet_identity(config: dict, ignore: tuple[str, ...] = ()) -> str:
+    """A subnet's identity: its training identity and its quantization policy (one scored per policy)."""
+    return identity(config, ignore=ignore, policy=True)
+
+
+def keys_text(keys: dict) -> str:
+    """Space keys as one comparable text: how a selection names the evaluations it picked."""
+    return json.dumps(keys, sort_keys=True, default=str)
 
 
 def write_batch(exp: str, n: int, evaluations: list[dict]) -> None:

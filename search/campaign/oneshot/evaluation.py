@@ -21,7 +21,7 @@ from qkvsearch.search.searchers import make_searcher
 from qkvsearch.search.searchers.base import FINISHED, EarlierTrial
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.spaces import base_config
-from qkvsearch.spaces.keys import identity
+from qkvsearch.storage import exists
 
 log = logging.getLogger(__name__)
 BATCH = 8            # most subnets per actor call: the actor's time to score them dwarfs the call's
@@ -62,10 +62,10 @@ def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, sup
              actors: int) -> list[dict]:
     """Score ``spec.search.num_trials`` subnets (counting those recorded before); -> every evaluation."""
     records = inherited.read_evaluations(exp)
-    known = {_subnet(r["config"]): r for r in records}
+    known = {inherited.subnet_identity(r["config"]): r for r in records}
     searcher = make_searcher(spec.search.algorithm, spec_problem(spec))
     for r in records:
-        searcher.tell_earlier(EarlierTrial(_subnet(r["config"]), r["subnet_id"], r["keys"], "completed",
+        searcher.tell_earlier(EarlierTrial(inherited.subnet_identity(r["config"]), r["subnet_id"], r["keys"], "completed",
                                            r["metrics"], r["cost"]))
     target = spec.search.num_trials
     if len(known) >= target:
@@ -99,7 +99,7 @@ def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, sup
             inherited.write_batch(exp, n_batch, scored)
             n_batch += 1
             for r in scored:
-                known[_subnet(r["config"])] = r
+                known[inherited.subnet_identity(r["config"])] = r
                 records.append(r)
                 searcher.on_trial_complete(r["subnet_id"], _result(r))
             log.info(f"subnets scored: {len(known)}/{target}")
@@ -113,8 +113,6 @@ def export_subnets(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dic
                    records: list[dict]) -> dict[str, str]:
     """Write each of ``records`` (evaluations) as a stand-alone checkpoint, unless written before (a resumed
     driver); -> {subnet_id: its file}. One actor: a selection is a handful of subnets."""
-    from qkvsearch.storage import exists
-
     files = {r["subnet_id"]: inherited.subnet_file(exp, r["subnet_id"]) for r in records}
     todo = [r for r in records if not exists(files[r["subnet_id"]])]
     if todo:
@@ -151,7 +149,7 @@ def _propose(searcher, base: dict, known: dict, claimed: set, n: int, ids: _Ids)
         if keys is None or keys == FINISHED:
             break
         trial = build_trial(base, keys)
-        key = None if trial.get("invalid") else _subnet(trial["config"])
+        key = None if trial.get("invalid") else inherited.subnet_identity(trial["config"])
         if key is None or key in claimed:
             repeats += 1
             searcher.on_trial_complete(sid, _result(known[key]) if key in known else None,
@@ -161,11 +159,6 @@ def _propose(searcher, base: dict, known: dict, claimed: set, n: int, ids: _Ids)
         searcher.constrain(sid, trial["cost"])
         out.append({"subnet_id": sid, "keys": keys, **trial})
     return out
-
-
-def _subnet(config: dict) -> str:
-    """A subnet's identity: its training identity and its quantization policy (one scored per policy)."""
-    return identity(config, policy=True)
 
 
 def _result(record: dict) -> dict:

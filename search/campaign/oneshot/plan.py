@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from qkvsearch.search.records.inherited import subnet_identity
 from qkvsearch.search.searchers.problem import build_trial, candidate_configs
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.choices import FULL_PRECISION
@@ -20,9 +21,9 @@ def candidates(spec) -> list[dict]:
     base, out, seen = base_config(spec), [], set()
     for keys in candidate_configs(spec):
         trial = build_trial(base, keys)
-        if trial.get("invalid") or identity(trial["config"], policy=True) in seen:
+        if trial.get("invalid") or subnet_identity(trial["config"]) in seen:
             continue
-        seen.add(identity(trial["config"], policy=True))  # a subnet under each policy
+        seen.add(subnet_identity(trial["config"]))  # a subnet under each policy
         out.append({**trial, "keys": keys})
     if not out:
         raise SpecError(["space: expected configurations a model can be made of, given none"], spec.source)

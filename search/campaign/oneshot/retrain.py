@@ -13,8 +13,6 @@ selected configurations as variants, searched as a grid.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
@@ -31,7 +29,7 @@ def _objective(record: dict, metric: str) -> float:
 def select(spec, records: list[dict]) -> dict:
     """{"chosen": [space keys], "control": [space keys], "seed": the campaign's training seed, "retrain_from":
     where the chosen ones' training starts (scratch | inherited)}."""
-    records = list({identity(r["config"], policy=True): r for r in records}.values())  # one per subnet and policy
+    records = list({inherited.subnet_identity(r["config"]): r for r in records}.values())  # one per subnet and policy
     metrics, modes = [o.metric for o in spec.objectives], [o.mode for o in spec.objectives]
     values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float)
     ok = ~np.isnan(values).any(axis=1)
@@ -73,9 +71,12 @@ def retrain_spec(spec, chosen: dict):
 
 def selected_records(records: list[dict], chosen: dict) -> tuple[list[dict], list[dict]]:
     """(the chosen subnets' evaluations, the control subnets'), one per selected configuration."""
-    by_keys = {_keys(r["keys"]): r for r in records}
-    return ([by_keys[_keys(k)] for k in chosen["chosen"] if _keys(k) in by_keys],
-            [by_keys[_keys(k)] for k in chosen["control"] if _keys(k) in by_keys])
+    by_keys = {inherited.keys_text(r["keys"]): r for r in records}
+
+    def of(role: str) -> list[dict]:
+        return [by_keys[k] for k in map(inherited.keys_text, chosen[role]) if k in by_keys]
+
+    return of("chosen"), of("control")
 
 
 def init_weights(chosen: dict, chosen_records: list[dict], files: dict[str, str]) -> dict[str, str]:
@@ -85,6 +86,3 @@ def init_weights(chosen: dict, chosen_records: list[dict], files: dict[str, str]
         return {}
     return {identity(fill(r["config"])): files[r["subnet_id"]] for r in chosen_records}
 
-
-def _keys(keys: dict) -> str:
-    return json.dumps(keys, sort_keys=True, default=str)
