@@ -301,6 +301,7 @@ class SupernetSpec:
     control: int = 8                    # random evaluated subnets retrained too, twice: the ranking's check
     source: str | None = None           # ``from``: a campaign folder whose trained supernet is searched
     retrain_from: str = "scratch"       # scratch | inherited: where the chosen subnets' training starts
+    resources: FrozenMap = FrozenMap()  # WORKER_RESOURCES name -> value: the supernet's run's, replacing the campaign's
 
     def __bool__(self) -> bool:
         return bool(self.recipe) or self.source is not None
@@ -314,6 +315,8 @@ class SupernetSpec:
             out["retrain_from"] = self.retrain_from
         if self.source is not None:
             out["from"] = self.source
+        if self.resources:
+            out["resources"] = plain(self.resources)
         return out
 
 

@@ -35,6 +35,7 @@ from qkvsearch.spaces.schema import (
     CheckpointsSpec,
     Constraint,
     DataSpec,
+    FrozenMap,
     ModelSpec,
     Objective,
     ResourcesSpec,
@@ -255,6 +256,24 @@ def parse_resources(raw, c: Collector) -> ResourcesSpec:
         c.expected("resources.max_concurrent_trials", 'a positive int or "auto"', concurrent)
         concurrent = "auto"
     return ResourcesSpec(workers, cpus, gpus, concurrent, placement, failures)
+
+
+def parse_worker_resources(raw, where: str, names: tuple[str, ...], c: Collector) -> FrozenMap:
+    """A phase's own ``resources`` (a stage's, the supernet's): a subset of ``names`` (spaces.schema.WORKER_RESOURCES),
+    each checked as the resources section checks it."""
+    if raw is None:
+        return FrozenMap()
+    if not isinstance(raw, Mapping):
+        c.expected(where, f"a mapping ({', '.join(names)})", raw)
+        return FrozenMap()
+    c.unknown_keys(where, raw, names)
+    out = {}
+    for name, check in WORKER_RESOURCES:
+        if name in names and raw.get(name) is not None:
+            value = dimensions.check_value(check, raw[name], c, f"{where}.{name}")
+            if value is not dimensions.ABSENT:
+                out[name] = value
+    return FrozenMap(out)
 
 
 def parse_checkpoints(raw, c: Collector) -> CheckpointsSpec:

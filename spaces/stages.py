@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from qkvsearch.spaces.checks import TEXT, Bad, is_number
-from qkvsearch.spaces.dimensions import ABSENT, check_value
 from qkvsearch.spaces.errors import Collector, hint, show
 from qkvsearch.spaces.keys import DATASET_INFO, KEYS, section_keys
 from qkvsearch.spaces.metrics import (
@@ -49,6 +48,7 @@ from qkvsearch.spaces.schema import (  # noqa: F401  (the stage specs: named by 
     OODStage,
     StagesSpec,
 )
+from qkvsearch.spaces.sections import parse_worker_resources
 
 OOD_SCORES = ("msp", "energy", "max_logit")
 OOD_FORMATS = ("imagefolder", "cifar10", "cifar100", "stl10", "noise", "digits_heldout")
@@ -66,23 +66,6 @@ STAGE_METRIC_STAGE = {m.name: m.stage for m in STAGE_METRIC_LIST}   # stage metr
 def result_settings(stage) -> dict:
     """What a stage's result depends on (its settings without the resources it ran on): part of its key."""
     return {k: v for k, v in stage.to_dict().items() if k != "resources"}
-
-
-def _parse_resources(raw, where: str, names: tuple[str, ...], c: Collector) -> FrozenMap:
-    """A stage's ``resources`` mapping (a subset of ``names``, checked as the resources section's)."""
-    if raw is None:
-        return FrozenMap()
-    if not isinstance(raw, Mapping):
-        c.expected(where, f"a mapping ({', '.join(names)})", raw)
-        return FrozenMap()
-    c.unknown_keys(where, raw, names)
-    out = {}
-    for name, check in WORKER_RESOURCES:
-        if name in names and raw.get(name) is not None:
-            value = check_value(check, raw[name], c, f"{where}.{name}")
-            if value is not ABSENT:
-                out[name] = value
-    return FrozenMap(out)
 
 
 def stage_metric_mode(metric, finetune_datasets) -> str | None:
@@ -153,7 +136,7 @@ def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
                     recipe[key.name] = key.check(item[name])
                 except Bad as bad:
                     c.expected(f"{path}.{name}", bad.expected or key.check.expected, item[name])
-        resources = _parse_resources(item.get("resources"), f"{path}.resources", tuple(n for n, _ in WORKER_RESOURCES), c)
+        resources = parse_worker_resources(item.get("resources"), f"{path}.resources", tuple(n for n, _ in WORKER_RESOURCES), c)
         out.append(FinetuneStage(dataset, data_path, FrozenMap(recipe), resources))
     return out
 
@@ -202,7 +185,7 @@ def _parse_ood(raw, finetune_datasets: list[str], c: Collector) -> OODStage | No
             c.expected(f"{path}.name", "a name no other OOD set has", name)
             continue
         out.append(OODSet(name, fmt, _path(item.get("path"), fmt not in OOD_EMBEDDED, f"{path}.path", fmt, c)))
-    resources = _parse_resources(raw.get("resources"), "stages.ood.resources", ("cpus_per_worker", "gpus_per_worker"), c)
+    resources = parse_worker_resources(raw.get("resources"), "stages.ood.resources", ("cpus_per_worker", "gpus_per_worker"), c)
     return OODStage(str(ind), tuple(out), score, resources)
 
 

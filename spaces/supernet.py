@@ -16,6 +16,8 @@ subnet is also exported as a stand-alone checkpoint that ``build_model(cfg)`` lo
       control: 8                        # random scored subnets also retrained, under two seeds: the check
                                         # of how well inherited accuracy ranks, and its noise floor
       from: results/earlier-oneshot     # search that campaign's trained supernet instead of training one
+      resources: {workers_per_trial: 8} # the supernet's DDP run's own (spaces.schema.WORKER_RESOURCES); the
+                                        # retrained subnets run on the resources section's
 
 What a supernet can share: width-like model keys (``WIDTH_KEYS``: the leading part of the largest's tensors)
 and categorical ones (``BRANCH_KEYS``: weights of their own per value); a quantization policy (``QUANT_KEYS``)
@@ -28,8 +30,8 @@ from __future__ import annotations
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, section_keys
-from qkvsearch.spaces.schema import FrozenMap, SupernetSpec
-from qkvsearch.spaces.sections import optional
+from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap, SupernetSpec
+from qkvsearch.spaces.sections import optional, parse_worker_resources
 
 # Which tensors a categorical key splits: the attention's (embedding, mixer, key), the stem's, the positions'.
 ATTENTION_BRANCH = ("embedding", "attention", "key", "key_aggregation", "key_context", "activation",
@@ -41,7 +43,8 @@ WIDTH_KEYS = ("hidden_width", "code_size", "depth", "embed_dim", "num_heads", "m
               "attn_features", "attn_proj_len", "attn_landmarks", "key_charts")
 RETRAIN = ("front", "top_k")
 RETRAIN_FROM = ("scratch", "inherited")
-FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from", "retrain_from")
+FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from", "retrain_from",
+          "resources")
 
 
 def parse_supernet(raw, c: Collector) -> SupernetSpec:
@@ -69,7 +72,10 @@ def parse_supernet(raw, c: Collector) -> SupernetSpec:
     if source is not None and not (isinstance(source, str) and source.strip()):
         c.expected("supernet.from", "a campaign folder or URI whose supernet was trained (a string)", source)
         source = None
-    return SupernetSpec(recipe=recipe, source=source.strip().rstrip("/") if source else None, **values)
+    resources = parse_worker_resources(raw.get("resources"), "supernet.resources",
+                                       tuple(n for n, _ in WORKER_RESOURCES), c)
+    return SupernetSpec(recipe=recipe, source=source.strip().rstrip("/") if source else None, resources=resources,
+                        **values)
 
 
 def _recipe(raw, c: Collector, needs_epochs: bool) -> FrozenMap:

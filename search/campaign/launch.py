@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import asdict
 
 # First: it sets Ray's environment for a local cluster, which Ray reads when it is imported.
 from qkvsearch.search.cluster.local_ray import TRIAL_SLOT, ray_env, start_local_ray, stop_local_ray
@@ -98,6 +99,9 @@ def _check_launchable(spec, exp: str, overwrite: bool) -> list[tuple[dict, dict]
     _refuse_existing(exp, overwrite)
     if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         check_local_resources(spec.resources)
+        if spec.supernet.resources and spec.supernet.source is None:
+            check_local_resources({**asdict(spec.resources), **spec.supernet.resources}, "supernet.resources",
+                                  "the supernet's training")
     return models
 
 

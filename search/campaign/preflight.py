@@ -130,8 +130,9 @@ def check_storage(storage: str, field: str = "storage") -> None:
         _refuse(f"{here} is not writable by this user")
 
 
-def check_local_resources(resources) -> None:
-    """Raise ResourceError when one trial cannot fit this machine; a no-op when RAY_ADDRESS names a cluster.
+def check_local_resources(resources, where: str = "resources", what: str = "one trial") -> None:
+    """Raise ResourceError naming ``where`` when ``what`` cannot fit this machine; a no-op when RAY_ADDRESS
+    names a cluster.
 
     resources: a ResourcesSpec or its dict (workers_per_trial, cpus_per_worker, gpus_per_worker).
     """
@@ -150,7 +151,7 @@ def check_local_resources(resources) -> None:
         short.append(f"workers_per_trial {workers} x gpus_per_worker {gpus:g} = {need_gpu:g} GPUs, "
                      f"but this machine has {have_gpu}")
     if short:
-        raise ResourceError("resources: expected one trial to fit this machine, given " + "; ".join(short)
+        raise ResourceError(f"{where}: expected {what} to fit this machine, given " + "; ".join(short)
                             + " (lower the resources, or set RAY_ADDRESS to run on a cluster)")
 
 
@@ -218,25 +219,26 @@ def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str | None:
 
 # ------------------------------------------------------------------------------------ once Ray is connected
 def check_stage_resources(spec, cluster, ask=None) -> list[str]:
-    """Each stage's workers (search.campaign.stages.stage_resources; an OOD stage has one) against ``cluster``
+    """The workers of each phase with resources of its own — each stage's (search.campaign.stages.stage_resources;
+    an OOD stage has one), the supernet's (``supernet.resources``) — against ``cluster``
     (search.cluster.capacity.Cluster), by the rule one trial is held to (plan_concurrency): ResourceError
-    naming the stage's field when no node, present or one its autoscaler can add, could hold the stage, which
-    Ray would otherwise leave waiting for ever. Returns one line per stage that waits for the autoscaler to
-    add a node. ask: the autoscaler's verdict, as for plan_concurrency. The cluster is left as it was."""
+    naming the phase's field when no node, present or one its autoscaler can add, could hold it, which Ray
+    would otherwise leave waiting for ever. Returns one line per phase that waits for the autoscaler to add a
+    node. ask: the autoscaler's verdict, as for plan_concurrency. The cluster is left as it was."""
     from dataclasses import replace
     from types import SimpleNamespace
 
     from qkvsearch.search.campaign.stages import stage_resources
     from qkvsearch.search.cluster.capacity import plan_concurrency
 
-    if not spec.stages:
-        return []
     res = spec.resources
     campaign = SimpleNamespace(workers=res.workers_per_trial, cpus_per_worker=res.cpus_per_worker,
                                gpus_per_worker=res.gpus_per_worker)  # as the campaign's trial settings hold them
     stages = [(f"stages.finetune[{i}]", stage, None) for i, stage in enumerate(spec.stages.finetune)]
     if spec.stages.ood is not None:
         stages.append(("stages.ood", spec.stages.ood, 1))
+    if spec.supernet.resources and spec.supernet.source is None:  # a supernet trained here
+        stages.append(("supernet", spec.supernet, None))
 
     def holds(workers, cpus, gpus, probe) -> bool:
         need = replace(res, workers_per_trial=workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
@@ -259,10 +261,10 @@ def check_stage_resources(spec, cluster, ask=None) -> list[str]:
         key = "gpus_per_worker" if gpus and holds(workers, cpus, 0.0, replace(cluster)) else "cpus_per_worker"
         if key not in stage.resources and "workers_per_trial" in stage.resources:
             key = "workers_per_trial"
-        raise ResourceError(f"{where}.resources.{key}: expected a stage the cluster can hold, given {workers} "
+        raise ResourceError(f"{where}.resources.{key}: expected a phase the cluster can hold, given {workers} "
                             f"worker(s) x ({cpus:g} CPU, {gpus:g} GPU) = {workers * cpus:g} CPUs, "
                             f"{workers * gpus:g} GPUs, but the cluster has {cluster.cpus:g} CPUs, {cluster.gpus:g} "
-                            f"GPUs{_growth(cluster)}; a stage no node can hold would wait for ever (lower its "
+                            f"GPUs{_growth(cluster)}; a phase no node can hold would wait for ever (lower its "
                             f"resources, or run on a cluster with such nodes)")
     return waiting
 

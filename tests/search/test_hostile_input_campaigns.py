@@ -284,7 +284,7 @@ def test_a_stage_no_node_can_hold_is_refused_naming_its_field():
     with pytest.raises(ResourceError) as info:
         check_stage_resources(_staged(gpus_per_worker=1), cluster)
     text = str(info.value)
-    assert text.startswith("stages.finetune[0].resources.gpus_per_worker: expected a stage the cluster can hold, "
+    assert text.startswith("stages.finetune[0].resources.gpus_per_worker: expected a phase the cluster can hold, "
                            "given 1 worker(s) x (1 CPU, 1 GPU)"), text
     assert "the cluster has 8 CPUs, 0 GPUs and no autoscaler" in text
     assert cluster.waiting_for == ""   # the cluster is left as it was

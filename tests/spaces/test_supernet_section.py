@@ -34,6 +34,9 @@ def test_a_supernet_section_round_trips():
     inherited = load_campaign({**_spec(), "supernet": {**_spec()["supernet"], "retrain_from": "inherited"}})
     assert load_campaign(inherited.to_dict()).supernet.retrain_from == "inherited"
     assert not load_campaign({k: v for k, v in _spec().items() if k != "supernet"}).supernet
+    assert "resources" not in spec.to_dict()["supernet"]
+    own = load_campaign({**_spec(), "supernet": {**_spec()["supernet"], "resources": {"workers_per_trial": 4}}})
+    assert dict(load_campaign(own.to_dict()).supernet.resources) == {"workers_per_trial": 4}
 
 
 @pytest.mark.parametrize("space, field, words", [
@@ -57,6 +60,8 @@ def test_a_key_no_supernet_can_share_is_refused_naming_it(space, field, words):
     ({"train": {"epochs": 2}, "control": -2}, "supernet.control", "-2"),
     ({"train": {"epochs": 2}, "from": 7}, "supernet.from", "7"),
     ({"train": {"epochs": 2}, "wide": True}, "supernet", "wide"),
+    ({"train": {"epochs": 2}, "resources": {"workers_per_trial": 0}}, "supernet.resources.workers_per_trial", "0"),
+    ({"train": {"epochs": 2}, "resources": {"nodes": 2}}, "supernet.resources", "nodes"),
 ])
 def test_a_bad_supernet_field_is_refused_naming_it(section, field, words):
     text = _errors(_spec(supernet=section))

@@ -68,15 +68,17 @@ def teacher(plan: dict) -> int:
 
 def supernet_spec(spec, exp: str, trials: list[dict], plan: dict):
     """The nested campaign at <exp>/supernet: one trial, the teacher's configuration trained with the supernet's
-    recipe; its trial settings carry the plan (search.campaign.driver.TrialSettings.supernet), so it trains the
-    supernet; every checkpoint kept (the supernet is what is searched)."""
+    recipe on its own resources (``supernet.resources`` over the campaign's); its trial settings carry the plan
+    (search.campaign.driver.TrialSettings.supernet), so it trains the supernet; every checkpoint kept (the
+    supernet is what is searched)."""
     d = spec.to_dict()
     for section in ("supernet", "stages", "constraints"):
         d.pop(section, None)
     d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [_trained(trials)[teacher(plan)]["keys"]]},
              train={**d["train"], **dict(spec.supernet.recipe)}, search={"algorithm": "grid"},
              scheduler={"type": "fifo"}, objectives=[{"metric": "top1", "mode": "max"}],
-             checkpoints={"keep": "all"}, resources={**d["resources"], "max_concurrent_trials": 1})
+             checkpoints={"keep": "all"},
+             resources={**d["resources"], **dict(spec.supernet.resources), "max_concurrent_trials": 1})
     return load_campaign(d)
 
 

@@ -1,8 +1,8 @@
-"""A one-shot campaign end to end on local Ray: its supernet trained as one DDP trial (two gloo workers), its
-subnets scored by actors with the weights they inherit, the best one and a control sample retrained on their own,
-the report's fidelity; the best one trained on from the weights it inherits, each retrained subnet written as
-a stand-alone checkpoint its own model loads. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are
-scored: each resume goes on from what was recorded, the supernet trains each epoch once, and no subnet is
+"""A one-shot campaign end to end on local Ray: its supernet trained as one DDP trial (two gloo workers: its own
+resources), its subnets scored by actors with the weights they inherit, the best one and a control sample
+retrained on their own (one worker each: the campaign's resources), the report's fidelity; the best one
+trained on from the weights it inherits, each retrained subnet written as a stand-alone checkpoint its own
+model loads. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are scored: each resume goes on from what was recorded, the supernet trains each epoch once, and no subnet is
 scored twice."""
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ ENV = {STALE_ENV: str(STALE_S)}
 
 
 def _spec(storage: Path) -> dict:
-    spec = tiny_spec(storage, "oneshot", workers=2, epochs=1, variants=[], steps=2)
+    spec = tiny_spec(storage, "oneshot", workers=1, epochs=1, variants=[], steps=2)  # the subnets: 1 worker each
     spec["space"] = {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]},
                      "hidden_width": {"choice": [0.5, 1.0]}, "code_size": 4}
     spec["supernet"] = {"train": {"epochs": SUPERNET_EPOCHS, "max_steps_per_epoch": 3}, "retrain": "top_k",
-                        "top_k": 1, "control": 1, "bn_batches": 1, "retrain_from": "inherited"}
+                        "top_k": 1, "control": 1, "bn_batches": 1, "retrain_from": "inherited",
+                        "resources": {"workers_per_trial": 2}}  # the supernet: one DDP run of 2 workers
     spec["search"] = {"algorithm": "random", "num_trials": SUBNETS, "seed": 0}
     return spec
 

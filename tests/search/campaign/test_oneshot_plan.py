@@ -48,6 +48,33 @@ def test_the_supernet_trains_as_one_trial_of_the_teacher_with_its_own_recipe(tmp
     assert trials[teacher(plan)]["cost"]["gmacs"] == max(t["cost"]["gmacs"] for t in trials)
     assert sub.train.epochs == 3 and sub.train.lr == 1e-3 and not sub.supernet and not sub.constraints
     assert len(set(plan["branches"])) == 3  # the embedding types: weights of their own each
+    assert sub.resources.workers_per_trial == spec.resources.workers_per_trial == 1
+
+
+def test_the_supernet_trains_on_its_own_resources_and_the_subnets_retrain_on_the_campaigns(tmp_path):
+    spec = load_campaign({**_spec(tmp_path, resources={"workers_per_trial": 2, "cpus_per_worker": 0.5}),
+                          "resources": {"workers_per_trial": 1, "cpus_per_worker": 1, "max_concurrent_trials": 2}})
+    trials = candidates(spec)
+    sub = supernet_spec(spec, str(tmp_path / "p"), trials, supernet_plan(spec, trials))
+    assert (sub.resources.workers_per_trial, sub.resources.cpus_per_worker) == (2, 0.5)
+    assert sub.resources.max_concurrent_trials == 1
+    retrain = retrain_spec(spec, {"chosen": [trials[0]["keys"]], "control": [], "seed": 5})
+    assert (retrain.resources.workers_per_trial, retrain.resources.max_concurrent_trials) == (1, 2)
+
+
+def test_a_supernet_no_node_can_hold_is_refused_naming_its_field(tmp_path, monkeypatch):
+    from qkvsearch.search.campaign import preflight
+    from qkvsearch.search.cluster.capacity import Cluster
+
+    spec = load_campaign(_spec(tmp_path, resources={"workers_per_trial": 16}))
+    with pytest.raises(preflight.ResourceError, match=r"^supernet\.resources\.workers_per_trial: .* = 16 CPUs"):
+        preflight.check_stage_resources(spec, Cluster(8.0, 0.0, 4.0, None, False))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(preflight.os, "cpu_count", lambda: 2)
+    with pytest.raises(preflight.ResourceError, match=r"^supernet\.resources: expected the supernet's training to fit"):
+        from qkvsearch.search.campaign.launch import _check_launchable
+
+        _check_launchable(spec, str(tmp_path / "p"), overwrite=False)
 
 
 def _records(trials):
