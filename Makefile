@@ -17,7 +17,8 @@ demo: $(STAMP)
 	$(BIN)/qkvsearch report results/quickstart
 
 # Two at a time (pytest-xdist): first the tests that start no Ray, then those that do (slow), a test file at a
-# time per process (a file's shared campaign runs once). Each test judges only the processes it started
+# time per process (a file's shared campaign runs once), the longest files first (tests/helpers/scheduling.py;
+# `--record-durations` rewrites tests/durations.json). Each test judges only the processes it started
 # (tests/conftest.py), and each Ray it starts has ports of its own.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow' -n 2

@@ -128,7 +128,30 @@ def pytest_sessionstart(session):
     _PRESENT_AT_START.update(_ray_orphans(set()))  # someone else's: not this suite's to judge
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help="write each test file's seconds to tests/durations.json (the order -n 2 runs files in)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile: the longest files first, one file ahead per process (helpers.scheduling)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from helpers.scheduling import LongestFileFirst
+
+    return LongestFileFirst(config, log)
+
+
 def pytest_configure(config):
+    if config.getoption("--record-durations") and not hasattr(config, "workerinput"):
+        from helpers.scheduling import DurationRecorder
+
+        config.pluginmanager.register(DurationRecorder(), "duration-recorder")
+    _make_ray_token(config)
+
+
+def _make_ray_token(config):
     """Ray's token for a local Ray exists before tests start Ray side by side (pytest-xdist): on a machine
     without one, each would write its own, and a cluster could read another's."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
