@@ -97,18 +97,22 @@ def test_a_second_driver_is_refused_naming_the_live_one(tmp_path):
 
 
 def test_the_heartbeat_renews_and_a_stale_hold_goes_to_exactly_one_taker(tmp_path, monkeypatch):
-    monkeypatch.setenv(STALE_ENV, "0.6")  # heartbeat every 0.1 s
+    # The live hold's limit is long enough that no load on the machine stops its heartbeat for that long; the
+    # killed one's short; the race's winner holds for the rest of the test.
+    monkeypatch.setenv(STALE_ENV, "2")  # heartbeat every 0.33 s
     exp = str(tmp_path / "c2")
     with DriverLease.acquire(exp, "first") as first:
         beat = first.holder.heartbeat_at
-        time.sleep(0.8)  # longer than the stale limit: only the heartbeat keeps it live
+        time.sleep(2.4)  # longer than the stale limit: only the heartbeat keeps it live
         assert read_lease(exp).holder.heartbeat_at > beat and read_lease(exp).live
         with pytest.raises(CampaignHeld):
             DriverLease.acquire(exp, "second")
 
+    monkeypatch.setenv(STALE_ENV, "0.6")
     dead = DriverLease.acquire(exp, "killed")  # never entered: no heartbeat, as a SIGKILLed driver's
-    assert 0.4 < _wait_stale(exp) < 0.9
+    assert 0.4 < _wait_stale(exp) < 5  # at its own limit, not the default's (STALE_S)
     assert "stale hold" in read_lease(exp).line() and "stale after 0.6 s" in read_lease(exp).line()
+    monkeypatch.setenv(STALE_ENV, "60")
     won, refused = _race(exp, 8)
     assert len(won) == 1 and len(refused) == 7, refused
     assert all(isinstance(r, CampaignHeld) and r.holder.token == won[0].holder.token for r in refused)
@@ -157,14 +161,18 @@ def test_on_a_bucket_one_conditional_create_wins_and_a_stale_hold_is_taken_over(
         won[0].release()
         assert read_lease(exp).holder is None
 
-    monkeypatch.setenv(STALE_ENV, "0.9")  # heartbeat every 0.15 s
+    # Each hold goes stale by its own limit: the live one's is long enough that no load on the machine stops
+    # its heartbeat for that long, the killed one's short; the race's winners hold for the rest of the test.
+    monkeypatch.setenv(STALE_ENV, "3")  # heartbeat every 0.5 s
     with DriverLease.acquire(exp, "first") as first:
         time.sleep(1.2)
         assert read_lease(exp).live and read_lease(exp).holder.heartbeat_at > first.holder.started_at
         with pytest.raises(CampaignHeld, match=r"campaign held by a live driver \(host "):
             DriverLease.acquire(exp, "second")
+    monkeypatch.setenv(STALE_ENV, "0.9")
     dead = DriverLease.acquire(exp, "killed")
     _wait_stale(exp)
+    monkeypatch.setenv(STALE_ENV, "60")
     won, refused = _race(exp, 4)
     assert len(won) == 1 and all(isinstance(r, CampaignHeld) for r in refused) and len(refused) == 3
     assert not dead.renew() and dead.lost
