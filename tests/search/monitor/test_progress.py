@@ -4,7 +4,6 @@ import io
 import json
 import math
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -93,10 +92,16 @@ def test_live_block_redraws_in_place(tmp_path):
 
 def test_watch_follows_a_campaign_until_its_driver_ends(tmp_path):
     write_campaign(tmp_path, STATUSES)
-    view = Recorder()
-    threading.Timer(0.5, _end, args=(str(tmp_path),)).start()
+
+    class EndsAfterFirst(Recorder):  # the driver ends once the view has shown the running campaign
+        def show(self, progress):
+            super().show(progress)
+            if len(self.seen) == 1:
+                _end(str(tmp_path))
+
+    view = EndsAfterFirst()
     last = watch(str(tmp_path), view, interval=0.1)
-    assert last.ended and len(view.seen) >= 2 and view.closed
+    assert not view.seen[0].ended and last.ended and len(view.seen) >= 2 and view.closed
 
 
 def test_watch_cli_once_and_bad_input(tmp_path, capsys):
@@ -118,8 +123,11 @@ def test_monitor_polls_and_survives_a_failing_view(tmp_path):
 
     good, bad = Recorder(), Broken()
     with CampaignMonitor(str(tmp_path), [bad, good], interval=0.05):
-        time.sleep(0.3)
-    assert len(good.seen) >= 3 and good.closed and bad.closed
+        deadline = time.monotonic() + 60  # a bound only a stopped monitor reaches
+        while len(good.seen) < 3:  # three polls, the failing view failing at each
+            assert time.monotonic() < deadline, f"the monitor stopped polling after {len(good.seen)} poll(s)"
+            time.sleep(0.02)
+    assert good.closed and bad.closed
 
 
 def test_grafana_dashboard_queries_every_campaign_metric(tmp_path, capsys):
