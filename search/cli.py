@@ -273,24 +273,46 @@ def cmd_validate(args) -> int:
 
     models = check_spec(spec, launching=False)  # storage, every model, dataset: what launch checks first
     d = spec.to_dict()
+    blocks = _per_block_keys(d["space"])
+    distinct = f"{len(models)} with every block alike (and mixtures of their blocks)" if blocks else \
+        f"{len(models)} distinct"
     objectives = ", ".join(f"{o['mode']} {o['metric']}" for o in d["objectives"])
     print(f"{args.spec}: valid\n  name: {d['name']}\n  model: {d['model']['name']} at {d['model']['img_size']}px\n"
-          f"  data: {d['data']['dataset']}\n  space: {', '.join(d['space']) or '(none)'}\n"
+          f"  data: {d['data']['dataset']}\n  space: {_space_keys(d['space'], blocks) or '(none)'}\n"
           f"  objectives: {objectives}\n  search: {d['search']['algorithm']}, "
           f"{d['search'].get('num_trials')} trials\n  scheduler: {d['scheduler']['type']}\n"
           f"  configurations: {_distinct(spec)}\n"
-          f"  models: {len(models)} distinct, {_span(c['params_m'] for _, c in models)} M params, "
+          f"  models: {distinct}, {_span(c['params_m'] for _, c in models)} M params, "
           f"{_span(c['gmacs'] for _, c in models)} GMACs")
     if spec.supernet:
         sn = spec.supernet
         trains = f"{sn.recipe.get('epochs')} epoch(s)" if sn.source is None else f"taken from {sn.source}"
         chosen = "the inherited front" if sn.retrain == "front" else f"the top {sn.top_k}"
-        print(f"  one-shot: a supernet over the {len(models)} models ({trains}); "
+        print(f"  one-shot: a supernet over the space's models ({trains}); "
               f"{d['search'].get('num_trials')} subnets scored with inherited weights; {chosen} retrained, "
               f"and {sn.control} control subnet(s) under two seeds")
     if spec.constraints and spec.search.algorithm != "grid":
         print(f"  infeasible proposals (estimated, no trial slot): {_infeasible_shares(spec)}")
     return EXIT_OK
+
+
+def _per_block_keys(space: dict) -> dict[str, int]:
+    """key -> how many blocks draw it, for the keys a space draws per block."""
+    from qkvsearch.spaces.blocks import split_block_key
+
+    out: dict[str, int] = {}
+    for name in space:
+        if split := split_block_key(name):
+            out[split[0]] = out.get(split[0], 0) + 1
+    return out
+
+
+def _space_keys(space: dict, blocks: dict[str, int]) -> str:
+    """The searched keys in words, a key drawn per block once: "depth, embedding per block (12)"."""
+    from qkvsearch.spaces.blocks import split_block_key
+
+    shown = [k for k in space if not split_block_key(k)]
+    return ", ".join(shown + [f"{k} per block ({n})" for k, n in blocks.items()])
 
 
 def _infeasible_shares(spec) -> str:

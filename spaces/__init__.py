@@ -17,6 +17,7 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
       lr: {float: [1.0e-4, 1.0e-3], log: true}         # ranges: [low, high]; int ranges include both ends
       seed: {int: [0, 3]}
       variants: [{embedding: linear}, {embedding: sne, hidden_width: 0.5}]   # explicit combinations
+      # embedding: {choice: [linear, sne], per_block: true}   # one per block: embedding.0, ... (spaces.blocks)
     objectives: [{metric: top1, mode: max}, {metric: gmacs, mode: min}]   # mode defaults per metric
     constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs), bounds >= 0
     search: {algorithm: nsga2, num_trials: 64, seed: 0, population_size: 16}
@@ -32,7 +33,8 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
 Trials: one variant (if any) x one value per active dimension. ``when: {key: value or [values]}``
 switches a dimension on only when the named space keys hold those values. hidden_width (sne/psne/
 fsne), code_size and code_sharing (fsne) get their embedding condition added automatically when the
-embedding may take other values; contradicting it is an error (see spaces.dimensions).
+embedding may take other values; contradicting it is an error. ``per_block: true`` (embedding,
+hidden_width) draws a value per block, as the keys embedding.<i> and hidden_width.<i> (see spaces.dimensions).
 
 Hidden widths: a positive int is absolute, a float in (0, 4] is a ratio of the token dim d, "match"
 raises the width until the model has the linear baseline's parameter count, "paper" (the default,

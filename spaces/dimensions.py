@@ -9,6 +9,7 @@ Grammar (one entry per flat trial key; see spaces/__init__.py for the whole file
       depth_seed: {int: [0, 3]}                          # int range, both ends included
       activation: [relu, gelu]                           # a list = choice
       code_sharing: shared                               # a scalar = fixed value
+      embedding: {choice: [linear, sne], per_block: true} # one key per block: embedding.0, embedding.1, ...
       variants:                                          # explicit combinations, one per trial family
         - {embedding: linear}
         - {embedding: sne, hidden_width: 0.5}
@@ -22,15 +23,24 @@ code_sharing: fsne) get that condition added automatically when the embedding ca
 so a space never yields two trials that differ only in an ignored key. An explicit ``when`` on
 embedding that admits an embedding the key does not apply to is an error, and so is a variant that
 sets such a key without setting a matching embedding.
+
+``per_block: true`` (spaces.keys.PER_BLOCK_KEYS: embedding, hidden_width) draws a value per block: the
+dimension becomes one per block, ``embedding.0`` to ``embedding.<D-1>`` for the space's largest depth D,
+each with the entry's values; block i's is active only for depths above i (the space must set depth as a
+choice, a value or per variant). ``hidden_width.<i>`` follows block i's embedding (``embedding.<i>`` when
+the embedding is drawn per block, else ``embedding``). Where the embedding is drawn per block, a key that
+follows it (hidden_width for the blocks without their own, code_size, code_sharing) is drawn for every
+trial, and is null in a trial none of whose blocks takes it (spaces.keys.fill).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from qkvsearch.spaces.blocks import PER_BLOCK_KEYS, block_key, split_block_key
 from qkvsearch.spaces.checks import Bad, Check
 from qkvsearch.spaces.errors import Collector, hint
 from qkvsearch.spaces.errors import show as _show
-from qkvsearch.spaces.keys import APPLIES_WHEN, SEARCHABLE
+from qkvsearch.spaces.keys import APPLIES_WHEN, SEARCHABLE, searchable_check
 from qkvsearch.spaces.schema import Dimension, FrozenMap, Space, tagged
 
 KINDS = ("choice", "grid", "int", "float")
@@ -43,18 +53,45 @@ def parse_space(raw, c: Collector, path: str = "space") -> Space:
     if not isinstance(raw, Mapping):
         c.expected(path, "a mapping of trial keys to dimensions", raw)
         return Space()
-    dims = []
+    dims, per_block = [], []
     for key, entry in raw.items():
         if key == "variants":
             continue
         dim = _parse_dimension(str(key), entry, c, f"{path}.{key}")
         if dim is not None:
             dims.append(dim)
+            if isinstance(entry, Mapping) and entry.get("per_block") is True and dim.key in PER_BLOCK_KEYS:
+                per_block.append(dim)
     variants = _parse_variants(raw.get("variants"), {d.key for d in dims}, c, f"{path}.variants")
+    for dim in per_block:
+        dims[dims.index(dim):dims.index(dim) + 1] = _per_block(dim, dims, variants, c, f"{path}.{dim.key}")
     dims = [_apply_conditions(d, dims, variants, c, f"{path}.{d.key}") for d in dims]
     _check_variant_applicability(variants, dims, c, f"{path}.variants")
-    ordered = _condition_order(dims, c, path)
+    whole = [d for d in dims if not split_block_key(d.key)]
+    ordered = _condition_order(whole, c, path)
+    ordered += _block_order([d for d in dims if split_block_key(d.key)], {d.key for d in dims}, {d.key for d in whole},
+                            c, path)
     return Space(tuple(ordered), tuple(variants))
+
+
+def _per_block(dim: Dimension, dims, variants, c: Collector, path: str) -> list[Dimension]:
+    """A ``per_block: true`` dimension as one dimension per block, block i's active for depths above i."""
+    depths = possible_values("depth", dims, variants)
+    if depths is None or ABSENT in depths:
+        c.add(f"{path}.per_block", "needs the space to set depth in every trial, as a choice, a value or per "
+                                   "variant (the blocks to draw for), given " +
+              ("a depth range" if depths is None else "a space without depth" if depths == [ABSENT] else
+               "a depth some trials leave unset"))
+        return [dim]
+    depths = sorted({int(d) for d in depths})
+    out = []
+    for block in range(depths[-1]):
+        when = dict(dim.when)
+        if block >= depths[0]:
+            when["depth"] = tuple(d for d in depths if d > block)
+        out.append(Dimension(block_key(dim.key, block), dim.kind, dim.values, dim.low, dim.high, dim.log,
+                             FrozenMap(when)))
+    return out
 
 
 def check_value(check: Check, value, c: Collector, path: str):
@@ -72,7 +109,7 @@ def _parse_dimension(key: str, entry, c: Collector, path: str) -> Dimension | No
     if key == "epochs":
         c.add(path, "epochs cannot be searched: it is the scheduler's budget (set train.epochs)")
         return None
-    check = SEARCHABLE.get(key)
+    check = searchable_check(key)
     if check is None:
         c.add(path, "unknown search key" + hint(key, [*SEARCHABLE, "variants"]))
         return None
@@ -81,7 +118,12 @@ def _parse_dimension(key: str, entry, c: Collector, path: str) -> Dimension | No
     elif not isinstance(entry, Mapping):
         value = check_value(check, entry, c, path)
         return None if value is ABSENT else Dimension(key, "choice", (value,))
-    c.unknown_keys(path, entry, [*KINDS, "log", "when"])
+    c.unknown_keys(path, entry, [*KINDS, "log", "when", "per_block"])
+    if "per_block" in entry:
+        if key not in PER_BLOCK_KEYS:
+            c.add(f"{path}.per_block", f"only {' and '.join(PER_BLOCK_KEYS)} take a value per block, given {key}")
+        elif not isinstance(entry["per_block"], bool):
+            c.expected(f"{path}.per_block", "true or false", entry["per_block"])
     kinds = [k for k in KINDS if k in entry]
     if len(kinds) != 1:
         c.add(path, f"expected exactly one of {', '.join(KINDS)}, given {kinds or 'none'}")
@@ -185,7 +227,7 @@ def _parse_variants(raw, dim_keys: set[str], c: Collector, path: str) -> list[Fr
             continue
         variant = {}
         for key, value in item.items():
-            check = SEARCHABLE.get(key)
+            check = searchable_check(key)
             if check is None or key == "epochs":
                 c.add(f"{where}.{key}", "unknown search key" + hint(key, SEARCHABLE))
             elif key in dim_keys:
@@ -226,9 +268,15 @@ def _apply_conditions(dim: Dimension, dims, variants, c: Collector, path: str) -
             c.add(where, "unknown key: conditions name other space keys" + hint(key, keys - {dim.key}))
         else:
             _check_condition_values(key, allowed, dims, variants, c, where)
-    if dim.key not in APPLIES_WHEN:
+    split = split_block_key(dim.key)
+    base = split[0] if split else dim.key
+    if base not in APPLIES_WHEN:
         return dim
-    on, applies = APPLIES_WHEN[dim.key]
+    on, applies = APPLIES_WHEN[base]
+    if split and block_key(on, split[1]) in keys:   # a block's width follows the block's own embedding
+        on = block_key(on, split[1])
+    elif not split and any((split_block_key(k) or ("",))[0] == on for k in keys):
+        return dim   # drawn for the whole model; null in a trial none of whose blocks takes it (keys.fill)
     return _implied_condition(dim, on, applies, dims, variants, c, path)
 
 
@@ -239,7 +287,7 @@ def _check_condition_values(key, allowed, dims, variants, c: Collector, where: s
         return
     taken = {tagged(v) for v in possible if v is not ABSENT}
     for value in allowed:
-        if check_value(SEARCHABLE[key], value, c, where) is ABSENT:
+        if check_value(searchable_check(key), value, c, where) is ABSENT:
             continue
         if tagged(value) not in taken:
             shown = ", ".join(_show(v) for v in possible if v is not ABSENT)
@@ -277,7 +325,9 @@ def _check_variant_applicability(variants, dims, c: Collector, path: str) -> Non
             if key not in variant:
                 continue
             on_dim = next((d for d in dims if d.key == on), None)
-            if on in variant:
+            if any((split_block_key(k) or ("",))[0] == on for k in (*variant, *(d.key for d in dims))):
+                ok = True   # the blocks draw their own: null where none takes it (keys.fill)
+            elif on in variant:
                 ok = variant[on] in applies
             else:
                 ok = on_dim is not None and on_dim.enumerable and all(e in applies for e in on_dim.values)
@@ -301,6 +351,23 @@ def _condition_order(dims: list[Dimension], c: Collector, path: str) -> list[Dim
             ordered.append(d)
             placed.add(d.key)
         pending = [d for d in pending if d.key not in placed]
+    return ordered
+
+
+def _block_order(dims: list[Dimension], keys: set, placed: set, c: Collector, path: str) -> list[Dimension]:
+    """Per-block dimensions after the others, block by block (block i's embedding, then its width): each comes
+    right after what its conditions name, so counting and drawing a space of 4^12 mixtures follows one block at
+    a time (``count`` remembers only the keys later conditions read)."""
+    pending = sorted(dims, key=lambda d: (split_block_key(d.key)[1], PER_BLOCK_KEYS.index(split_block_key(d.key)[0])))
+    ordered, placed = [], set(placed)
+    while pending:
+        ready = next((d for d in pending if all(k in placed or k not in keys or k == d.key for k in d.when)), None)
+        if ready is None:
+            c.add(path, "conditions form a cycle among " + ", ".join(d.key for d in pending))
+            return ordered + pending
+        ordered.append(ready)
+        placed.add(ready.key)
+        pending.remove(ready)
     return ordered
 
 

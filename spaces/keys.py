@@ -11,11 +11,11 @@ Each key's check (type and allowed values) is one of spaces.checks.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qkvsearch.spaces.blocks import PER_BLOCK_KEYS, block_keys, block_values, check_blocks, split_block_key
 from qkvsearch.spaces.checks import (
     AUTO_AUGMENT,
     AUTO_FLAG,
@@ -58,6 +58,7 @@ from qkvsearch.spaces.choices import (
     unmet_need,
 )
 from qkvsearch.spaces.choices import model_family as _family
+from qkvsearch.spaces.datasets import DATASET_INFO, DATASETS, count_class_folders
 from qkvsearch.spaces.errors import BadInput, hint, show
 
 EMBEDDINGS = tuple(EMBEDDING_CHOICES)  # the choice keys' values: spaces.choices, one table each
@@ -71,27 +72,6 @@ KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
 PRECISIONS = tuple(PRECISION_CHOICES)
 # the size key of each attention that has one
 ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}
-
-
-@dataclass(frozen=True)
-class Dataset:
-    classes: int | None      # None: counted from the class folders (imagefolder)
-    img_size: int            # default input size, px
-    needs_path: bool         # read from data.path
-    rgb: bool                # images have 3 channels (in_chans must be 3)
-
-
-DATASET_INFO: dict[str, Dataset] = {
-    "digits": Dataset(10, 32, False, False),       # scikit-learn's 8x8 digits, upsampled
-    "synthetic": Dataset(10, 32, False, False),    # random class-coloured images (smoke tests)
-    "cifar10": Dataset(10, 32, True, True),        # the authors' python-pickle folder
-    "cifar100": Dataset(100, 32, True, True),
-    "imagefolder": Dataset(None, 224, True, True),  # <path>/train/<class>/*.jpg and <path>/val/<class>/...
-    "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data_sources)
-    "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
-    "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
-}
-DATASETS = tuple(DATASET_INFO)
 
 
 # ---------------------------------------------------------------------------------------------- the keys
@@ -271,6 +251,30 @@ def section_keys(section: str) -> dict[str, Key]:
 
 
 SEARCHABLE: dict[str, Check] = {k.name: k.check for k in KEYS.values() if k.searchable}
+
+# ---------------------------------------------------------------------------------------------- per-block keys
+# (spaces.blocks: their names; here, what declares them)
+
+
+def key_of(name) -> Key | None:
+    """The declaration a trial key follows: its own, or its key's for a per-block key (None: not a trial key)."""
+    split = split_block_key(name)
+    return KEYS[split[0]] if split else RESOLVED_KEYS.get(name)
+
+
+def searchable_check(name) -> Check | None:
+    """The check of a key a space may search (per-block keys included), or None."""
+    split = split_block_key(name)
+    return SEARCHABLE[split[0]] if split else SEARCHABLE.get(name)
+
+
+def model_keys(cfg: Mapping, *extra: str) -> dict:
+    """The keys of ``cfg`` that decide its model: those of the model and embedding groups, its per-block keys,
+    and ``extra`` (e.g. "width")."""
+    return {k: cfg.get(k) for k in (*names(*MODEL_GROUPS), *extra)} | {k: cfg[k] for k in block_keys(cfg)}
+
+
+BLOCK_CHECKS = {k: KEYS[k].check for k in PER_BLOCK_KEYS}   # a per-block key is checked as its key
 # key -> (the key deciding it, the values it applies for)
 APPLIES_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
     k.name: (k.applies_key, k.applies_to) for k in KEYS.values() if k.applies_to}
@@ -286,7 +290,8 @@ class ConfigError(BadInput):
     """A trial config holds an unknown key or a value its key does not allow."""
 
 
-def _fail(key: str, expected: str, given) -> ConfigError:
+def config_error(key: str, expected: str, given) -> ConfigError:
+    """The error naming ``key``, what it expects and what it was given."""
     return ConfigError(f"{key}: expected {expected}, given {show(given)}")
 
 
@@ -299,11 +304,11 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
     width) passes through. Raises ConfigError naming the key, the expected and the given value.
     """
     if not isinstance(cfg, Mapping):
-        raise _fail("config", "a mapping of trial keys", cfg)
+        raise config_error("config", "a mapping of trial keys", cfg)
     for key in cfg:
-        if key not in RESOLVED_KEYS:
+        if key_of(key) is None:
             known = list(RESOLVED_KEYS)
-            raise _fail(str(key), "a trial key" + hint(str(key), known, list_known=False), key)
+            raise config_error(str(key), "a trial key" + hint(str(key), known, list_known=False), key)
     out = dict(cfg)
     for key in KEYS.values():
         if key.group not in groups:
@@ -311,8 +316,8 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
         value = out.get(key.name)
         unless = _not_applicable(key, out, groups)
         if unless:
-            if value is not None:
-                raise _fail(key.name, f"null unless {unless}", value)
+            if value is not None and not _follows_blocks(key, out):
+                raise config_error(key.name, f"null unless {unless}", value)
             out[key.name] = None
             continue
         if value is None:
@@ -323,13 +328,15 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
             try:
                 value = key.check(value)
             except Bad as bad:
-                raise _fail(key.name, bad.expected or key.check.expected, value) from None
+                raise config_error(key.name, bad.expected or key.check.expected, value) from None
         out[key.name] = value
     if "width" in out and out["width"] is not None:
         try:
             WIDTH.check(out["width"])
         except Bad:
-            raise _fail("width", WIDTH.check.expected, out["width"]) from None
+            raise config_error("width", WIDTH.check.expected, out["width"]) from None
+    if "embedding" in groups:
+        check_blocks(out, BLOCK_CHECKS, APPLIES_WHEN, config_error)
     if "model" in groups and "embedding" in groups:
         check_combinations(out)
     if "data" in groups:
@@ -339,6 +346,13 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
 
 def model_family(model) -> str:
     return _family(model, REGISTERED_PREFIX)
+
+
+def _follows_blocks(key: Key, out: Mapping) -> bool:
+    """Whether ``key`` applies by a key the config draws per block (code_size where blocks choose their own
+    embedding): such a key is null, not an error, in a config none of whose blocks takes it, since a space draws
+    it for the whole model whatever its blocks drew."""
+    return any(split_block_key(k)[0] == key.applies_key for k in block_keys(out))
 
 
 def _not_applicable(key: Key, out: Mapping, groups) -> str:
@@ -353,7 +367,7 @@ def _not_applicable(key: Key, out: Mapping, groups) -> str:
     cond = out.get(ak.name)
     if cond is None and (ak.group not in groups or ak.name not in out):
         cond = ak.default
-    if cond in key.applies_to:
+    if cond in key.applies_to or any(v in key.applies_to for v in block_values(out, ak.name) - {None}):
         return ""
     return f"{ak.name} is {' or '.join(key.applies_to)} ({ak.name} is {cond})"
 
@@ -362,9 +376,12 @@ def check_combinations(cfg: Mapping) -> None:
     """Model keys that cannot work together (rules needing the resolved shape: trainers.architecture)."""
     unmet = unmet_need(cfg, model_family(cfg.get("model")))   # what the chosen attention or family cannot work with
     if unmet:
-        raise _fail(*unmet)
+        raise config_error(*unmet)
+    if cfg.get("hidden_width") == "match" and any(split_block_key(k)[0] == "embedding" for k in block_keys(cfg)):
+        raise config_error("hidden_width", "a width of the blocks' own (an int, a ratio of d, or \"paper\") with per-block "
+                                    "embeddings: \"match\" solves one width for one embedding", "match")
     if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") != "linear":
-        raise _fail("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
+        raise config_error("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
                                         "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)",
                     True)
 
@@ -377,44 +394,19 @@ def fill_from_dataset(cfg: dict) -> None:
     if cfg.get("img_size") is None:
         cfg["img_size"] = ds.img_size
     if ds.rgb and cfg.get("in_chans", 3) != 3:
-        raise _fail("in_chans", f"3 for dataset {cfg['dataset']} (RGB images)", cfg["in_chans"])
+        raise config_error("in_chans", f"3 for dataset {cfg['dataset']} (RGB images)", cfg["in_chans"])
     if (cfg.get("augment") or cfg.get("randaugment")) and cfg.get("in_chans", 3) != 3:
-        raise _fail("in_chans", "3 when augment or randaugment is on (timm transforms make RGB images)",
+        raise config_error("in_chans", "3 when augment or randaugment is on (timm transforms make RGB images)",
                     cfg["in_chans"])
     if ds.classes is not None:
         if cfg.get("num_classes") is None:
             cfg["num_classes"] = ds.classes
         elif cfg["num_classes"] != ds.classes:
-            raise _fail("num_classes", f"{ds.classes} for dataset {cfg['dataset']}", cfg["num_classes"])
+            raise config_error("num_classes", f"{ds.classes} for dataset {cfg['dataset']}", cfg["num_classes"])
     elif cfg.get("num_classes") is None:
         n = count_class_folders(cfg["data_path"])
         if n >= 2:  # fewer: the dataset check says what is wrong with the folder
             cfg["num_classes"] = n
-
-
-def count_class_folders(data_path) -> int:
-    """imagefolder: the number of class folders under <data_path>/train, 0 when unreadable."""
-    train = os.path.join(os.fspath(data_path), "train") if data_path else None
-    if not train or not os.path.isdir(train):
-        return 0
-    return sum(1 for e in os.scandir(train) if e.is_dir() and not e.name.startswith("."))
-
-
-def batch_plan(cfg: Mapping, world_size: int) -> tuple[int, int]:
-    """(batch_per_worker, accumulation steps) with world_size * batch_per_worker * steps == batch_size.
-
-    cfg: batch_size, batch_per_worker (None: batch_size // world_size), mixup, cutmix.
-    """
-    batch, bpw = cfg["batch_size"], cfg["batch_per_worker"]
-    if bpw is None:
-        if batch % world_size:
-            raise _fail("batch_size", f"a multiple of the workers per trial ({world_size})", batch)
-        bpw = batch // world_size
-    if batch % (world_size * bpw):
-        raise _fail("batch_size", f"a multiple of workers x batch_per_worker ({world_size} x {bpw})", batch)
-    if (cfg["mixup"] > 0 or cfg["cutmix"] > 0) and bpw % 2:
-        raise _fail("batch_per_worker", "an even number when mixup or cutmix is on (timm Mixup pairs images)", bpw)
-    return bpw, batch // (world_size * bpw)
 
 
 def flatten(section: str, values: Mapping) -> dict:

@@ -8,13 +8,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.checks import NONNEG_INT, POS_INT, integer, is_number, one_of
 from qkvsearch.spaces.errors import Collector, hint, show
 from qkvsearch.spaces.keys import (
     KEYS,
     REQUIRED_TRAIN_KEYS,
     ConfigError,
-    batch_plan,
     fill_from_dataset,
     flatten,
     section_keys,

@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from qkvsearch.spaces.checks import TEXT, Bad, is_number
+from qkvsearch.spaces.datasets import DATASET_INFO
 from qkvsearch.spaces.errors import Collector, hint, show
-from qkvsearch.spaces.keys import DATASET_INFO, KEYS, section_keys
+from qkvsearch.spaces.keys import KEYS, section_keys
 from qkvsearch.spaces.metrics import (
     COST_METRICS,
     FINETUNE_METRIC,

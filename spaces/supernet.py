@@ -27,9 +27,10 @@ recipe on one input.
 """
 from __future__ import annotations
 
+from qkvsearch.spaces.blocks import split_block_key
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
-from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, section_keys
+from qkvsearch.spaces.keys import QUANT_KEYS, key_of, section_keys
 from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap, SupernetSpec
 from qkvsearch.spaces.sections import optional, parse_worker_resources
 
@@ -106,8 +107,8 @@ def check_shareable(space, c: Collector) -> None:
     for key in {k for v in space.variants for k in v}:  # a key the variants set to more than one value
         if len({repr(v.get(key)) for v in space.variants}) > 1:
             searched.add(key)
-    for key in sorted(searched - shareable):
-        where = "the training recipe (one for the supernet: supernet.train)" if KEYS[key].group in ("train", "data") \
+    for key in sorted(k for k in searched if (split_block_key(k) or (k,))[0] not in shareable):
+        where = "the training recipe (one for the supernet: supernet.train)" if key_of(key).group in ("train", "data") \
             else "neither a width nor a choice of layer (one supernet is one model on one input)"
         c.add(f"space.{key}", f"expected keys one supernet can share (widths: {', '.join(WIDTH_KEYS[:4])}, ...; "
                               f"choices: {', '.join(BRANCH_KEYS[:3])}, ...), given {show(key)}, which sets {where}")

@@ -49,8 +49,9 @@ from qkvsearch.trainers.models import (
     codes_params,
     embedded_sites,
     find_sites,
-    qkv_free,
     resolve_width,
+    site_block,
+    site_embeddings,
 )
 
 __all__ = ["count_macs", "measure_cost", "model_cost", "resolve_trial"]
@@ -153,19 +154,20 @@ def model_cost(cfg: dict) -> dict:
             macs += _linear_macs(k, tokens) - _linear_macs(s, tokens)
     emb = spec.emb
     sites = embedded_sites(emb, keyed, spec.model, qkv_free)
-    h = resolve_width(emb, sites, base.params)
-    kind, n = emb.kind, emb.code_size or 0
-    embed_params = sum(s.linear_params for s in sites)
-    embed_macs = sum(_linear_macs(s, base.tokens[s.path]) for s in sites)
-    if kind != "linear":
-        params -= embed_params
-        macs -= embed_macs
-        embed_params = codes_params(emb, sites) + sum(
-            EMBEDDINGS[kind].params(s.dim, h, s.dim_out, n, s.parts) for s in sites)
-        embed_macs = sum(EMBEDDINGS[kind].macs(s.dim, h, base.tokens[s.path], s.dim_out, n, s.parts)
-                         for s in sites)
-        params += embed_params
-        macs += embed_macs
+    h = resolve_width(emb.at(None), sites, base.params)
+    n = emb.code_size or 0
+    embed_params = codes_params(emb, sites)
+    for s, own, width in site_embeddings(emb, sites, base.params):   # each site by its block's embedding
+        if own.kind == "linear":
+            embed_params += s.linear_params
+            continue
+        tokens = base.tokens[s.path]
+        site_params = EMBEDDINGS[own.kind].params(s.dim, width, s.dim_out, n, s.parts)
+        site_macs = EMBEDDINGS[own.kind].macs(s.dim, width, tokens, s.dim_out, n, s.parts)
+        embed_params += site_params
+        params += site_params - s.linear_params
+        macs += site_macs - _linear_macs(s, tokens)
+    params += codes_params(emb, sites)
     params += key_params
     macs += key_macs
     embed_params += key_params + family.qkv_free_params(arch, stage, base.blocks)
@@ -195,10 +197,10 @@ def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
     """The q/k/v embedding modules of a built model (for linear: the host's own projections)."""
     keys = [m for m in model.modules() if isinstance(m, ManifoldKey)]
     keys += [p for m in model.modules() if hasattr(m, "qkv_projections") for p in m.qkv_projections()]
-    if spec.emb.kind != "linear":
-        return keys + [m for m in model.modules() if isinstance(m, (SNE, PSNE, FSNE))]
-    out = []
-    for s in embedded_sites(spec.emb, find_sites(model), spec.model, qkv_free(model)):
+    out = [m for m in model.modules() if isinstance(m, (SNE, PSNE, FSNE))]
+    for s in find_sites(model):   # the host's projections still in place: the sites a linear embedding keeps
+        if s.class_attn and not spec.emb.class_attn or spec.emb.at(site_block(s)).kind != "linear":
+            continue
         attn = model.get_submodule(s.path)
         out += [attn.q, attn.k, attn.v] if s.class_attn else [attn.qkv.qv if s.parts == 2 else attn.qkv]
     return keys + out

@@ -138,7 +138,7 @@ def _load_imagefolder(cfg):
 
 @dataclass(frozen=True)
 class DatasetReader:
-    """How one dataset (spaces.keys.DATASET_INFO: its classes, size, whether it reads data_path) is read.
+    """How one dataset (spaces.datasets.DATASET_INFO: its classes, size, whether it reads data_path) is read.
     load(cfg) -> (train source, val source); check(cfg, path): raise DatasetError unless data_path holds it
     (None: made in memory); expected: what data_path must hold, for messages."""
 
@@ -151,7 +151,7 @@ def _cifar_check(cfg, path):
     _check_cifar(cfg["dataset"], path)
 
 
-# dataset -> its reader: one entry per name of spaces.keys.DATASET_INFO (a test holds them equal)
+# dataset -> its reader: one entry per name of spaces.datasets.DATASET_INFO (a test holds them equal)
 READERS: dict[str, DatasetReader] = {
     "digits": DatasetReader(_from_arrays(more.digits)),
     "digits_0to8": DatasetReader(_from_arrays(more.digits_0to8)),

@@ -29,8 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.errors import reason
-from qkvsearch.spaces.keys import MODEL_GROUPS, batch_plan, names, require_filled
+from qkvsearch.spaces.keys import model_keys, require_filled
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.storage import read_bytes, write_bytes
 from qkvsearch.trainers import data as qdata
@@ -393,7 +394,8 @@ def load_state(directory: str) -> dict:
 
 
 def _check_same_model(saved: dict, cfg: dict):
-    diff = {k: (saved.get(k), cfg.get(k)) for k in names(*MODEL_GROUPS) if saved.get(k) != cfg.get(k)}
+    keys = {*model_keys(saved), *model_keys(cfg)}
+    diff = {k: (saved.get(k), cfg.get(k)) for k in keys if saved.get(k) != cfg.get(k)}
     if diff:
         raise ValueError("checkpoint: expected the same model keys as the config, given checkpoint vs config "
                          + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))

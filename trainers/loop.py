@@ -19,7 +19,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from qkvsearch.spaces.keys import batch_plan, require_filled
+from qkvsearch.spaces.batches import batch_plan
+from qkvsearch.spaces.keys import require_filled
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.trainers.checkpoints import (
     LocalRun,

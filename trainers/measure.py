@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
-from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, identity, names
+from qkvsearch.spaces.keys import QUANT_KEYS, identity, model_keys
 from qkvsearch.spaces.metrics import MEASURED_METRICS
 from qkvsearch.storage import read_json, write_json
 from qkvsearch.trainers.engine import autocast_context
@@ -327,7 +327,7 @@ def cache_key(cfg: dict, env: dict, metrics) -> str:
     """What decides a measurement: the model (spaces.keys.identity of its keys, solved width and quantization
     policy), the optimizer (the training step), the metrics, and the environment (device, precision, batches, compile,
     threads, versions)."""
-    model = {k: cfg.get(k) for k in (*names(*MODEL_GROUPS), *QUANT_KEYS, "width", "opt")}
+    model = model_keys(cfg, *QUANT_KEYS, "width", "opt")
     env = {k: v for k, v in env.items() if k != "gpu_shared"}
     text = json.dumps({"model": identity(model, policy=True), "env": env, "metrics": sorted(metrics),
                        "format": FORMAT},

@@ -21,7 +21,8 @@ The variants are also registered with timm as ``qkv_<timm name>`` (trainers.regi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -30,6 +31,7 @@ from timm.models.cait import ClassAttn
 from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
+from qkvsearch.spaces.blocks import block_keys, split_block_key
 from qkvsearch.spaces.checks import PAPER_WIDTH
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import MODEL_GROUPS, ConfigError, fill
@@ -66,13 +68,31 @@ class EmbeddingSpec:
     activation: str
     class_attn: bool                  # also embed class-attention blocks
     width: int | None = None          # the solved width, when the config carries it
+    blocks: tuple = ()                # per-block keys, as sorted (name, value) pairs (spaces.keys.PER_BLOCK_KEYS)
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> EmbeddingSpec:
         cfg = fill(cfg, ("embedding",))
         return cls(kind=cfg["embedding"], hidden_width=cfg["hidden_width"], code_size=cfg["code_size"],
                    code_sharing=cfg["code_sharing"], activation=cfg["activation"],
-                   class_attn=cfg["embed_class_attn"], width=cfg.get("width"))
+                   class_attn=cfg["embed_class_attn"], width=cfg.get("width"),
+                   blocks=tuple((k, cfg[k]) for k in block_keys(cfg)))
+
+    def at(self, block: int | None) -> EmbeddingSpec:
+        """The embedding of one block's sites (None: a site outside ``blocks``): the block's own embedding and
+        width where the config gives them; a width of its own is solved again (``width`` is the config's)."""
+        own = {split_block_key(k)[0]: v for k, v in self.blocks if split_block_key(k)[1] == block}
+        if not own:
+            return replace(self, blocks=())
+        kind, hidden = own.get("embedding", self.kind), own.get("hidden_width", self.hidden_width)
+        if kind == self.kind and hidden == self.hidden_width:
+            return replace(self, blocks=())
+        return replace(self, kind=kind, hidden_width=hidden, width=None, blocks=())
+
+    @property
+    def kinds(self) -> set[str]:
+        """Every embedding the model's sites may take: the config's and the blocks' own."""
+        return {self.kind} | {v for k, v in self.blocks if split_block_key(k)[0] == "embedding"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,29 @@ def find_sites(model: nn.Module) -> tuple[Site, ...]:
     return tuple(sites)
 
 
+_BLOCK_PATH = re.compile(r"^blocks\.(\d+)\.")
+
+
+def block_of(path: str) -> int | None:
+    """The index of the block (timm's ``blocks``) a module or parameter path is in, e.g. 3 for "blocks.3.attn";
+    None outside them (XCiT's class attention, the stem, the head)."""
+    match = _BLOCK_PATH.match(path)
+    return int(match.group(1)) if match else None
+
+
+def site_block(site: Site) -> int | None:
+    return block_of(site.path)
+
+
+def site_embeddings(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int) -> list[tuple[Site, EmbeddingSpec, int]]:
+    """(site, its embedding, its solved width h) for each embedded site: per-block keys decide their block's."""
+    out = []
+    for site in sites:
+        own = emb.at(site_block(site))
+        out.append((site, own, resolve_width(own, sites, host_params)))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- widths
 
 
@@ -186,11 +229,12 @@ def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int)
 
 
 def codes_params(emb: EmbeddingSpec, sites: tuple[Site, ...]) -> int:
-    """Code parameters of the whole network: 3·n once (shared) or per site (per_block); 0 unless fsne.
-    (2·n with a manifold key: codes for q and v only.)"""
-    if emb.kind != "fsne" or not sites:
+    """Code parameters of the whole network: 3·n once (shared) or per F-SNE site (per_block); 0 without an
+    F-SNE site. (2·n with a manifold key: codes for q and v only.)"""
+    fsne = [s for s in sites if emb.at(site_block(s)).kind == "fsne"]
+    if not fsne:
         return 0
-    return sites[0].parts * emb.code_size * (1 if emb.code_sharing == "shared" else len(sites))
+    return fsne[0].parts * emb.code_size * (1 if emb.code_sharing == "shared" else len(fsne))
 
 
 def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str,
@@ -251,20 +295,21 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     emb = EmbeddingSpec.from_cfg({k: v for k, v in embedding_keys.items() if v is not None})
     name = getattr(model, "default_cfg", {}).get("architecture", type(model).__name__)
     sites = embedded_sites(emb, find_sites(model), name, qkv_free(model))
-    h = resolve_width(emb, sites, _params(model))
+    host_params = _params(model)
+    h = resolve_width(emb.at(None), sites, host_params)
     model.qkv_config = dict(embedding=emb.kind, hidden_width=emb.hidden_width, width=h,
                             code_size=emb.code_size, code_sharing=emb.code_sharing,
-                            activation=emb.activation, embed_class_attn=emb.class_attn)
-    if emb.kind == "linear":
-        return model
+                            activation=emb.activation, embed_class_attn=emb.class_attn, **dict(emb.blocks))
     codes = None
-    for site in sites:
+    for site, own, width in site_embeddings(emb, sites, host_params):
+        if own.kind == "linear":
+            continue
         attn = model.get_submodule(site.path)
         ref = attn.k.weight if site.class_attn else (attn.qkv.qv if site.parts == 2 else attn.qkv).weight
         with torch.device(ref.device):
-            if emb.kind == "fsne" and (codes is None or emb.code_sharing == "per_block"):
+            if own.kind == "fsne" and (codes is None or emb.code_sharing == "per_block"):
                 codes = make_codes(emb.code_size, site.parts)  # (3, n); one Parameter for every shared site
-            new = EMBEDDINGS[emb.kind].build(site.dim, h, site.dim_out, emb.activation, emb.code_size, codes,
+            new = EMBEDDINGS[own.kind].build(site.dim, width, site.dim_out, emb.activation, emb.code_size, codes,
                                              site.parts).to(ref.dtype)
         if site.class_attn:
             _set_submodule(model, site.path, EmbeddedClassAttn(attn, new))
@@ -302,4 +347,4 @@ def build_model(cfg: dict) -> nn.Module:
     e = spec.emb
     return apply_embedding(spec.create_host(), embedding=e.kind, hidden_width=e.hidden_width,
                            code_size=e.code_size, code_sharing=e.code_sharing, activation=e.activation,
-                           embed_class_attn=e.class_attn, width=e.width)
+                           embed_class_attn=e.class_attn, width=e.width, **dict(e.blocks))

@@ -9,7 +9,7 @@ import io
 
 import torch
 
-from qkvsearch.spaces.keys import batch_plan
+from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.storage import read_bytes
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.engine import Dist, autocast_context, evaluate, load_state

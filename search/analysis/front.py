@@ -9,6 +9,7 @@ else to ``final_<metric>`` (its value at the trial's last reported epoch). Only 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow as pa
 
 from qkvsearch.search.analysis.pareto import hypervolume_trace, nondominated_mask, reference_point
 from qkvsearch.search.analysis.results import CONFIG_PREFIX
+from qkvsearch.spaces.blocks import block_text, split_block_key
 
 
 @dataclass
@@ -87,12 +89,24 @@ def front_info(trials: pa.Table, objectives, front_statuses=("completed",), refe
     on_front[eligible] = nondominated_mask(points[eligible], dirs)
     df["on_front"] = on_front
     df["eligible"] = eligible
-    df["embedding"] = df["config_embedding"].fillna("?")
+    df["embedding"] = _embedding_labels(df)
     pairs = {j: _pair_front(df, cols[j], dirs[j], cols[0], dirs[0]) for j in range(1, len(cols))}
     trace, ref = _hypervolume(df, cols, dirs, reference)
     kind = "the campaign's fixed reference" if reference is not None else "these trials' own"
     return FrontInfo(df, metrics, cols, dirs, tuple(front_statuses), points, eligible, on_front, pairs, trace, ref,
                      kind)
+
+
+def _embedding_labels(df: pd.DataFrame) -> pd.Series:
+    """Each trial's embedding in words; a trial whose blocks have their own, every block's (keys.block_text)."""
+    label = df["config_embedding"].fillna("?")
+    own = [c for c in df.columns if c.startswith(CONFIG_PREFIX)
+           and (split_block_key(c.removeprefix(CONFIG_PREFIX)) or ("",))[0] == "embedding"]
+    if not own:
+        return label
+    per_block = df[own].notna().any(axis=1) & df["config_json"].notna()
+    label[per_block] = [block_text(json.loads(text), "embedding") for text in df.loc[per_block, "config_json"]]
+    return label
 
 
 def _pair_front(df: pd.DataFrame, xcol, xdir, ycol, ydir) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from qkvsearch.search.analysis.pareto import nondominated_mask
+from qkvsearch.spaces.blocks import split_block_key
 from qkvsearch.spaces.choices import policy_text
 from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, names, quant_policy
 from qkvsearch.spaces.metrics import MEASURED, MEASURED_METRICS
@@ -55,7 +56,7 @@ def distinct_models(trials: pd.DataFrame) -> pd.DataFrame:
     measured = [m for m in MEASURED_METRICS if m in trials and trials[m].notna().any()]
     if not measured or "gmacs" not in trials:
         return pd.DataFrame()
-    keys = [c for c in MODEL_COLUMNS if c in trials]
+    keys = [c for c in trials if c in MODEL_COLUMNS or split_block_key(c.removeprefix("config_"))]
     have = trials[trials["gmacs"].notna() & trials[measured].notna().any(axis=1)]
     first = have.astype({c: "string" for c in keys}).drop_duplicates(keys)
     label = first["trial_name"].astype(str).str.rsplit("-", n=1).str[0]

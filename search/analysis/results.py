@@ -21,8 +21,9 @@ from qkvsearch.search.records.inherited import FIDELITY_STANDALONE
 from qkvsearch.search.records.layout import read_campaign
 from qkvsearch.search.records.outputs import check_output_dir
 from qkvsearch.search.records.readers import read_trials
+from qkvsearch.spaces.blocks import PER_BLOCK_KEYS, block_key, split_block_key
 from qkvsearch.spaces.checks import finite
-from qkvsearch.spaces.keys import RESOLVED_KEYS
+from qkvsearch.spaces.keys import RESOLVED_KEYS, key_of
 from qkvsearch.spaces.metrics import COST_METRICS, EPOCH, MEASURED_METRICS
 from qkvsearch.storage import write_bytes
 
@@ -55,6 +56,10 @@ def config_columns_markdown() -> str:
     for key in RESOLVED_KEYS.values():
         default = "" if key.default is None else f"`{json.dumps(key.default)}`"
         rows.append(f"| `{CONFIG_PREFIX}{key.name}` | {key.arrow} | {default} | {key.unit} | {key.doc} |")
+    for name in PER_BLOCK_KEYS:
+        key = RESOLVED_KEYS[name]
+        rows.append(f"| `{CONFIG_PREFIX}{block_key(name, '<i>')}` | {key.arrow} | | {key.unit} | block i's own {name} "
+                    f"(spaces.keys.PER_BLOCK_KEYS); null: the block takes `{CONFIG_PREFIX}{name}` |")
     return "\n".join(rows)
 TS = pa.timestamp("us", tz="UTC")
 
@@ -196,11 +201,12 @@ _AS_IS = {pa.int64(): {int}, pa.float64(): {float, int}, pa.string(): {str}, pa.
 
 def config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, pa.Array]]:
     keys: list[str] = list(CONFIG_TYPES)
-    extra = sorted(set().union(*configs) - set(CONFIG_TYPES))
+    extra = sorted(set().union(*configs) - set(CONFIG_TYPES), key=lambda k: split_block_key(k) or (k, -1))
     cols = []
     for key in keys + extra:
         raw = [c.get(key) for c in configs]
-        typ = CONFIG_TYPES.get(key) or _infer_type(raw)
+        declared = key_of(key)   # a per-block key's column is typed as its key's
+        typ = ARROW_TYPES[declared.arrow] if declared is not None else _infer_type(raw)
         cols.append((CONFIG_PREFIX + key, typ, _typed(raw, typ)))
     return cols
 

@@ -14,11 +14,22 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import logging
 
 from qkvsearch.spaces import SpecError, base_config, dimensions
+from qkvsearch.spaces.blocks import split_block_key
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import ARCHITECTURE_KEYS, KEYS, MODEL_GROUPS, ConfigError, fill, identity, names
+from qkvsearch.spaces.keys import (
+    ARCHITECTURE_KEYS,
+    KEYS,
+    MODEL_GROUPS,
+    ConfigError,
+    fill,
+    identity,
+    model_keys,
+    names,
+)
 from qkvsearch.spaces.sections import section_path
 from qkvsearch.trainers.cost import MAX_PARAMS, model_cost, resolve_trial
 
@@ -27,19 +38,29 @@ COST_KEYS = names(*MODEL_GROUPS)
 
 
 def model_configs(spec) -> list[dict]:
-    """Every distinct model configuration of the space (variants x model-key dimensions), unresolved."""
+    """Every distinct model configuration of the space (variants x model-key dimensions), unresolved. Keys drawn
+    per block are taken alike in every block, each combination of their values once: a value's fault does not
+    depend on its block, and 4^12 mixtures would be checked one by one otherwise."""
     base = base_config(spec)
     variants = [dict(v) for v in spec.space.variants] or [{}]
     dims = [d for d in spec.space.dimensions if d.key in COST_KEYS]
+    per_block = [d for d in spec.space.dimensions if split_block_key(d.key)]
+    alike: dict = {}   # key -> the values its per-block dimensions take
+    for d in per_block:
+        alike.setdefault(split_block_key(d.key)[0], d.values if d.enumerable else sorted({d.low, d.high}))
     out, seen = [], set()
 
     def expand(chosen: dict, rest: list) -> None:
         if not rest:
-            cfg = {**base, **chosen}
-            key = tuple(sorted((k, repr(cfg.get(k))) for k in COST_KEYS))
-            if key not in seen:
-                seen.add(key)
-                out.append(cfg)
+            for values in itertools.product(*alike.values()):
+                cfg = {**base, **chosen}
+                for d in per_block:   # in condition order: a block's width after its embedding
+                    if d.active(cfg):
+                        cfg[d.key] = dict(zip(alike, values))[split_block_key(d.key)[0]]
+                key = repr(sorted(model_keys(cfg).items()))
+                if key not in seen:
+                    seen.add(key)
+                    out.append(cfg)
             return
         dim, tail = rest[0], rest[1:]
         if not dim.active(chosen):
@@ -139,7 +160,7 @@ def check_models(spec) -> list[tuple[dict, dict]]:
         except BadInput as err:
             failing.setdefault(str(err), []).append(_label(cfg))
             continue
-        model = identity({k: config[k] for k in (*COST_KEYS, "width")})
+        model = identity(model_keys(config, "width"))
         if model not in seen:  # 0.5 of d and 64 units are one model: listed once
             seen.add(model)
             resolved.append((config, cost))
@@ -161,7 +182,7 @@ def distinct_configurations(spec) -> int | None:
     base, widths, seen = base_config(spec), {}, set()
     for sampled in dimensions.iterate(spec.space):
         config = fill({**base, **sampled})
-        model_key = repr([config[k] for k in COST_KEYS])  # the requested width decides the solved one
+        model_key = repr(sorted(model_keys(config).items()))  # the requested width decides the solved one
         if model_key not in widths:
             widths[model_key] = model_cost(config)["width"]
         seen.add(identity({**config, "width": widths[model_key]}))

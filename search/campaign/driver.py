@@ -38,6 +38,7 @@ from qkvsearch.search.records.layout import (
     STATUS_KEY,
 )
 from qkvsearch.search.records.readers import read_trials
+from qkvsearch.spaces.blocks import block_text
 from qkvsearch.spaces.choices import PRECISION_CHOICES
 from qkvsearch.spaces.keys import fill, identity, quant_policy
 from qkvsearch.spaces.metrics import EPOCH
@@ -70,7 +71,7 @@ class TrialSettings:
 def trial_name(cfg: dict, trial_id: str) -> str:
     """`fsne-h128-c8-shared-00003`: what a person needs to tell trials apart (and the parts its quantization
     policy quantizes: `linear-qkv.a8w8-mlp.w8-00004`), then the trial index."""
-    parts = [str(cfg.get("embedding"))]
+    parts = [block_text(cfg, "embedding")]
     if cfg.get("width"):
         parts.append(f"h{cfg['width']}")
     if cfg.get("embedding") == "fsne":

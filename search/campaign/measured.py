@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qkvsearch.search.records.layout import ERROR_CHARS
+from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.checks import finite
-from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, batch_plan, identity, names
+from qkvsearch.spaces.keys import QUANT_KEYS, identity, model_keys
 
 CACHE_DIR = "qs_measurements"   # in the campaign folder, unless measure.cache names another place
 ERROR_PREFIX = "measuring: "    # a failed measurement's error, as its trial reports it
@@ -160,11 +161,11 @@ class Measurer:
 
 # What decides a trial's measured figures besides the device: its model as deployed (its quantization policy
 # included), optimizer and batches.
-MEASURED_BY = (*names(*MODEL_GROUPS), *QUANT_KEYS, "width", "opt", "batch_size", "batch_per_worker")
+MEASURED_BY = (*QUANT_KEYS, "width", "opt", "batch_size", "batch_per_worker")   # besides the model keys
 
 
 def measured_key(config: dict) -> str:
     """Trials with one key share their measured figures (the campaign's device and settings are fixed). A
     policy all in full precision adds nothing: such a config keeps the key it had before policies existed."""
-    return identity({k: config.get(k) for k in MEASURED_BY}, policy=True)
+    return identity(model_keys(config, *MEASURED_BY), policy=True)
 

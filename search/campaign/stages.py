@@ -40,12 +40,11 @@ from qkvsearch.search.records.stages import (
     write_selection,
     write_stage,
 )
-from qkvsearch.spaces.keys import MODEL_GROUPS, fill, identity, names
+from qkvsearch.spaces.keys import fill, identity, model_keys
 from qkvsearch.spaces.metrics import FINETUNE_METRIC
 from qkvsearch.spaces.stages import result_settings
 
 POLL_S = 1.0  # how often a stage run in a thread looks for a stop
-MODEL_KEYS = names(*MODEL_GROUPS)  # what decides a fine-tuning's model
 
 
 class StageStopped(Exception):
@@ -317,7 +316,7 @@ def check_stages(spec, trial_configs: list[dict], launching: bool) -> None:
             for trial_config in trial_configs:
                 if stage.recipe.get("img_size", trial_config.get("img_size")) != trial_config.get("img_size"):
                     cfg = finetune_config(trial_config, stage)
-                    resized.setdefault(identity({k: v for k, v in cfg.items() if k in MODEL_KEYS}), cfg)
+                    resized.setdefault(identity(model_keys(cfg)), cfg)
             for cfg in resized.values():
                 resolve_trial(cfg)
         except BadInput as err:  # "data_path: ..." is this stage's path; "<trial key>: ..." its recipe or the trial

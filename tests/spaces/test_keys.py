@@ -8,7 +8,8 @@ from helpers import REPO
 from qkvsearch.search.analysis import report, results
 from qkvsearch.search.campaign import costs
 from qkvsearch.spaces import keys
-from qkvsearch.spaces.keys import KEYS, RESOLVED_KEYS, ConfigError, batch_plan, fill, section_keys
+from qkvsearch.spaces.batches import batch_plan
+from qkvsearch.spaces.keys import KEYS, RESOLVED_KEYS, ConfigError, fill, section_keys
 from qkvsearch.spaces.schema import DataSpec, ModelSpec, TrainSpec
 
 MODEL = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 64, "code_size": 8,

@@ -202,7 +202,7 @@ def test_randaugment_posterize_at_full_magnitude_does_not_crash():
 
 
 def test_every_dataset_a_campaign_file_may_name_has_a_reader():
-    from qkvsearch.spaces.keys import DATASET_INFO
+    from qkvsearch.spaces.datasets import DATASET_INFO
     from qkvsearch.trainers.data import READERS
 
     assert set(READERS) == set(DATASET_INFO)

@@ -181,3 +181,29 @@ def test_a_subnets_score_does_not_depend_on_what_was_scored_before():
     skeleton = scorer.supernet.skeleton(trials[0]["config"])
     norms = [m for m in skeleton.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     assert norms and all(not torch.all(m.running_var == 1) for m in norms)  # statistics of the batches
+
+
+# Per-block choices: each block draws its embedding and width; depth is searched beside them.
+PER_BLOCK = {"depth": {"choice": [2, 3]}, "embedding": {"choice": ["linear", "sne", "fsne"], "per_block": True},
+             "hidden_width": {"choice": [0.25, 0.5], "per_block": True}}
+
+
+def test_every_per_block_subnet_is_the_model_built_with_its_extracted_weights():
+    space = [t["config"] for t in candidates(load_campaign(_spec(PER_BLOCK)))]
+    assert len(space) > 50   # 3 kinds x 2 widths per block: (1 + 2 + 2)^2 + (1 + 2 + 2)^3 = 150 configurations
+    mixed = [c for c in space if len({c.get(f"embedding.{b}") for b in range(c["depth"])}) > 1]
+    assert mixed and all("embedding.2" not in c or c["depth"] == 3 for c in space)
+    torch.manual_seed(0)
+    supernet = Supernet(space, seed=0).eval()
+    x = torch.randn(2, 3, 16, 16)
+    for cfg in space[::7] + mixed[:5]:
+        model = build_model(cfg).eval()
+        model.load_state_dict(supernet.extract(cfg))
+        kinds = [type(model.blocks[b].attn.qkv).__name__.lower() for b in range(cfg["depth"])]
+        assert kinds == [cfg[f"embedding.{b}"] for b in range(cfg["depth"])]
+        with torch.no_grad():
+            assert (supernet(x, cfg) - model(x)).abs().max().item() == 0.0, cfg
+    # a block's branch is its own: block 1's SNE tensors are not block 0's
+    assert any(k.startswith("blocks/1/attn") and "embedding=sne" in k for k in supernet.masters)
+    plan = supernet_plan(load_campaign(_spec(PER_BLOCK)), candidates(load_campaign(_spec(PER_BLOCK))))
+    assert len(set(plan["branches"])) == 1   # per-block keys split no sandwich branch

@@ -18,7 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qkvsearch.spaces.blocks import block_value
+from qkvsearch.spaces.keys import APPLIES_WHEN
 from qkvsearch.spaces.supernet import ATTENTION_BRANCH, POSITION_BRANCH, STEM_BRANCH
+from qkvsearch.trainers.models import block_of
 
 
 def branch_keys(name: str) -> tuple[str, ...]:
@@ -34,9 +37,21 @@ def branch_keys(name: str) -> tuple[str, ...]:
 
 def master_key(name: str, cfg: dict, varying: frozenset) -> str:
     """The supernet tensor that holds parameter ``name`` of the subnet ``cfg``: its name, and the values of the
-    branch keys that vary over the candidates (``varying``)."""
+    branch keys that vary over the candidates (``varying``: a key whose per-block keys vary counts), each the
+    value for the parameter's block (spaces.keys.block_value)."""
     keys = [k for k in branch_keys(name) if k in varying]
-    return name + "".join(f"|{k}={cfg.get(k)}" for k in keys)
+    block = block_of(name)
+    return name + "".join(f"|{k}={_branch_value(cfg, k, block)}" for k in keys)
+
+
+def _branch_value(cfg: dict, key: str, block: int | None):
+    """``key``'s value for ``block``; null where the block's embedding (or key design) takes no such key, as for
+    code sharing in a block that is not F-SNE: a key that does not apply splits nothing."""
+    if key in APPLIES_WHEN:
+        on, applies = APPLIES_WHEN[key]
+        if block_value(cfg, on, block) not in applies:
+            return None
+    return block_value(cfg, key, block)
 
 
 def parts(model: nn.Module, name: str, shape: torch.Size) -> tuple[tuple[int, ...], ...]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from qkvsearch.spaces.keys import batch_plan, quant_policy
+from qkvsearch.spaces.batches import batch_plan
+from qkvsearch.spaces.keys import quant_policy
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers import engine
 from qkvsearch.trainers.quantize import quantize_model, state_bytes, weights_bytes

@@ -4,8 +4,10 @@ step (BigNAS, AutoFormer), each rank of a DDP group taking its own shard of ever
 Each optimizer update trains, on the same batch:
 - the teacher: the largest candidate overall by counted MACs, on the labels;
 - the largest and the smallest candidate by MACs of this update's branch (a branch: the values of the
-  categorical keys, e.g. the embedding type; branches taken in turn, update after update, so every branch is
-  trained as often), and ``random_subnets`` candidates drawn at random;
+  categorical keys drawn for the whole model, e.g. the embedding type; branches taken in turn, update after
+  update, so every branch is trained as often; keys drawn per block split no branch, since 4^12 branches of one
+  candidate each would leave no sandwich: their blocks' tensors are trained by the random subnets and the
+  largest and smallest of each branch), and ``random_subnets`` candidates drawn at random;
   each on the teacher's soft labels (in-place distillation, KL to its detached output) or, with
   ``distill: false``, on the labels.
 Every rank draws the same subnets (a generator seeded by the seed and the update), so every rank's gradients

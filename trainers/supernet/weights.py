@@ -14,15 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkvsearch.spaces.keys import MODEL_GROUPS, identity, names
+from qkvsearch.spaces.blocks import block_key, block_keys, split_block_key
+from qkvsearch.spaces.keys import identity, model_keys
 from qkvsearch.trainers.supernet.layout import cut, fits, master_key, parts, place
 from qkvsearch.trainers.supernet.layout import widest as widest_layout
 
-MODEL_KEYS = (*names(*MODEL_GROUPS), "width")   # what decides a subnet's module tree (its skeleton)
-
 
 def model_identity(cfg: dict) -> str:
-    return identity({k: cfg.get(k) for k in MODEL_KEYS})
+    return identity(model_keys(cfg, "width"))
 
 
 def _skeleton(cfg: dict) -> nn.Module:
@@ -50,7 +49,7 @@ class Supernet(nn.Module):
 
     def __init__(self, configs: list[dict], seed: int = 0, init: bool = True):
         super().__init__()
-        self.varying = frozenset(k for k in MODEL_KEYS if len({repr(c.get(k)) for c in configs}) > 1)
+        self.varying = varying(configs)
         self._skeletons: dict[str, nn.Module] = {}
         self._checked: set[str] = set()                             # model identities known to fit
         self._plans: dict[str, list[tuple[str, str, tuple]]] = {}   # model identity -> [(name, key, layout)]
@@ -180,14 +179,23 @@ class Supernet(nn.Module):
                 covered.add(key)
 
 
+def varying(configs: list[dict]) -> frozenset:
+    """The model keys whose value differs between ``configs``; a per-block key's variation counts as its key's."""
+    keys = set().union(*(model_keys(c, "width") for c in configs))
+    out = {k for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
+    return frozenset((split_block_key(k) or (k,))[0] for k in out)
+
+
 def widest(configs: list[dict]) -> list[dict]:
     """Per branch (the values of the categorical keys that vary), the configurations widest in each varying
-    numeric model key (ties: the widest in the others): those whose tensors hold every other's."""
+    numeric model key (ties: the widest in the others): those whose tensors hold every other's; where keys are
+    drawn per block, the configurations that hold every block's tensors too (``_block_covers``)."""
     from qkvsearch.spaces.supernet import BRANCH_KEYS
 
-    varying = {k for k in MODEL_KEYS if len({repr(c.get(k)) for c in configs}) > 1}
-    categorical = [k for k in BRANCH_KEYS if k in varying]
-    numeric = [k for k in sorted(varying) if k not in categorical
+    varied = {k for k in set().union(*(model_keys(c, "width") for c in configs))
+              if len({repr(c.get(k)) for c in configs}) > 1 and not split_block_key(k)}
+    categorical = [k for k in BRANCH_KEYS if k in varied]
+    numeric = [k for k in sorted(varied) if k not in categorical
                and all(c.get(k) is None or isinstance(c.get(k), (int, float)) for c in configs)]
     groups: dict[tuple, list[dict]] = {}
     for c in configs:
@@ -198,7 +206,44 @@ def widest(configs: list[dict]) -> list[dict]:
         for j in range(len(numeric)) or [0]:
             best = max(range(len(group)), key=lambda i: (size[i][j] if numeric else 0, size[i]))
             picks.setdefault(model_identity(group[best]), group[best])
+    for cover in _block_covers(configs, list(picks.values())):
+        picks.setdefault(model_identity(cover), cover)
     return list(picks.values())
+
+
+def _block_covers(configs: list[dict], picks: list[dict]) -> list[dict]:
+    """Where the embedding or its width is drawn per block: configurations (not candidates) that hold every
+    block's tensors. For each pick and each embedding a block takes: every block takes that embedding at the
+    widest width requested of it; for F-SNE with shared codes, also with the blocks before each block j taking
+    another (the codes are the tensor of the first F-SNE block). Their width is solved (model_cost)."""
+    from qkvsearch.trainers.cost import model_cost
+
+    per_block = sorted({k for c in configs for k in block_keys(c)})
+    if not per_block:
+        return []
+    kinds = sorted({v for c in configs for k, v in c.items() if (split_block_key(k) or ("",))[0] == "embedding"
+                    and v is not None} | {c.get("embedding") for c in configs})
+    requested = {v for c in configs for k, v in c.items() if (split_block_key(k) or ("",))[0] == "hidden_width"
+                 and v is not None} | {c.get("hidden_width") for c in configs} - {None}
+    depth = max(c.get("depth") or 0 for c in configs) or None
+    codes = {"code_size": max((c["code_size"] for c in configs if c.get("code_size")), default=None),
+             "code_sharing": next((c["code_sharing"] for c in configs if c.get("code_sharing")), None)}
+    out = []
+    for pick in picks:
+        plain = {k: v for k, v in pick.items() if not split_block_key(k)} | {"depth": depth or pick.get("depth")}
+        for kind in kinds:
+            plain |= codes if kind == "fsne" else dict.fromkeys(codes)   # F-SNE's keys, null for the others
+            width = {"embedding": kind, "hidden_width": None, "width": 0}
+            if kind != "linear":
+                solved = {w: model_cost({**plain, "embedding": kind, "hidden_width": w, "width": None})["width"]
+                          for w in requested}
+                hw = max(solved, key=lambda w: solved[w])
+                width = {"embedding": kind, "hidden_width": hw, "width": solved[hw]}
+            other = next((k for k in kinds if k != kind), kind)
+            shared = kind == "fsne" and plain.get("code_sharing") == "shared"
+            for first in range(plain["depth"] or 1) if shared else (0,):
+                out.append({**plain, **width, **{block_key("embedding", b): other for b in range(first)}})
+    return out
 
 
 def _safe(key: str) -> str:

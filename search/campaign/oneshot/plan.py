@@ -8,9 +8,10 @@ import json
 from qkvsearch.search.records.inherited import subnet_identity
 from qkvsearch.search.searchers.problem import build_trial, candidate_configs
 from qkvsearch.spaces import base_config, load_campaign
+from qkvsearch.spaces.blocks import block_keys, split_block_key
 from qkvsearch.spaces.choices import FULL_PRECISION
 from qkvsearch.spaces.errors import SpecError
-from qkvsearch.spaces.keys import QUANT_KEYS, identity
+from qkvsearch.spaces.keys import APPLIES_WHEN, QUANT_KEYS, identity
 from qkvsearch.spaces.supernet import BRANCH_KEYS
 
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign whose one trial trains the supernet
@@ -55,11 +56,18 @@ def supernet_plan(spec, trials: list[dict]) -> dict:
     """The plan a supernet of these trials is trained over (SupernetPlan.as_dict)."""
     trials = _trained(trials)
     configs = [t["config"] for t in trials]
-    varying = [k for k in BRANCH_KEYS if len({repr(c.get(k)) for c in configs}) > 1]
+    varying = [k for k in BRANCH_KEYS if len({repr(c.get(k)) for c in configs}) > 1 and k not in _follow_blocks(configs)]
     s = spec.supernet
     return {"configs": configs, "gmacs": [t["cost"]["gmacs"] for t in trials],
             "branches": [branch_of(c, varying) for c in configs], "random_subnets": s.random_subnets,
             "distill": s.distill}
+
+
+def _follow_blocks(configs: list[dict]) -> set[str]:
+    """Keys whose value only follows a per-block key (code sharing is set when some block is F-SNE): with
+    embeddings drawn per block, a branch is the values of the keys drawn for the whole model, not 4^depth."""
+    per_block = {split_block_key(k)[0] for c in configs for k in block_keys(c)}
+    return {k for k, (on, _) in APPLIES_WHEN.items() if on in per_block}
 
 
 def teacher(plan: dict) -> int:

@@ -2,8 +2,10 @@
 resources), its subnets scored by actors with the weights they inherit, the best one and a control sample
 retrained on their own (one worker each: the campaign's resources), the report's fidelity; the best one
 trained on from the weights it inherits, each retrained subnet written as a stand-alone checkpoint its own
-model loads. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are scored: each resume goes on from what was recorded, the supernet trains each epoch once, and no subnet is
-scored twice."""
+model loads. Its driver is killed (SIGKILL) while the supernet trains and again while subnets are scored: each
+resume goes on from what was recorded, the supernet trains each epoch once, and no subnet is scored twice. Each
+block draws its own embedding and width: the per-block keys reach the records, the Parquet columns and the
+exported models."""
 from __future__ import annotations
 
 import csv
@@ -30,8 +32,9 @@ ENV = {STALE_ENV: str(STALE_S)}
 
 def _spec(storage: Path) -> dict:
     spec = tiny_spec(storage, "oneshot", workers=1, epochs=1, variants=[], steps=2)  # the subnets: 1 worker each
-    spec["space"] = {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]},
-                     "hidden_width": {"choice": [0.5, 1.0]}, "code_size": 4}
+    # each of the 2 blocks draws its embedding and width (embedding.0, hidden_width.0, ...): 25 subnets
+    spec["space"] = {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"], "per_block": True},
+                     "hidden_width": {"choice": [0.5, 1.0], "per_block": True}, "code_size": 4}
     spec["supernet"] = {"train": {"epochs": SUPERNET_EPOCHS, "max_steps_per_epoch": 3}, "retrain": "top_k",
                         "top_k": 1, "control": 1, "bn_batches": 1, "retrain_from": "inherited",
                         "resources": {"workers_per_trial": 2}}  # the supernet: one DDP run of 2 workers
@@ -113,6 +116,11 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     assert "One-shot fidelity" in (exp / "report" / "report.md").read_text()
     trials = pq.read_table(exp / "report" / "trials.parquet").to_pandas()
     assert set(trials["fidelity"]) == {"standalone"}
+    for block in (0, 1):   # one column per block, typed as the key's, each trial's own value
+        assert trials[f"config_embedding.{block}"].isin(["linear", "sne", "fsne"]).all()
+        assert [json.loads(c)[f"embedding.{block}"] for c in trials["config_json"]] \
+            == list(trials[f"config_embedding.{block}"])
+    assert all("embedding.0" in e["keys"] and "embedding.1" in e["keys"] for e in evaluations)
 
     # the chosen subnet trained on from its exported weights, the control one from scratch
     by_keys = {json.dumps(e["keys"], sort_keys=True): e for e in evaluations}
@@ -129,4 +137,7 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
         from qkvsearch.trainers.models import build_model
 
         saved = torch.load(inherited.subnet_file(str(exp), e["subnet_id"]), weights_only=True)
-        build_model(saved["config"]).load_state_dict(saved["model"])
+        model = build_model(saved["config"])
+        model.load_state_dict(saved["model"])
+        assert [type(model.blocks[b].attn.qkv).__name__.lower() for b in (0, 1)] \
+            == [e["config"][f"embedding.{b}"] for b in (0, 1)]

@@ -1,0 +1,35 @@
+"""The datasets a campaign can read: what each is, declared once (the ``dataset`` key's values, the readers in
+trainers.data, the stages' datasets)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Dataset:
+    classes: int | None      # None: counted from the class folders (imagefolder)
+    img_size: int            # default input size, px
+    needs_path: bool         # read from data.path
+    rgb: bool                # images have 3 channels (in_chans must be 3)
+
+
+DATASET_INFO: dict[str, Dataset] = {
+    "digits": Dataset(10, 32, False, False),       # scikit-learn's 8x8 digits, upsampled
+    "synthetic": Dataset(10, 32, False, False),    # random class-coloured images (smoke tests)
+    "cifar10": Dataset(10, 32, True, True),        # the authors' python-pickle folder
+    "cifar100": Dataset(100, 32, True, True),
+    "imagefolder": Dataset(None, 224, True, True),  # <path>/train/<class>/*.jpg and <path>/val/<class>/...
+    "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data_sources)
+    "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
+    "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
+}
+DATASETS = tuple(DATASET_INFO)
+
+
+def count_class_folders(data_path) -> int:
+    """imagefolder: the number of class folders under <data_path>/train, 0 when unreadable."""
+    train = os.path.join(os.fspath(data_path), "train") if data_path else None
+    if not train or not os.path.isdir(train):
+        return 0
+    return sum(1 for e in os.scandir(train) if e.is_dir() and not e.name.startswith("."))
