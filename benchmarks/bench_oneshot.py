@@ -1,6 +1,9 @@
 """One-shot search measured on one process (no Ray): how fast subnets are scored with inherited weights, and how
 well that score ranks them against the same subnets trained on their own, beside the retraining's own noise.
 
+0. The noise floor first: one configuration under 3 seeds against the spread of ``--noise-configs``
+   configurations (their top-1's standard deviations); a task whose ratio is under 3 cannot rank them
+   (``--dataset digits_clutter`` is the harder one the package makes offline: trainers.data_sources).
 1. A supernet (trainers.supernet) trained over a space of >= 100 configurations (embeddings, widths, code sizes,
    depths) with the sandwich rule and in-place distillation, as a one-shot campaign's supernet trial trains it.
 2. ``--score`` subnets drawn at random, scored with the weights they inherit (BatchNorm recalibrated):
@@ -11,7 +14,8 @@ well that score ranks them against the same subnets trained on their own, beside
    compute: supernet + scoring against training every scored subnet from scratch.
 
     python benchmarks/bench_oneshot.py [--dataset digits] [--supernet-epochs 20] [--retrain-epochs 10]
-                                       [--score 120] [--retrain 12] [--threads 1]
+                                       [--score 120] [--retrain 12] [--threads 1] [--img-size 16]
+                                       [--noise-configs 8] [--noise-only]
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ from qkvsearch.trainers.supernet.training import SupernetPlan, SupernetRun
 
 
 def spec(args) -> dict:
-    return {"name": "bench-oneshot", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
+    return {"name": "bench-oneshot", "model": {"name": "xcit_nano_12_p8_224", "img_size": args.img_size,
+                                               "num_classes": 10},
             "data": {"dataset": args.dataset, "val_fraction": 0.2},
             "train": {"epochs": args.retrain_epochs, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0, "seed": 0,
                       "max_steps_per_epoch": args.steps},
@@ -57,6 +62,27 @@ def train(cfg: dict, make_run=None) -> tuple[list[dict], dict, float]:
     return history, states[-1], time.perf_counter() - t0
 
 
+def noise_floor(trials: list[dict], n_configs: int, seeds: int = 3) -> float:
+    """Can the task tell configurations apart? One configuration (the median by MACs) trained under ``seeds``
+    seeds, against ``n_configs`` configurations drawn at random (seed 0): the ratio of the spread across
+    configurations (standard deviation of their top-1) to the seed noise (that of the one configuration's).
+    A benchmark of ranking needs at least 3."""
+    by_macs = sorted(range(len(trials)), key=lambda i: trials[i]["cost"]["gmacs"])
+    middle = by_macs[len(by_macs) // 2]
+    rng = np.random.default_rng(1)
+    others = [int(i) for i in rng.choice([i for i in by_macs if i != middle], size=n_configs - 1, replace=False)]
+    t0 = time.perf_counter()
+    repeat = [train(fill({**trials[middle]["config"], "seed": seed}))[0][-1]["top1"] for seed in range(seeds)]
+    spread = [repeat[0]] + [train(fill({**trials[i]["config"], "seed": 0}))[0][-1]["top1"] for i in others]
+    noise, across = float(np.std(repeat, ddof=1)), float(np.std(spread, ddof=1))
+    ratio = across / noise if noise > 0 else float("inf")
+    print(f"noise floor ({time.perf_counter() - t0:.0f} s): one configuration under {seeds} seeds: top-1 "
+          f"{', '.join(f'{v:.2f}' for v in repeat)} (std {noise:.2f}); {n_configs} configurations: "
+          f"{min(spread):.2f} to {max(spread):.2f} (std {across:.2f}); spread / noise = {ratio:.1f} "
+          f"({'at least' if ratio >= 3 else 'under'} 3)", flush=True)
+    return ratio
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="digits")
@@ -66,11 +92,18 @@ def main() -> None:
     p.add_argument("--score", type=int, default=120)
     p.add_argument("--retrain", type=int, default=12)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--img-size", type=int, default=16, help="input side (digits_clutter: 32, its own)")
+    p.add_argument("--noise-configs", type=int, default=8,
+                   help="configurations trained (seed 0) for the spread the noise floor is set against")
+    p.add_argument("--noise-only", action="store_true", help="stop after the noise floor")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
     s = load_campaign(spec(args))
     trials = candidates(s)
+    noise_floor(trials, args.noise_configs)
+    if args.noise_only:
+        return
     plan_dict = supernet_plan(s, trials)
     plan = SupernetPlan.from_dict(plan_dict)
     teacher_cfg = fill({**trials[teacher(plan_dict)]["config"], **dict(s.supernet.recipe)})

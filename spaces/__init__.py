@@ -7,7 +7,8 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
     model: {name: xcit_nano_12_p16_224, img_size: 224, num_classes: 1000,
             in_chans: 3, embed_class_attn: false, drop_path_rate: 0.0, activation: relu}
     data: {dataset: imagefolder, path: /data/imagenet, val_fraction: null}
-          # dataset: digits | cifar10 | cifar100 | imagefolder | synthetic; path required for cifar*/imagefolder
+          # dataset: digits | digits_clutter | cifar10 | cifar100 | imagefolder | synthetic (spaces.datasets);
+          # path required for cifar*/imagefolder
     train: {epochs: 400, batch_size: 4096, lr: 5.0e-4, warmup_epochs: 5, ...}
           # keys, checks and defaults: spaces.keys.KEYS (section train); epochs required
     space:                               # trial keys (spaces.keys.SEARCHABLE) -> dimension

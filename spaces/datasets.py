@@ -23,6 +23,7 @@ DATASET_INFO: dict[str, Dataset] = {
     "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data_sources)
     "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
     "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
+    "digits_clutter": Dataset(10, 32, False, False),  # a digit among pieces of others, at random places (harder)
 }
 DATASETS = tuple(DATASET_INFO)
 

@@ -155,6 +155,7 @@ def _cifar_check(cfg, path):
 READERS: dict[str, DatasetReader] = {
     "digits": DatasetReader(_from_arrays(more.digits)),
     "digits_0to8": DatasetReader(_from_arrays(more.digits_0to8)),
+    "digits_clutter": DatasetReader(_from_arrays(more.digits_clutter)),
     "synthetic": DatasetReader(_from_arrays(_synthetic)),
     **{ds: DatasetReader(_from_arrays(more.cifar), _cifar_check,
                          f"{files[3]} (the python pickle version of {ds.upper()})") for ds, files in CIFAR_FILES.items()},

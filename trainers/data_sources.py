@@ -34,6 +34,7 @@ from qkvsearch.trainers.sources import (
 
 DIGITS_SPLIT_SEED = 0       # the digits train/val split is the same for every trial
 HELD_OUT_DIGIT = 9          # digits_0to8 leaves it out; the OOD set digits_heldout is made of it
+CLUTTER_SIDE, CLUTTER_PIECES, CLUTTER_COPIES, CLUTTER_SEED = 32, 4, 3, 0   # digits_clutter (one definition)
 NOISE_IMAGES = 500          # images of the noise OOD set
 NOISE_SEED = 0
 STL10_DIR, STL10_SIDE = "stl10_binary", 96
@@ -124,6 +125,37 @@ def digits_0to8(cfg):
     (xt, yt), (xv, yv) = digits(cfg)
     keep_t, keep_v = yt != HELD_OUT_DIGIT, yv != HELD_OUT_DIGIT
     return (xt[keep_t], yt[keep_t]), (xv[keep_v], yv[keep_v])
+
+
+def digits_clutter(cfg):
+    """A harder task made from the digits, offline and deterministic: each image is a CLUTTER_SIDE^2 canvas holding
+    one digit (8x8, scaled x2) at a random place among CLUTTER_PIECES pieces of other digits (4x4 crops, scaled
+    x2), overlaid by maximum, the label the whole digit's. The digits split as ``digits`` does, and each side's
+    clutter comes from its own side only; the training digits are drawn CLUTTER_COPIES times at other places.
+    -> uint8 (N, 1, 32, 32)."""
+    images, labels = _digit_images()
+    val = _stratified_pick(labels, cfg["val_fraction"], DIGITS_SPLIT_SEED)
+    out = []
+    for side, copies, seed in ((~val, CLUTTER_COPIES, CLUTTER_SEED), (val, 1, CLUTTER_SEED + 1)):
+        x, y = images[side][:, 0], labels[side]
+        rng = np.random.default_rng(seed)
+        idx = np.tile(np.arange(len(y)), copies)
+        canvas = np.zeros((len(idx), CLUTTER_SIDE, CLUTTER_SIDE), dtype=np.uint8)
+        for i, k in enumerate(idx):
+            for _ in range(CLUTTER_PIECES):   # pieces of other digits first; the digit is drawn over them
+                piece = x[rng.integers(len(y))]
+                r, c = rng.integers(0, 5, size=2)
+                _overlay(canvas[i], piece[r:r + 4, c:c + 4].repeat(2, 0).repeat(2, 1), rng)
+            _overlay(canvas[i], x[k].repeat(2, 0).repeat(2, 1), rng)
+        out.append(as_tensors(canvas[:, None], y[idx]))
+    return tuple(out)
+
+
+def _overlay(canvas: np.ndarray, patch: np.ndarray, rng) -> None:
+    """Draw ``patch`` at a uniformly random place of ``canvas`` (in place), brighter pixels winning."""
+    r, c = (rng.integers(0, canvas.shape[i] - patch.shape[i] + 1) for i in (0, 1))
+    view = canvas[r:r + patch.shape[0], c:c + patch.shape[1]]
+    np.maximum(view, patch, out=view)
 
 
 def _digit_images():

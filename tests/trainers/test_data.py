@@ -158,6 +158,24 @@ def test_digits_split_and_batches():
     assert torch.equal(again.images, train.images)  # the split is fixed
 
 
+def test_digits_clutter_is_made_offline_the_same_every_time_from_the_digits_split():
+    from qkvsearch.trainers.data_sources import CLUTTER_COPIES, digits, digits_clutter
+
+    cfg = trial_cfg({"dataset": "digits_clutter"})
+    (xt, yt), (xv, yv) = digits_clutter(cfg)
+    (_, dt), (_, dv) = digits(cfg)
+    assert xt.shape == (CLUTTER_COPIES * len(dt), 1, 32, 32) and xv.shape == (len(dv), 1, 32, 32)
+    assert torch.equal(yv, dv) and torch.equal(yt, dt.repeat(CLUTTER_COPIES))   # each image labelled by its digit
+    (again, _), _ = digits_clutter(cfg)
+    assert torch.equal(again, xt)   # deterministic
+    copies = xt.reshape(CLUTTER_COPIES, len(dt), 32, 32)
+    assert not torch.equal(copies[0], copies[1])   # a digit drawn again lands elsewhere among other pieces
+    ink = (xt > 0).flatten(1).sum(1).float()
+    assert ink.min() > 20 and ink.mean() > 100   # the digit (up to 256 px scaled) and its clutter
+    train, val = load_data(cfg)
+    assert (len(train), len(val)) == (len(yt), len(yv))
+
+
 def test_synthetic_has_fixed_size():
     train, val = load_data(trial_cfg({"dataset": "synthetic", "img_size": 24}))
     assert (len(train), len(val)) == data.SYNTHETIC_SIZES

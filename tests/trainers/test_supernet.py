@@ -207,3 +207,19 @@ def test_every_per_block_subnet_is_the_model_built_with_its_extracted_weights():
     assert any(k.startswith("blocks/1/attn") and "embedding=sne" in k for k in supernet.masters)
     plan = supernet_plan(load_campaign(_spec(PER_BLOCK)), candidates(load_campaign(_spec(PER_BLOCK))))
     assert len(set(plan["branches"])) == 1   # per-block keys split no sandwich branch
+
+
+def test_per_block_subnets_of_both_code_sharings_and_a_late_first_fsne_block_are_served():
+    space = {"depth": 3, "embedding": {"choice": ["linear", "fsne"], "per_block": True},
+             "code_sharing": {"choice": ["shared", "per_block"]}}
+    configs = [t["config"] for t in candidates(load_campaign(_spec(space)))]
+    late = [c for c in configs if c["embedding.0"] == "linear" and c["embedding.1"] == "linear"
+            and c["embedding.2"] == "fsne"]
+    assert {c["code_sharing"] for c in late} == {"shared", "per_block"}
+    supernet = Supernet(configs, seed=0).eval()
+    x = torch.randn(2, 3, 16, 16)
+    for cfg in late + configs[:4]:   # F-SNE's shared codes belong to its first block: here block 2
+        model = build_model(cfg).eval()
+        model.load_state_dict(supernet.extract(cfg))
+        with torch.no_grad():
+            assert (supernet(x, cfg) - model(x)).abs().max().item() == 0.0, cfg

@@ -226,11 +226,12 @@ def _block_covers(configs: list[dict], picks: list[dict]) -> list[dict]:
     requested = {v for c in configs for k, v in c.items() if (split_block_key(k) or ("",))[0] == "hidden_width"
                  and v is not None} | {c.get("hidden_width") for c in configs} - {None}
     depth = max(c.get("depth") or 0 for c in configs) or None
-    codes = {"code_size": max((c["code_size"] for c in configs if c.get("code_size")), default=None),
-             "code_sharing": next((c["code_sharing"] for c in configs if c.get("code_sharing")), None)}
+    code_size = max((c["code_size"] for c in configs if c.get("code_size")), default=None)
+    sharing = next((c["code_sharing"] for c in configs if c.get("code_sharing")), None)
     out = []
-    for pick in picks:
+    for pick in picks:   # one per branch: code sharing is the pick's where it has one
         plain = {k: v for k, v in pick.items() if not split_block_key(k)} | {"depth": depth or pick.get("depth")}
+        codes = {"code_size": code_size, "code_sharing": pick.get("code_sharing") or sharing}
         for kind in kinds:
             plain |= codes if kind == "fsne" else dict.fromkeys(codes)   # F-SNE's keys, null for the others
             width = {"embedding": kind, "hidden_width": None, "width": 0}
