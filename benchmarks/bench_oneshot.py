@@ -39,8 +39,8 @@ def spec(args) -> dict:
     return {"name": "bench-oneshot", "model": {"name": "xcit_nano_12_p8_224", "img_size": args.img_size,
                                                "num_classes": 10},
             "data": {"dataset": args.dataset, "val_fraction": 0.2},
-            "train": {"epochs": args.retrain_epochs, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0, "seed": 0,
-                      "max_steps_per_epoch": args.steps},
+            "train": {"epochs": args.retrain_epochs, "batch_size": 64, "lr": args.lr,
+                      "warmup_epochs": args.warmup_epochs, "seed": 0, "max_steps_per_epoch": args.steps},
             "space": {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},
                       "hidden_width": {"choice": [0.125, 0.25, 0.5, 0.75, 1.0]}, "code_size": {"choice": [4, 8, 16]},
                       "depth": {"choice": [2, 3, 4, 5]}},
@@ -93,6 +93,8 @@ def main() -> None:
     p.add_argument("--retrain", type=int, default=12)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--img-size", type=int, default=16, help="input side (digits_clutter: 32, its own)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
     p.add_argument("--noise-configs", type=int, default=8,
                    help="configurations trained (seed 0) for the spread the noise floor is set against")
     p.add_argument("--noise-only", action="store_true", help="stop after the noise floor")
