@@ -159,13 +159,13 @@ def test_digits_split_and_batches():
 
 
 def test_digits_clutter_is_made_offline_the_same_every_time_from_the_digits_split():
-    from qkvsearch.trainers.data_sources import CLUTTER_COPIES, digits, digits_clutter
+    from qkvsearch.trainers.data_sources import CLUTTER_COPIES, CLUTTER_VAL_COPIES, digits, digits_clutter
 
     cfg = trial_cfg({"dataset": "digits_clutter"})
     (xt, yt), (xv, yv) = digits_clutter(cfg)
     (_, dt), (_, dv) = digits(cfg)
-    assert xt.shape == (CLUTTER_COPIES * len(dt), 1, 32, 32) and xv.shape == (len(dv), 1, 32, 32)
-    assert torch.equal(yv, dv) and torch.equal(yt, dt.repeat(CLUTTER_COPIES))   # each image labelled by its digit
+    assert xt.shape == (CLUTTER_COPIES * len(dt), 1, 32, 32) and xv.shape == (CLUTTER_VAL_COPIES * len(dv), 1, 32, 32)
+    assert torch.equal(yv, dv.repeat(CLUTTER_VAL_COPIES)) and torch.equal(yt, dt.repeat(CLUTTER_COPIES))
     (again, _), _ = digits_clutter(cfg)
     assert torch.equal(again, xt)   # deterministic
     copies = xt.reshape(CLUTTER_COPIES, len(dt), 32, 32)
