@@ -59,7 +59,7 @@ def config_columns_markdown() -> str:
     for name in PER_BLOCK_KEYS:
         key = RESOLVED_KEYS[name]
         rows.append(f"| `{CONFIG_PREFIX}{block_key(name, '<i>')}` | {key.arrow} | | {key.unit} | block i's own {name} "
-                    f"(spaces.keys.PER_BLOCK_KEYS); null: the block takes `{CONFIG_PREFIX}{name}` |")
+                    f"(spaces.blocks.PER_BLOCK_KEYS); null: the block takes `{CONFIG_PREFIX}{name}` |")
     return "\n".join(rows)
 TS = pa.timestamp("us", tz="UTC")
 
@@ -201,7 +201,8 @@ _AS_IS = {pa.int64(): {int}, pa.float64(): {float, int}, pa.string(): {str}, pa.
 
 def config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, pa.Array]]:
     keys: list[str] = list(CONFIG_TYPES)
-    extra = sorted(set().union(*configs) - set(CONFIG_TYPES), key=lambda k: split_block_key(k) or (k, -1))
+    # per-block keys by key then block, then keys no longer declared by name
+    extra = sorted(set().union(*configs) - set(CONFIG_TYPES), key=lambda k: (0, *b) if (b := split_block_key(k)) else (1, k, 0))
     cols = []
     for key in keys + extra:
         raw = [c.get(key) for c in configs]

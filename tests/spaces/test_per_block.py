@@ -123,6 +123,8 @@ def test_a_per_block_key_is_one_typed_column_one_feature_and_one_label():
                fill({**MODEL, "embedding.0": "linear", "embedding.1": "sne", "hidden_width.1": 16})]
     columns = {name: typ for name, typ, _ in config_columns(configs)}
     assert columns["config_embedding.0"] == pa.string() and columns["config_hidden_width.1"] == pa.string()
+    assert list(columns)[-4:] == ["config_embedding.0", "config_embedding.1", "config_hidden_width.0",
+                                  "config_hidden_width.1"]   # after the declared keys, by key then block
     _, groups = encode(configs)   # ehvi's features: a group (one length scale) per varying key
     varying = {"embedding.0", "embedding.1", "hidden_width.0", "hidden_width.1", "code_size", "code_sharing"}
     assert len(set(groups)) == len(varying)
