@@ -24,7 +24,7 @@ so a space never yields two trials that differ only in an ignored key. An explic
 embedding that admits an embedding the key does not apply to is an error, and so is a variant that
 sets such a key without setting a matching embedding.
 
-``per_block: true`` (spaces.keys.PER_BLOCK_KEYS: embedding, hidden_width) draws a value per block: the
+``per_block: true`` (spaces.blocks.PER_BLOCK_KEYS: embedding, hidden_width) draws a value per block: the
 dimension becomes one per block, ``embedding.0`` to ``embedding.<D-1>`` for the space's largest depth D,
 each with the entry's values; block i's is active only for depths above i (the space must set depth as a
 choice, a value or per variant). ``hidden_width.<i>`` follows block i's embedding (``embedding.<i>`` when

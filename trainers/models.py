@@ -68,7 +68,7 @@ class EmbeddingSpec:
     activation: str
     class_attn: bool                  # also embed class-attention blocks
     width: int | None = None          # the solved width, when the config carries it
-    blocks: tuple = ()                # per-block keys, as sorted (name, value) pairs (spaces.keys.PER_BLOCK_KEYS)
+    blocks: tuple = ()                # per-block keys, as sorted (name, value) pairs (spaces.blocks.PER_BLOCK_KEYS)
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> EmbeddingSpec:
@@ -88,11 +88,6 @@ class EmbeddingSpec:
         if kind == self.kind and hidden == self.hidden_width:
             return replace(self, blocks=())
         return replace(self, kind=kind, hidden_width=hidden, width=None, blocks=())
-
-    @property
-    def kinds(self) -> set[str]:
-        """Every embedding the model's sites may take: the config's and the blocks' own."""
-        return {self.kind} | {v for k, v in self.blocks if split_block_key(k)[0] == "embedding"}
 
 
 @dataclass(frozen=True)

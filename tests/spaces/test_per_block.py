@@ -1,4 +1,4 @@
-"""Per-block keys (spaces.keys.PER_BLOCK_KEYS): a block's own embedding and width, ``embedding.3`` and
+"""Per-block keys (spaces.blocks.PER_BLOCK_KEYS): a block's own embedding and width, ``embedding.3`` and
 ``hidden_width.3``. One representation everywhere: a flat trial key checked as its key, one Parquet column typed
 as its key, one Optuna parameter, one ehvi feature, one part of the identity; null past the depth. The space draws
 them with ``per_block: true``; the model built, its counted cost and its label follow each block's."""
