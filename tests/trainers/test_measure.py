@@ -11,12 +11,6 @@ from qkvsearch.trainers.cost import resolve_trial
 from qkvsearch.trainers.measure import cache_key, cached_measure, measure, median_ci, plan, trim
 
 TINY = {"model": "xcit_nano_12_p8_224", "img_size": 16, "dataset": "digits", "epochs": 1, "depth": 2}
-# Two measurements of one model, back to back, agree within this share on the shared 2-core test machine,
-# where other jobs come and go between them (benchmarks/README.md: the coefficient of variation of 5
-# measurements is 2-8 % when the cores stay quiet, up to 42 % when a job takes them during one).
-REPEAT_TOLERANCE = 0.5
-
-
 def _cfg(**over) -> dict:
     return resolve_trial({**TINY, **over})[0]
 
@@ -29,11 +23,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_a_measurement_is_repeatable_and_says_how_it_was_made(one_thread):
+def test_a_measurement_says_how_it_was_made_and_what_is_exact_repeats_exactly(one_thread):
+    # How close two timings of one model come is a figure of the machine's load, not a property a test can hold on
+    # a shared machine: benchmarks/bench_latency.py measures it (the coefficient of variation of 5 measurements).
     cfg = _cfg(embedding="fsne")
     a, b = (measure(cfg, "cpu", batch=8, train_batch=8, max_s=1.0) for _ in range(2))
     for metric in ("latency_ms", "throughput", "train_step_ms"):
-        assert a[metric] > 0 and abs(a[metric] - b[metric]) <= REPEAT_TOLERANCE * max(a[metric], b[metric]), metric
+        assert a[metric] > 0 and b[metric] > 0, metric
+    assert a["env"] == b["env"]
     assert a["peak_mem_gb"] == b["peak_mem_gb"] > 0  # CPU: tensor bytes, exact
     assert a["latency_p90_ms"] >= a["latency_ms"]
     assert a["env"] | {"gpu_shared": None} == {
