@@ -7,12 +7,18 @@
 2. Embeddings: F-SNE-C8 (paper width) vs linear, engine step time and peak memory, next to their MAC ratio.
 3. End to end: a 1-GPU Ray Train trial (TorchTrainer, NCCL process group, bf16, compiled) on the
    synthetic dataset: wall time, fit() -> first step, images/s reported, final metrics finite.
+4. One-shot (no Ray: the supernet trial's and the scoring task's code in this process): the supernet's
+   update (the sandwich rule: the teacher, its branch's largest and smallest, 2 random subnets) against the
+   largest subnet's stand-alone update (the same model, batch and bf16, eager as the supernet is, and
+   compiled); then subnets scored per minute with inherited weights (BatchNorm recalibrated on 2 batches)
+   on a 10,000-image validation split at 224 px, as Once-for-All ranks on 10,000 held-out images.
 
-    python benchmarks/bench_gpu.py [--batch 256] [--steps 30] [--repeats 5] [--parts 1,2,3]
+    python benchmarks/bench_gpu.py [--batch 256] [--steps 30] [--repeats 5] [--parts 1,2,3,4] [--score 40]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -172,12 +178,92 @@ def bench_ray_trial(batch: int):
           f"top1 {m['top1']:.2f}%, metrics finite: {finite}, checkpoint: {result.checkpoint is not None}")
 
 
+ONESHOT_SPACE = {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},  # 105 configurations
+                 "hidden_width": {"choice": [0.25, 0.5, 0.75, 1.0]}, "code_size": {"choice": [4, 8, 16]},
+                 "depth": {"choice": [4, 6, 8, 10, 12]}}
+VAL_IMAGES = 10_000
+
+
+def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
+    import numpy as np
+
+    from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan, teacher
+    from qkvsearch.spaces import load_campaign
+    from qkvsearch.trainers import data as qdata
+    from qkvsearch.trainers import engine
+    from qkvsearch.trainers.supernet.scoring import SubnetScorer
+    from qkvsearch.trainers.supernet.training import SupernetPlan, SupernetRun
+
+    spec = load_campaign({
+        "name": "gpu-oneshot", "model": {"name": MODEL, "img_size": BASE["img_size"], "num_classes": CLASSES},
+        "data": {"dataset": "synthetic"}, "space": ONESHOT_SPACE,
+        "train": {"epochs": 1, "batch_size": batch, "lr": BASE["lr"], "warmup_epochs": 0, "amp": "bf16"},
+        "supernet": {"train": {"epochs": 1}},
+        "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+        "search": {"algorithm": "random", "num_trials": score}, "storage": tempfile.gettempdir()})
+    trials = candidates(spec)
+    plan_dict = supernet_plan(spec, trials)
+    plan = SupernetPlan.from_dict(plan_dict)
+    top = fill({**trials[teacher(plan_dict)]["config"], **dict(spec.supernet.recipe), "batch_size": batch})
+    train = qdata.TensorSource(*device_images(steps * batch, top["img_size"], CLASSES), top["img_size"],
+                               top["in_chans"])
+
+    def on_device(run):
+        run.train_src, run.updates_per_epoch = train, steps
+        return run
+
+    def timed(epoch) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        epoch()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / steps
+
+    supernet = on_device(SupernetRun(top, engine.Dist(0, 1, DEVICE), plan=plan))
+    alone = {mode: on_device(engine.Run({**top, "compile": mode}, engine.Dist(0, 1, DEVICE)))
+             for mode in (False, True)}
+    epochs = {"supernet": supernet._train_epoch, "alone, eager": functools.partial(engine.train_one_epoch, alone[False]),
+              "alone, compiled": functools.partial(engine.train_one_epoch, alone[True])}
+    for epoch in epochs.values():
+        epoch()  # warm-up: compilation, cuBLAS/cuDNN plans, the supernet's skeletons
+    step = {k: [] for k in epochs}
+    for r in range(repeats):
+        for name in (list(epochs) if r % 2 == 0 else list(reversed(epochs))):
+            step[name].append(timed(epochs[name]))
+    ms = {k: 1e3 * statistics.median(v) for k, v in step.items()}
+    per_update = 1 + float(np.mean([len(plan.students(u, top["seed"])) for u in range(steps)]))
+    print(f"4. one-shot: {MODEL} at 224 px, bf16, batch {batch}; space of {len(trials)} configurations "
+          f"({len(plan.configs)} trained), {len(set(plan.branches))} branches; teacher {top['embedding']} "
+          f"depth {top['depth']}; {torch.cuda.get_device_name()}")
+    print(f"   update: supernet {ms['supernet']:.1f} ms ({per_update:.2f} subnets per update), largest subnet "
+          f"alone {ms['alone, eager']:.1f} ms eager, {ms['alone, compiled']:.1f} ms compiled; supernet / alone "
+          f"eager {ms['supernet'] / ms['alone, eager']:.2f}x, per subnet trained "
+          f"{ms['supernet'] / per_update / ms['alone, eager']:.2f}x; medians of {repeats} x {steps} updates")
+    del alone, epochs
+
+    scorer = SubnetScorer(plan, {"model": supernet.raw.state_dict()}, top, bn_batches=2, device=DEVICE)
+    scorer.train_src = train
+    scorer.val_src = qdata.TensorSource(*device_images(VAL_IMAGES, top["img_size"], CLASSES), top["img_size"],
+                                        top["in_chans"])
+    drawn = np.random.default_rng(0).choice(len(trials), size=min(score + 2, len(trials)), replace=False)
+    for i in drawn[:2]:
+        scorer.score(trials[i]["config"])  # warm-up
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    top1 = [scorer.score(trials[i]["config"])["top1"] for i in drawn[2:]]
+    seconds = time.perf_counter() - t
+    print(f"   scoring: {len(top1)} subnets in {seconds:.1f} s = {60 * len(top1) / seconds:.0f} subnets/min "
+          f"({len(top1) * VAL_IMAGES / seconds:.0f} validation images/s, BatchNorm on 2 batches of "
+          f"{scorer.bpw}); peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 1,3")
+    p.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 1,3")
+    p.add_argument("--score", type=int, default=40, help="subnets scored in part 4")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu.py: expected a CUDA device, found none")
@@ -188,6 +274,8 @@ def main():
         bench_embeddings(args.batch, args.steps, args.repeats)
     if "3" in parts:
         bench_ray_trial(args.batch)
+    if "4" in parts:
+        bench_oneshot(args.batch, args.steps, args.repeats, args.score)
 
 
 if __name__ == "__main__":

@@ -33,11 +33,11 @@ def build_trial(base: dict, sampled: dict) -> dict:
 def candidate_configs(spec) -> list[dict]:
     """The space keys of ehvi's candidates: every configuration of an enumerable space of at most
     MAX_CANDIDATES, else MAX_CANDIDATES drawn from the space with the campaign's seed (duplicates dropped)."""
-    import optuna
-
     space = spec.space
     if space.enumerable and dimensions.count(space) <= MAX_CANDIDATES:
         return list(dimensions.iterate(space))
+    import optuna  # only to draw from a space too large to enumerate
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=spec.search.seed))
     out, seen = [], set()

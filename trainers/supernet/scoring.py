@@ -31,6 +31,7 @@ class SubnetScorer:
         self.supernet.to(self.device).eval()
         self.train_src, self.val_src = qdata.load_data(cfg)
         self.bpw = batch_plan(cfg, 1)[0]
+        self.autocast = engine.autocast_context(cfg, self.device)  # bf16 on CUDA, as a trial evaluates
 
     def _bn_batches(self):
         order = qdata.train_shard(len(self.train_src), 1, 0, BN_SEED, 0)
@@ -46,7 +47,8 @@ class SubnetScorer:
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(BN_SEED)
-            self.supernet.recalibrate(cfg, self._bn_batches())
+            with self.autocast():
+                self.supernet.recalibrate(cfg, self._bn_batches())
 
     @torch.no_grad()
     def score(self, cfg: dict) -> dict:
@@ -55,7 +57,7 @@ class SubnetScorer:
         self._recalibrate(cfg)
         batch = max(2 * self.bpw, 128)
         out = engine.evaluate(_Subnet(self.supernet, cfg), self.val_src, engine.Dist(device=self.device),
-                              batch_size=batch)
+                              batch_size=batch, autocast=self.autocast)
         weights = self.supernet.extract(cfg)
         if not quant_policy(cfg):
             return {**out, "top1_q": out["top1"], "size_mb": state_bytes(weights) / 1e6}
@@ -64,7 +66,8 @@ class SubnetScorer:
         model = build_model(cfg)
         model.load_state_dict(weights)
         served = quantize_model(model.to(self.device).eval(), cfg, self.device)
-        top1_q = engine.evaluate(served, self.val_src, engine.Dist(device=self.device), batch_size=batch)["top1"]
+        top1_q = engine.evaluate(served, self.val_src, engine.Dist(device=self.device), batch_size=batch,
+                                 autocast=self.autocast)["top1"]
         return {**out, "top1_q": top1_q, "size_mb": weights_bytes(served) / 1e6}
 
     def extract(self, cfg: dict) -> dict:

@@ -97,8 +97,8 @@ class SupernetRun(engine.Run):
         t1 = time.perf_counter()
         plan, batch = self.plan, max(2 * self.bpw, 128)
         largest, smallest = plan.teacher, int(np.argmin(plan.gmacs))
-        top = engine.evaluate(_Subnet(self.raw, plan.configs[largest]), self.val_src, self.dist, batch_size=batch)
-        low = engine.evaluate(_Subnet(self.raw, plan.configs[smallest]), self.val_src, self.dist, batch_size=batch)
+        top, low = (engine.evaluate(_Subnet(self.raw, plan.configs[i]), self.val_src, self.dist, batch_size=batch,
+                                    autocast=self.autocast) for i in (largest, smallest))
         t2 = time.perf_counter()
         self.epoch += 1
         metrics = {EPOCH: float(self.epoch), "step": float(self.updates), "train_loss": train["loss"],
