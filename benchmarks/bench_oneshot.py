@@ -15,7 +15,7 @@ well that score ranks them against the same subnets trained on their own, beside
 
     python benchmarks/bench_oneshot.py [--dataset digits] [--supernet-epochs 20] [--retrain-epochs 10]
                                        [--score 120] [--retrain 12] [--threads 1] [--img-size 16]
-                                       [--noise-configs 8] [--noise-only]
+                                       [--noise-configs 8] [--noise-only] [--space embeddings]
 """
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ from qkvsearch.trainers import engine
 from qkvsearch.trainers.supernet.scoring import SubnetScorer
 from qkvsearch.trainers.supernet.training import SupernetPlan, SupernetRun
 
+SPACES = {
+    # 104 configurations of the embedding and its widths: they perform alike (README: the noise floor)
+    "embeddings": {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},
+                   "hidden_width": {"choice": [0.125, 0.25, 0.5, 0.75, 1.0]}, "code_size": {"choice": [4, 8, 16]},
+                   "depth": {"choice": [2, 3, 4, 5]}},
+    # 126 configurations whose capacity ranges wider: token dim d 32-128 (4 heads), 1-4 blocks, MLP ratio 1 or 4
+    "capacity": {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]}, "hidden_width": {"choice": [0.25, 1.0]},
+                 "code_size": {"choice": [8]}, "embed_dim": {"choice": [32, 64, 128]}, "depth": {"choice": [1, 2, 4]},
+                 "mlp_ratio": {"choice": [1.0, 4.0]}},
+}
+
 
 def spec(args) -> dict:
     return {"name": "bench-oneshot", "model": {"name": "xcit_nano_12_p8_224", "img_size": args.img_size,
@@ -41,9 +52,7 @@ def spec(args) -> dict:
             "data": {"dataset": args.dataset, "val_fraction": 0.2},
             "train": {"epochs": args.retrain_epochs, "batch_size": 64, "lr": args.lr,
                       "warmup_epochs": args.warmup_epochs, "seed": 0, "max_steps_per_epoch": args.steps},
-            "space": {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},
-                      "hidden_width": {"choice": [0.125, 0.25, 0.5, 0.75, 1.0]}, "code_size": {"choice": [4, 8, 16]},
-                      "depth": {"choice": [2, 3, 4, 5]}},
+            "space": SPACES[args.space],
             "supernet": {"train": {"epochs": args.supernet_epochs, "lr": 2e-3}},
             "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
             "search": {"algorithm": "random", "num_trials": args.score}, "storage": "/tmp"}
@@ -86,6 +95,7 @@ def noise_floor(trials: list[dict], n_configs: int, seeds: int = 3) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="digits")
+    p.add_argument("--space", default="embeddings", choices=sorted(SPACES))
     p.add_argument("--supernet-epochs", type=int, default=20)
     p.add_argument("--retrain-epochs", type=int, default=10)
     p.add_argument("--steps", type=int, default=None, help="max steps per epoch (default: the whole split)")

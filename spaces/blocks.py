@@ -30,6 +30,18 @@ def split_block_key(name) -> tuple[str, int] | None:
     return base, int(block)
 
 
+def base_key(name) -> str:
+    """The key a name sets: "embedding" for "embedding.3", the name itself for any other."""
+    split = split_block_key(name)
+    return split[0] if split else str(name)
+
+
+def is_block_key_of(name, key: str) -> bool:
+    """Whether ``name`` is a per-block key of ``key`` ("embedding.3" of "embedding"; "embedding" is not)."""
+    split = split_block_key(name)
+    return split is not None and split[0] == key
+
+
 def block_keys(cfg: Mapping) -> list[str]:
     """The per-block keys ``cfg`` sets (not null), by key then block."""
     found = [(s, k) for k in cfg if cfg[k] is not None and (s := split_block_key(k))]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from qkvsearch.spaces.blocks import PER_BLOCK_KEYS, block_key, split_block_key
+from qkvsearch.spaces.blocks import PER_BLOCK_KEYS, block_key, is_block_key_of, split_block_key
 from qkvsearch.spaces.checks import Bad, Check
 from qkvsearch.spaces.errors import Collector, hint
 from qkvsearch.spaces.errors import show as _show
@@ -275,7 +275,7 @@ def _apply_conditions(dim: Dimension, dims, variants, c: Collector, path: str) -
     on, applies = APPLIES_WHEN[base]
     if split and block_key(on, split[1]) in keys:   # a block's width follows the block's own embedding
         on = block_key(on, split[1])
-    elif not split and any((split_block_key(k) or ("",))[0] == on for k in keys):
+    elif not split and any(is_block_key_of(k, on) for k in keys):
         return dim   # drawn for the whole model; null in a trial none of whose blocks takes it (keys.fill)
     return _implied_condition(dim, on, applies, dims, variants, c, path)
 
@@ -325,7 +325,7 @@ def _check_variant_applicability(variants, dims, c: Collector, path: str) -> Non
             if key not in variant:
                 continue
             on_dim = next((d for d in dims if d.key == on), None)
-            if any((split_block_key(k) or ("",))[0] == on for k in (*variant, *(d.key for d in dims))):
+            if any(is_block_key_of(k, on) for k in (*variant, *(d.key for d in dims))):
                 ok = True   # the blocks draw their own: null where none takes it (keys.fill)
             elif on in variant:
                 ok = variant[on] in applies

@@ -27,7 +27,7 @@ recipe on one input.
 """
 from __future__ import annotations
 
-from qkvsearch.spaces.blocks import split_block_key
+from qkvsearch.spaces.blocks import base_key
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.keys import QUANT_KEYS, key_of, section_keys
@@ -107,7 +107,7 @@ def check_shareable(space, c: Collector) -> None:
     for key in {k for v in space.variants for k in v}:  # a key the variants set to more than one value
         if len({repr(v.get(key)) for v in space.variants}) > 1:
             searched.add(key)
-    for key in sorted(k for k in searched if (split_block_key(k) or (k,))[0] not in shareable):
+    for key in sorted(k for k in searched if base_key(k) not in shareable):
         where = "the training recipe (one for the supernet: supernet.train)" if key_of(key).group in ("train", "data") \
             else "neither a width nor a choice of layer (one supernet is one model on one input)"
         c.add(f"space.{key}", f"expected keys one supernet can share (widths: {', '.join(WIDTH_KEYS[:4])}, ...; "

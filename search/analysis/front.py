@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from qkvsearch.search.analysis.pareto import hypervolume_trace, nondominated_mask, reference_point
 from qkvsearch.search.analysis.results import CONFIG_PREFIX
-from qkvsearch.spaces.blocks import block_text, split_block_key
+from qkvsearch.spaces.blocks import block_text, is_block_key_of
 
 
 @dataclass
@@ -101,7 +101,7 @@ def _embedding_labels(df: pd.DataFrame) -> pd.Series:
     """Each trial's embedding in words; a trial whose blocks have their own, every block's (keys.block_text)."""
     label = df["config_embedding"].fillna("?")
     own = [c for c in df.columns if c.startswith(CONFIG_PREFIX)
-           and (split_block_key(c.removeprefix(CONFIG_PREFIX)) or ("",))[0] == "embedding"]
+           and is_block_key_of(c.removeprefix(CONFIG_PREFIX), "embedding")]
     if not own:
         return label
     per_block = df[own].notna().any(axis=1) & df["config_json"].notna()

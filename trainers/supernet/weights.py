@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkvsearch.spaces.blocks import block_key, block_keys, split_block_key
+from qkvsearch.spaces.blocks import base_key, block_key, block_keys, is_block_key_of, split_block_key
 from qkvsearch.spaces.keys import identity, model_keys
 from qkvsearch.trainers.supernet.layout import cut, fits, master_key, parts, place
 from qkvsearch.trainers.supernet.layout import widest as widest_layout
@@ -183,7 +183,7 @@ def varying(configs: list[dict]) -> frozenset:
     """The model keys whose value differs between ``configs``; a per-block key's variation counts as its key's."""
     keys = set().union(*(model_keys(c, "width") for c in configs))
     out = {k for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
-    return frozenset((split_block_key(k) or (k,))[0] for k in out)
+    return frozenset(base_key(k) for k in out)
 
 
 def widest(configs: list[dict]) -> list[dict]:
@@ -221,9 +221,9 @@ def _block_covers(configs: list[dict], picks: list[dict]) -> list[dict]:
     per_block = sorted({k for c in configs for k in block_keys(c)})
     if not per_block:
         return []
-    kinds = sorted({v for c in configs for k, v in c.items() if (split_block_key(k) or ("",))[0] == "embedding"
+    kinds = sorted({v for c in configs for k, v in c.items() if is_block_key_of(k, "embedding")
                     and v is not None} | {c.get("embedding") for c in configs})
-    requested = {v for c in configs for k, v in c.items() if (split_block_key(k) or ("",))[0] == "hidden_width"
+    requested = {v for c in configs for k, v in c.items() if is_block_key_of(k, "hidden_width")
                  and v is not None} | {c.get("hidden_width") for c in configs} - {None}
     depth = max(c.get("depth") or 0 for c in configs) or None
     code_size = max((c["code_size"] for c in configs if c.get("code_size")), default=None)
