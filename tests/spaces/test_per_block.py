@@ -12,7 +12,7 @@ from qkvsearch.search.analysis.results import config_columns
 from qkvsearch.search.campaign.driver import trial_name
 from qkvsearch.search.searchers.surrogate import encode
 from qkvsearch.spaces import base_config, load_campaign, suggest_config
-from qkvsearch.spaces.blocks import block_text
+from qkvsearch.spaces.blocks import base_key, block_key, block_text, is_block_key_of, split_block_key
 from qkvsearch.spaces.dimensions import count, iterate
 from qkvsearch.spaces.errors import SpecError
 from qkvsearch.spaces.keys import ConfigError, fill, identity
@@ -33,6 +33,18 @@ def _spec(space: dict) -> dict:
 
 PER_BLOCK = {"depth": {"choice": [2, 3]}, "embedding": {"choice": ["linear", "sne", "fsne"], "per_block": True},
              "hidden_width": {"choice": [0.25, 0.5], "per_block": True}, "code_size": {"choice": [4, 8]}}
+
+
+def test_a_per_block_name_is_read_by_one_rule():
+    """block_key and split_block_key are inverses; base_key and is_block_key_of derive from split_block_key, so a
+    name that only looks per-block (a key that is not per-block, a block past the limit, a padded index) is not."""
+    assert split_block_key(block_key("embedding", 3)) == ("embedding", 3)
+    assert (base_key("embedding.3"), base_key("hidden_width.0"), base_key("embedding")) == \
+        ("embedding", "hidden_width", "embedding")
+    assert is_block_key_of("embedding.3", "embedding") and not is_block_key_of("embedding", "embedding")
+    assert not is_block_key_of("hidden_width.3", "embedding")
+    for name in ("depth.1", "embedding.03", "embedding.-1", "embedding.x", "embedding.1000"):
+        assert split_block_key(name) is None and base_key(name) == name and not is_block_key_of(name, "embedding")
 
 
 @pytest.mark.parametrize("blocks", [
