@@ -21,7 +21,7 @@ against stand-alone top-1 with its interval and noise floor (search.analysis.fid
 minute, and each phase's wall time.
 
     python benchmarks/bench_oneshot_campaign.py [--epochs 16] [--steps 60] [--supernet-epochs 32]
-                                                [--supernet-lr 1e-3] [--control 8] [--storage DIR]
+                                                [--supernet-lr 1e-3] [--control 8] [--storage DIR] [--analyse]
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -105,9 +106,9 @@ def run_oneshot(args, storage: str) -> dict:
     from qkvsearch.search.records import inherited
     from qkvsearch.spaces import load_campaign
 
-    t0 = time.time()
-    exp = launch(load_campaign(oneshot_spec(args, storage)))
-    wall = time.time() - t0
+    exp = f"{storage}/{oneshot_spec(args, storage)['name']}"
+    if not args.analyse:
+        launch(load_campaign(oneshot_spec(args, storage)))
     sup = load_records(f"{exp}/{SUPERNET_DIR}")[0]
     with open(f"{exp}/{SUPERNET_DIR}/{PLAN_FILE}") as f:
         plan = json.load(f)
@@ -126,7 +127,8 @@ def run_oneshot(args, storage: str) -> dict:
     sup_updates = len(sup["epochs"]) * args.steps
     val = int(sup["epochs"][-1].get("val_images", 1800))
     out = {
-        "exp": exp, "wall": wall, "subnets": len(evaluations), "scoring_wall": scoring_wall,
+        "exp": exp, "wall": max(r["ended_at"] for r in records) - sup["started_at"], "subnets": len(evaluations),
+        "scoring_wall": scoring_wall,
         "supernet_wall": sup["ended_at"] - sup["started_at"],
         "retrain_wall": max(r["ended_at"] for r in records) - min(r["started_at"] for r in records),
         "ws": {"supernet": worker_seconds(sup, 2), "scoring": scoring_wall * actors,
@@ -148,16 +150,26 @@ def run_oneshot(args, storage: str) -> dict:
 
 
 def run_standalone(args, storage: str, budget_ws: float, full_training_ws: float) -> dict:
+    from qkvsearch.search.campaign.interrupts import CampaignInterrupted
     from qkvsearch.search.campaign.launch import launch
     from qkvsearch.search.monitor.status import load_records
     from qkvsearch.spaces import load_campaign
 
-    # MO-ASHA stops most trials after 1 or 3 of 16 epochs: budget for trials at a quarter of a full training's
-    # cost, then count only what the one-shot campaign's compute pays for
-    trials = int(min(126, max(8, math.ceil(budget_ws / (0.25 * full_training_ws)))))
-    t0 = time.time()
-    exp = launch(load_campaign(standalone_spec(args, storage, trials)))
-    wall = time.time() - t0
+    # MO-ASHA stops most trials after 1 or 3 of 16 epochs: room for trials at a quarter of a full training's
+    # cost; the campaign is stopped (as Ctrl-C stops it) once its ended trials have spent the budget, and only
+    # the trials the budget pays for, in the order they started, are counted
+    spec = standalone_spec(args, storage, int(min(126, max(8, math.ceil(budget_ws / (0.25 * full_training_ws))))))
+    exp = f"{storage}/{spec['name']}"
+    if not args.analyse:
+        done = threading.Event()
+        watcher = threading.Thread(target=_stop_when_spent, args=(exp, budget_ws, done), daemon=True)
+        watcher.start()
+        try:
+            launch(load_campaign(spec))
+        except CampaignInterrupted:
+            pass
+        finally:
+            done.set()
     records = [r for r in load_records(exp) if r.get("status") != "duplicate"]  # ordered by start
     spent, counted = 0.0, []
     for r in records:
@@ -165,12 +177,29 @@ def run_standalone(args, storage: str, budget_ws: float, full_training_ws: float
             break
         spent += worker_seconds(r, 1)
         counted.append(r)
+    wall = max(r["ended_at"] or r["started_at"] for r in records) - records[0]["started_at"]
     val = int(next((r["epochs"][-1].get("val_images") for r in records if r["epochs"]), 1800) or 1800)
     return {"exp": exp, "wall": wall, "trials": len(records), "counted": len(counted), "ws": spent,
             "all_ws": sum(worker_seconds(r, 1) for r in records),
             "macs": sum(trial_macs(r, args.steps, 64, val) for r in counted),
             "front": [(final_top1(r), r["cost"]["gmacs"]) for r in counted if r.get("status") == "completed"],
             "all_front": [(final_top1(r), r["cost"]["gmacs"]) for r in records if r.get("status") == "completed"]}
+
+
+def _stop_when_spent(exp: str, budget_ws: float, done: threading.Event) -> None:
+    """SIGTERM to this process (the campaign's own stop: trials marked interrupted, Ray shut down) once the ended
+    trials of ``exp`` have spent ``budget_ws``."""
+    from qkvsearch.search.records.layout import FINAL_STATUSES
+    from qkvsearch.search.records.readers import read_trial_records
+
+    while not done.wait(5.0):
+        try:
+            records, _ = read_trial_records(exp)
+        except Exception:  # noqa: BLE001 - not written yet
+            continue
+        if sum(worker_seconds(r, 1) for r in records if r.get("status") in FINAL_STATUSES) >= budget_ws:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 def main() -> None:
@@ -182,9 +211,12 @@ def main() -> None:
                    help="the stand-alone recipe's (at 2e-3 the supernet stayed at chance for 6 epochs of 32)")
     p.add_argument("--control", type=int, default=8, help="control subnets, retrained under two seeds")
     p.add_argument("--storage", default=None, help="where both campaigns are written (default: a temporary folder)")
+    p.add_argument("--analyse", action="store_true", help="run nothing: the table of the campaigns in --storage")
     args = p.parse_args()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+    if args.analyse and not args.storage:
+        p.error("--analyse: expected --storage, the folder both campaigns were written to")
     with tempfile.TemporaryDirectory() as tmp:
         storage = args.storage or tmp
         one = run_oneshot(args, storage)
