@@ -39,7 +39,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_oneshot import SPACES  # noqa: E402
+from bench_oneshot import SPACES, _ci, _f  # noqa: E402
 
 CHANCE_TOP1 = 10.0     # digits_clutter has 10 classes: the hypervolume counts what beats guessing
 OBJECTIVES = [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]
@@ -244,10 +244,10 @@ def main() -> None:
         print(f"| stand-alone's whole campaign: hypervolume | | {front_hv(alone['all_front'], reference):.4f} |")
         print(f"| inherited front (top-1 %, GMACs) | {_front(one['inherited_front'])} | |")
         print(f"| Kendall tau, inherited vs stand-alone ({f['retrained']} subnets, {f['ranked_over']}) | "
-              f"{_fig(f['kendall_tau'])} {_ci(f['kendall_tau_ci95'])} | |")
+              f"{_f(f['kendall_tau'])} {_ci(f['kendall_tau_ci95'])} | |")
         print(f"| noise floor: tau, seed 0 vs seed 1 ({f['noise_floor_pairs']} control subnets) | "
-              f"{_fig(f['noise_floor_tau'])} {_ci(f['noise_floor_tau_ci95'])} | |")
-        print(f"| top-{f['top_k']} overlap | {_fig(f['top_k_overlap'])} | |")
+              f"{_f(f['noise_floor_tau'])} {_ci(f['noise_floor_tau_ci95'])} | |")
+        print(f"| top-{f['top_k']} overlap | {_f(f['top_k_overlap'])} | |")
         print(f"| subnets scored per minute ({one['subnets']} subnets) | {60 * one['subnets'] / one['scoring_wall']:.0f} | |")
         print(f"| wall: supernet, scoring, retraining (chosen and control) | {one['supernet_wall']:.0f} s, "
               f"{one['scoring_wall']:.0f} s, {one['retrain_wall']:.0f} s | |")
@@ -264,14 +264,6 @@ def _front(points) -> str:
     pts = np.array(points, dtype=float)
     keep = pts[nondominated_mask(pts, ["max", "min"])]
     return ", ".join(f"{t:.1f}/{g:.4f}" for t, g in sorted(map(tuple, keep), key=lambda x: x[1]))
-
-
-def _fig(v) -> str:
-    return "n/a" if v is None else f"{v:.2f}"
-
-
-def _ci(ci) -> str:
-    return "" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 if __name__ == "__main__":
