@@ -5,7 +5,7 @@
       latency_batch: 1          # images a forward for latency_ms
       metrics: [peak_mem_gb]    # measured metrics to record although no objective or constraint names them
       cache: s3://bucket/qkv-measurements   # shared by campaigns; default: <campaign folder>/qs_measurements
-      max_s: 10                 # seconds of timing one metric may take, when its median is slow to settle
+      max_s: 10                 # seconds one metric's warm-up and timing may take (past it: 5 timed calls)
 
 A campaign measures only when an objective, a constraint or ``metrics`` names a measured metric
 (``measured_metrics``); one that names none measures nothing. Each distinct model is measured once per

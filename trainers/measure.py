@@ -15,10 +15,12 @@ How, as the field measures (airbench, timm's benchmark script, PyTorch's CUDA ti
 - inference in ``eval()`` under ``torch.inference_mode``; the trial's precision (bf16 autocast on CUDA when
   amp is auto or bf16: trainers.engine.autocast_context) and compile setting, compile time timed apart;
 - warm-up in rounds of WARMUP_ROUND calls until two successive round medians agree within SETTLED
-  (autotuning, recompiles and allocator growth done), at most WARMUP_MAX calls;
+  (autotuning, recompiles and allocator growth done), at most WARMUP_MAX calls or ``max_s`` seconds;
 - on CUDA a pair of events around each call and one synchronisation per round; on CPU ``perf_counter``;
 - rounds are added until the 95 % distribution-free confidence interval of the median (order statistics,
-  scipy.stats.binom) is within ±``rel_ci`` of it, or MAX_CALLS calls or MAX_S seconds;
+  scipy.stats.binom) is within ±``rel_ci`` of it, or MAX_CALLS calls, or ``max_s`` seconds (MAX_S by default)
+  from the start of the warm-up: a call slower than max_s / MIN_CALLS gets fewer timed calls, never fewer
+  than FLOOR_CALLS (its stats say how many);
 - outliers are trimmed by value (Tukey's fences, 1.5 IQR beyond the quartiles), not by position.
 - another process computing on the GPU (nvidia-smi) is flagged in the environment (``gpu_shared``) and
   logged, not refused: a campaign's trial holds its GPU through Ray, so what shares it is outside Ray.
@@ -57,6 +59,7 @@ from qkvsearch.trainers.engine import autocast_context
 log = logging.getLogger(__name__)
 WARMUP_ROUND, WARMUP_MAX, SETTLED = 5, 60, 0.05
 MIN_CALLS, MAX_CALLS, MAX_S = 20, 400, 10.0   # per timed metric
+FLOOR_CALLS = 5                                # timed calls past max_s: a median of fewer says little
 REL_CI = 0.01                                  # stop when the median's 95 % CI is within ±1 %
 FORMAT = 1                                     # of a cached measurement; a new format measures again
 
@@ -108,30 +111,34 @@ def median_ci(x: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
     return float(np.median(s)), float(s[max(int(lo) - 1, 0)]), float(s[min(int(hi), n - 1)])
 
 
-def _warm_up(fn, device) -> int:
-    """Calls until two successive round medians agree within SETTLED (or WARMUP_MAX); -> calls made."""
+def _warm_up(fn, device, deadline: float) -> tuple[int, float]:
+    """Calls until two successive round medians agree within SETTLED, WARMUP_MAX calls, or the deadline
+    (perf_counter) -> (calls made, the last round's median ms)."""
     last, done = None, 0
-    while done < WARMUP_MAX:
+    while True:
         now = float(np.median(_round(fn, device, WARMUP_ROUND)))
         done += WARMUP_ROUND
-        if last is not None and abs(now - last) <= SETTLED * max(last, 1e-9):
-            break
+        settled = last is not None and abs(now - last) <= SETTLED * max(last, 1e-9)
+        if settled or done >= WARMUP_MAX or time.perf_counter() >= deadline:
+            return done, now
         last = now
-    return done
 
 
 def time_calls(fn, device: torch.device, rel_ci: float = REL_CI, max_calls: int = MAX_CALLS,
                max_s: float = MAX_S) -> Timing:
-    """Warm fn up, then time it in growing rounds until the median is known within ±rel_ci (or a cap)."""
-    warm = _warm_up(fn, device)
+    """Warm fn up, then time it in growing rounds until the median is known within ±rel_ci (or a cap:
+    max_calls timed calls, or max_s seconds for the warm-up and the timing together, FLOOR_CALLS past it)."""
+    deadline = time.perf_counter() + max_s
+    warm, call_ms = _warm_up(fn, device, deadline)
+    fits = int((deadline - time.perf_counter()) * 1e3 / max(call_ms, 1e-6))  # calls the time left holds
     samples: list[float] = []
-    t0, calls = time.perf_counter(), MIN_CALLS
+    calls = max(FLOOR_CALLS, min(MIN_CALLS, fits))
     while True:
         samples += _round(fn, device, calls)
         kept = trim(samples)
         median, lo, hi = median_ci(kept)
         ci = (hi - lo) / 2 / max(median, 1e-12)
-        if ci <= rel_ci or len(samples) >= max_calls or time.perf_counter() - t0 >= max_s:
+        if ci <= rel_ci or len(samples) >= max_calls or time.perf_counter() >= deadline:
             break
         calls = min(len(samples), max_calls - len(samples))  # double the sample
     return Timing(median, float(np.percentile(kept, 90)), len(kept), len(samples) - len(kept), ci, warm)

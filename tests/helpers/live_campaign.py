@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from helpers import tiny_model, tiny_space
+
 QKVSEARCH = [sys.executable, "-m", "qkvsearch.search.cli"]
-TINY_MODEL = "xcit_nano_12_p8_224"
 
 
 def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: list[dict], steps: int = 4,
@@ -25,11 +26,11 @@ def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: 
     """keep: what ended trials keep of their checkpoints (default here: all, as training leaves them)."""
     return {
         "name": name,
-        "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
+        "model": tiny_model(),
         "data": {"dataset": "digits"},
         "train": {"epochs": epochs, "batch_size": 32, "lr": 2e-3, "warmup_epochs": 0,
                   "max_steps_per_epoch": steps, "seed": 0, "checkpoint_every": 1},
-        "space": {"variants": variants},
+        "space": tiny_space({"variants": variants}),
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
         "search": {"algorithm": "grid"},
         "scheduler": {"type": "fifo"},

@@ -15,8 +15,8 @@ from qkvsearch.trainers import engine
 from qkvsearch.trainers.engine import DivergenceError, Run, load_state
 from qkvsearch.trainers.loop import RunSettings, find_divergence, main, run_trainer
 
-# A ~2.5M-parameter XCiT with the fully-shared embedding; 16x16 digits, 1 token: fast on one core.
-TINY = {"model": "xcit_nano_12_p16_224", "embedding": "fsne", "hidden_width": 32, "img_size": 16,
+# XCiT-nano cut to 2 of its 12 blocks with the fully-shared embedding; 16x16 digits, 1 token: fast on one core.
+TINY = {"model": "xcit_nano_12_p16_224", "depth": 2, "embedding": "fsne", "hidden_width": 32, "img_size": 16,
         "dataset": "digits", "val_fraction": 0.05, "batch_size": 16, "lr": 2e-3, "warmup_epochs": 0.5,
         "epochs": 1}
 METRIC_KEYS = {"epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "epoch_s", "train_s"}

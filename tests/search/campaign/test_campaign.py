@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import PRESETS
+from helpers import PRESETS, TINY_MODEL, tiny_model, tiny_space
 from helpers.live_campaign import named_checkpoint_epochs
 
 from qkvsearch.search.analysis.pareto import nondominated_mask
@@ -23,7 +23,6 @@ from qkvsearch.spaces.keys import identity, require_filled
 pytestmark = pytest.mark.slow
 
 QUICKSTART = PRESETS / "quickstart.yaml"
-TINY_MODEL = "xcit_nano_12_p8_224"
 
 
 def _spec(tmp: Path) -> dict:
@@ -32,20 +31,20 @@ def _spec(tmp: Path) -> dict:
     lr_sweep = [{"embedding": "linear", "lr": lr} for lr in (3e-3, 2e-3, 1e-6, 1e-7)]
     return {
         "name": "mixed-endings",
-        "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
+        "model": tiny_model(),
         "data": {"dataset": "digits"},
         "train": {"epochs": 3, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0,
                   "max_steps_per_epoch": 6, "seed": 0},
         # Grid order is run order; the first result at a rung always goes on, so the crash comes first.
-        "space": {"variants": [
+        "space": tiny_space({"variants": [
             {"embedding": "psne"},                                           # a crash in the worker (FAULTS)
             {"embedding": "sne"},                                            # non-finite loss (FAULTS)
             *lr_sweep,
             {"embedding": "fsne", "hidden_width": 0.25, "code_size": 4},    # the fewest MACs: on the front
             {"embedding": "fsne", "hidden_width": 4.0, "code_size": 8},     # breaks params_m max
-        ]},
+        ]}),
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
-        "constraints": {"params_m": {"max": 3.5}},
+        "constraints": {"params_m": {"max": 1.0}},  # 0.90M at width 1, 1.08M at width 4
         "search": {"algorithm": "grid"},
         # one bracket: every trial is judged at epoch 1, so the lowest learning rates are the ones stopped
         "scheduler": {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1},
@@ -156,7 +155,7 @@ def test_infeasible_configuration_never_starts_a_trainer(campaign):
     exp, records = campaign
     assert not [r for r in records if r["status"] == "infeasible"]
     (infeasible,) = [json.loads(p.read_text()) for p in (exp / PROPOSALS_DIR).glob("*.json")]
-    assert infeasible["status"] == "infeasible" and infeasible["cost"]["params_m"] > 3.5
+    assert infeasible["status"] == "infeasible" and infeasible["cost"]["params_m"] > 1.0
     assert "params_m" in infeasible["error"] and infeasible["config"]["hidden_width"] == 4.0
     started = {p.name for p in (exp / "train_runs").iterdir()}
     # the proposal never started (a trial that ended before its first checkpoint has no folder: local mode)
@@ -237,10 +236,10 @@ def test_quickstart_smoke_test_through_the_command_line(ray_local, tmp_path, cap
 
 
 def _small(tmp: Path, name: str, space: dict, search: dict) -> dict:
-    return {"name": name, "model": {"name": TINY_MODEL, "img_size": 16, "num_classes": 10},
+    return {"name": name, "model": tiny_model(),
             "data": {"dataset": "digits", "val_fraction": 0.1},
             "train": {"epochs": 1, "batch_size": 32, "warmup_epochs": 0, "max_steps_per_epoch": 2},
-            "space": space, "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+            "space": tiny_space(space), "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
             "search": search, "resources": {"workers_per_trial": 1, "max_concurrent_trials": 1},
             "checkpoints": {"keep": "all"}, "storage": str(tmp)}
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import tiny_space
 from helpers.live_campaign import (
     end_ray_processes,
     folder_state,
@@ -51,8 +52,8 @@ STALE_S = 12
 
 def _spec(storage: Path) -> dict:
     spec = tiny_spec(storage, NAME, workers=2, epochs=4, variants=[], steps=4)
-    spec["space"] = {"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},
-                     "hidden_width": {"choice": [0.5, 1.0]}, "code_size": {"choice": [4, 8]}}
+    spec["space"] = tiny_space({"embedding": {"choice": ["linear", "sne", "psne", "fsne"]},
+                                "hidden_width": {"choice": [0.5, 1.0]}, "code_size": {"choice": [4, 8]}})
     spec["search"] = {"algorithm": "nsga2", "num_trials": TRIALS, "population_size": 2, "seed": 0}
     spec["scheduler"] = {"type": "moasha", "grace_epochs": 1, "reduction_factor": 2, "brackets": 1}
     return spec

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import tiny_model, tiny_space
 
 from qkvsearch.search.cli import main
 from qkvsearch.search.monitor.status import load_records
@@ -17,12 +18,12 @@ pytestmark = pytest.mark.slow
 
 
 def _spec(tmp: Path, name: str, space: dict, search: dict) -> dict:
-    return {"name": name, "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
+    return {"name": name, "model": tiny_model(),
             "data": {"dataset": "digits", "val_fraction": 0.1},
             "train": {"epochs": 1, "batch_size": 32, "warmup_epochs": 0, "max_steps_per_epoch": 2},
-            "space": space, "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "params_m", "mode": "min"}],
-            # linear (2.92 M), sne and psne at 0.5 of d are feasible; sne at 1, 2, 4 of d (3.5-7.1 M) are not
-            "constraints": {"params_m": {"max": 3.0}},
+            "space": tiny_space(space), "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "params_m", "mode": "min"}],
+            # linear (0.904 M), sne and psne at 0.5 of d are feasible; sne at 1, 2, 4 of d (1.00-1.60 M) are not
+            "constraints": {"params_m": {"max": 0.95}},
             "search": search, "resources": {"workers_per_trial": 1, "max_concurrent_trials": 1},
             "storage": str(tmp)}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model, tiny_space
 
 from qkvsearch.search.monitor.status import load_records
 from qkvsearch.spaces import load_campaign
@@ -23,13 +24,14 @@ OBJECTIVES = [{"metric": "top1_q", "mode": "max"}, {"metric": "size_mb", "mode":
 def _spec(tmp: Path) -> dict:
     return {
         "name": "policies",
-        "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
+        "model": tiny_model(),
         "data": {"dataset": "digits"},
         "train": {"epochs": 1, "batch_size": 16, "max_steps_per_epoch": 2, "warmup_epochs": 0, "lr": 3e-3},
         # grid order is run order: linear trains first; its other policies wait for it, without a trial slot
-        "space": {"variants": [{"embedding": "linear"}, {"embedding": "linear", "quant_mlp": "int8_dynamic"},
-                               {"embedding": "sne", "hidden_width": 0.25},
-                               {"embedding": "linear", "quant_qkv": "int8_weight_only", "quant_mlp": "int8_dynamic"}]},
+        "space": tiny_space({"variants": [
+            {"embedding": "linear"}, {"embedding": "linear", "quant_mlp": "int8_dynamic"},
+            {"embedding": "sne", "hidden_width": 0.25},
+            {"embedding": "linear", "quant_qkv": "int8_weight_only", "quant_mlp": "int8_dynamic"}]}),
         "objectives": OBJECTIVES,
         "measure": {"batch": 4, "max_s": 0.3},
         "search": {"algorithm": "grid"},

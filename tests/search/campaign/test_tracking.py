@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import tiny_space
 from helpers.live_campaign import (
     LiveCampaign,
     auth_token,
@@ -288,9 +289,9 @@ def test_an_unreachable_tracker_warns_once_and_the_others_see_every_trial_and_pr
     spec = _spec(tmp_path, "unreachable")
     spec["train"]["epochs"] = 1
     # the third configuration breaks the parameter budget: a proposal, never a trial
-    spec["space"] = {"variants": [{"embedding": "linear"}, {"embedding": "sne"},
-                                  {"embedding": "fsne", "hidden_width": 4.0, "code_size": 8}]}
-    spec["constraints"] = {"params_m": {"max": 3.5}}
+    spec["space"] = tiny_space({"variants": [{"embedding": "linear"}, {"embedding": "sne"},
+                                             {"embedding": "fsne", "hidden_width": 4.0, "code_size": 8}]})
+    spec["constraints"] = {"params_m": {"max": 1.0}}  # 0.90M, 0.90M, 1.08M
     spec["tracking"] = {"mlflow": {"tracking_uri": f"http://127.0.0.1:{closed}"}, "tensorboard": {}}
     path = write_spec(tmp_path / "spec.yaml", spec)
     exp = tmp_path / "results" / "unreachable"

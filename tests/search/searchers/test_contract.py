@@ -48,7 +48,7 @@ def test_the_wrapper_calls_only_hooks_the_base_class_declares():
 def _spec(algorithm: str):
     search = {"algorithm": algorithm, "seed": 2}
     if algorithm != "grid":
-        search.update(num_trials=12)
+        search.update(num_trials=8)
     if algorithm in ("gp", "ehvi", "mfehvi"):
         search.update(n_startup_trials=3)
     return load_campaign({**SPEC, "search": search})
@@ -79,7 +79,7 @@ def _drive(searcher, start: int, stop: int, running: dict) -> list[str]:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_restored_searcher_proposes_what_it_would_have_without_the_stop(algorithm, tmp_path):
     spec = _spec(algorithm)
-    n = min(12, spec.search.num_trials)
+    n = min(8, spec.search.num_trials)
     whole = build_search(spec)
     expected = _drive(whole, 0, n, {})
 
