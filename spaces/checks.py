@@ -4,6 +4,7 @@ keys become floats) or raises ``Bad``; its ``expected`` text ("a positive int") 
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import difflib
 import math
@@ -173,6 +174,17 @@ HIDDEN_WIDTH = Check(WIDTH_TEXT, 'widths (positive ints, ratios in (0, 4], "matc
 # False while a spec is read back from a campaign file (names were checked when it was launched): model and
 # optimizer names are then taken as given, so that reading a campaign never imports timm (nor torch).
 CHECK_NAMES: contextvars.ContextVar[bool] = contextvars.ContextVar("CHECK_NAMES", default=True)
+
+
+@contextlib.contextmanager
+def names_as_given(given: bool = True):
+    """Within it (when ``given``), timm model and optimizer names are taken as given: what was checked when
+    its campaign was launched (a stored spec, a trial's config), read without importing timm."""
+    token = CHECK_NAMES.set(not given)
+    try:
+        yield
+    finally:
+        CHECK_NAMES.reset(token)
 
 
 def _timm_model(v):

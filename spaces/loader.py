@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from qkvsearch.spaces import dimensions
-from qkvsearch.spaces.checks import CHECK_NAMES
+from qkvsearch.spaces.checks import names_as_given
 from qkvsearch.spaces.errors import Collector, SpecError, show
 from qkvsearch.spaces.measure import parse_measure
 from qkvsearch.spaces.reading import apply_overrides, check_size, read_spec_file, size_problem
@@ -49,11 +49,8 @@ def load_campaign(source, overrides: Sequence[str] = (), *, check_names: bool = 
     was checked at launch): validation then imports neither timm nor torch.
     Raises SpecError listing every problem found.
     """
-    token = CHECK_NAMES.set(check_names)
-    try:
+    with names_as_given(not check_names):
         return _load_campaign(source, overrides)
-    finally:
-        CHECK_NAMES.reset(token)
 
 
 def read_stored_spec(raw: Mapping) -> tuple[CampaignSpec, tuple[str, ...]]:
@@ -64,13 +61,10 @@ def read_stored_spec(raw: Mapping) -> tuple[CampaignSpec, tuple[str, ...]]:
     if not isinstance(raw, Mapping):
         raw = {}
     c = Collector()
-    token = CHECK_NAMES.set(False)
-    try:
+    with names_as_given():
         problem = size_problem(raw)
         raw = {} if problem else copy.deepcopy(dict(raw))
         spec = _build(raw, c, None, partial=True)
-    finally:
-        CHECK_NAMES.reset(token)
     return spec, tuple(([problem] if problem else []) + list(c.errors))
 
 

@@ -39,6 +39,7 @@ from qkvsearch.search.records.layout import (
 )
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.blocks import block_text
+from qkvsearch.spaces.checks import names_as_given
 from qkvsearch.spaces.choices import PRECISION_CHOICES
 from qkvsearch.spaces.keys import fill, identity, quant_policy
 from qkvsearch.spaces.metrics import EPOCH
@@ -169,7 +170,10 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     from qkvsearch.trainers.loop import RunSettings, find_divergence, run_trainer
 
     # A trial restored from a campaign launched before some keys were declared lacks them: their defaults.
-    cfg, cost, measured = fill(trial["config"]), trial["cost"], {}
+    # Its names were checked at launch: a trial whose Train workers build the model never imports timm here.
+    with names_as_given():
+        cfg = fill(trial["config"])
+    cost, measured = trial["cost"], {}
     if trial.get("duplicate_of"):
         _report_duplicate(settings, trial)
         return
