@@ -1,5 +1,7 @@
 """spaces.keys: one declaration per trial key, and every table derived from it; fill; the batch rule."""
 import re
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -163,3 +165,20 @@ def test_trainers_take_filled_configs_only():
     with pytest.raises(ConfigError, match=r"^config: expected a filled trial config"):
         keys.require_filled(MODEL)
     assert keys.require_filled(fill(MODEL))
+
+
+def test_a_config_read_with_its_names_as_given_imports_no_timm():
+    """A trial's process fills the config its campaign checked at launch without importing timm (its Train
+    workers build the model); outside names_as_given the model name is checked against timm's registry."""
+    code = ("import sys\n"
+            "from qkvsearch.spaces.checks import names_as_given\n"
+            "from qkvsearch.spaces.keys import fill\n"
+            "cfg = {'model': 'xcit_nano_12_p8_224', 'epochs': 1, 'dataset': 'digits'}\n"
+            "with names_as_given():\n"
+            "    fill(cfg)\n"
+            "    fill({**cfg, 'model': 'no_such_model'})  # taken as given\n"
+            "given = 'timm' in sys.modules\n"
+            "fill(cfg)\n"
+            "print(given, 'timm' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.split() == ["False", "True"]

@@ -65,7 +65,7 @@ def test_the_plain_linear_forms_compute_what_the_embeddings_compute():
     for keys in ({"embedding": "sne"}, {"embedding": "fsne", "code_sharing": "per_block", "embed_class_attn": True},
                  {"embedding": "fsne"}):
         torch.manual_seed(0)
-        model = build_model(_config(**keys)).eval()
+        model = build_model(_config(**keys, depth=2)).eval()  # 2 blocks: a per-block code differs by block
         with torch.no_grad():
             for p in model.parameters():  # trained-looking weights, codes included
                 p.add_(0.05 * torch.randn_like(p))
