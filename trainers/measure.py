@@ -130,7 +130,7 @@ def time_calls(fn, device: torch.device, rel_ci: float = REL_CI, max_calls: int 
     max_calls timed calls, or max_s seconds for the warm-up and the timing together, FLOOR_CALLS past it)."""
     deadline = time.perf_counter() + max_s
     warm, call_ms = _warm_up(fn, device, deadline)
-    fits = int((deadline - time.perf_counter()) * 1e3 / max(call_ms, 1e-6))  # calls the time left holds
+    fits = int(max_s * 1e3 / max(call_ms, 1e-6))  # calls max_s holds: under MIN_CALLS only for a slow call
     samples: list[float] = []
     calls = max(FLOOR_CALLS, min(MIN_CALLS, fits))
     while True:
