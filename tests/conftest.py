@@ -6,6 +6,10 @@ from pathlib import Path
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # as search.campaign.launch: local Ray on loopback
+# Ray starts its workers at niceness 15 (Ray's worker_niceness): beside any load at niceness 0 they get about 3 %
+# of a core, and a test waiting on its trials' progress waits on that load instead. The tests' Rays (in this
+# process, in the drivers they start, in `ray start`) run their workers at the priority of what runs beside them.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 import pytest
 
@@ -144,6 +148,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_configure(config):
+    from helpers import interrupts
+
+    if not config.pluginmanager.is_registered(interrupts):  # its pytest_configure is called as it registers
+        config.pluginmanager.register(interrupts, "helpers.interrupts")
     if config.getoption("--record-durations") and not hasattr(config, "workerinput"):
         from helpers.scheduling import DurationRecorder
 
