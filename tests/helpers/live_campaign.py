@@ -40,6 +40,38 @@ def tiny_spec(storage: Path, name: str, *, workers: int, epochs: int, variants: 
     }
 
 
+# Drivers a test started and has not stopped yet, with their Ray temp folders: a test interrupted (Ctrl-C, or
+# SIGTERM, which tests/conftest.py turns into the same KeyboardInterrupt) may end before its own cleanup runs;
+# the session's end stops what is left (stop_started).
+_STARTED: dict[subprocess.Popen, str] = {}
+
+
+def started(proc: subprocess.Popen, ray_tmp: str) -> None:
+    _STARTED[proc] = ray_tmp
+
+
+def stopped(proc: subprocess.Popen) -> None:
+    _STARTED.pop(proc, None)
+
+
+def stop_started() -> list[int]:
+    """Stop every driver still registered (SIGTERM: it stops its own Ray; SIGKILL after 60 s) and end its Ray's
+    processes. Returns the pids of the drivers it found running."""
+    found = []
+    for proc, ray_tmp in list(_STARTED.items()):
+        if proc.poll() is None:
+            found.append(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        end_ray_processes(ray_tmp, STOP_GRACE_S)
+        stopped(proc)
+    return found
+
+
 class LiveCampaign:
     """with LiveCampaign(args, tmp) as run: ...  the command runs with stdout/stderr in files; on exit it
     is stopped if still running (SIGTERM, then SIGKILL) and its Ray processes must be gone."""
@@ -57,6 +89,7 @@ class LiveCampaign:
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen([*QKVSEARCH, *self.args], stdout=out, stderr=err, env=self.env,
                                          cwd=self.tmp)
+        started(self.proc, self.ray_tmp)
         return self
 
     def __exit__(self, *exc):
@@ -68,6 +101,7 @@ class LiveCampaign:
                 self.proc.kill()
                 self.proc.wait()
         end_ray_processes(self.ray_tmp, STOP_GRACE_S)
+        stopped(self.proc)
         return False
 
     def advancing(self, *folders) -> tuple:

@@ -27,6 +27,8 @@ from helpers.live_campaign import (
     end_ray_processes,
     folder_state,
     named_checkpoint_epochs,
+    started,
+    stopped,
     tiny_spec,
     wait_for,
     wait_while_advancing,
@@ -70,6 +72,7 @@ class _Driver:
         self.err = cwd / f"{args[0]}.err"
         with open(cwd / f"{args[0]}.out", "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen([QKVSEARCH, *args], stdout=out, stderr=err, env=env, cwd=cwd)
+        started(self.proc, self.ray_tmp)
 
     def alive(self) -> None:
         if self.proc.poll() is not None:
@@ -78,6 +81,7 @@ class _Driver:
     def gone(self) -> None:
         """Wait for this driver's Ray processes to end (helpers.live_campaign.end_ray_processes)."""
         end_ray_processes(self.ray_tmp, LINGER_S)
+        stopped(self.proc)
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
 

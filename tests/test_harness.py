@@ -1,0 +1,47 @@
+"""The suite's own harness: a test session stopped by SIGTERM (a CI job's timeout, a `kill`) stops the drivers
+its tests started, as Ctrl-C does (helpers.interrupts)."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.live_campaign import wait_for
+
+TESTS = Path(__file__).resolve().parent
+
+INNER = '''
+import subprocess, sys, time
+from pathlib import Path
+from helpers.live_campaign import started
+
+def test_a_driver_then_a_long_wait(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started(proc, str(tmp_path / "its-ray"))
+    Path({mark!r}).write_text(str(proc.pid))
+    time.sleep(600)
+'''
+
+
+def test_a_session_stopped_by_sigterm_stops_the_drivers_its_tests_started(tmp_path):
+    mark = tmp_path / "driver.pid"
+    (tmp_path / "test_inner.py").write_text(INNER.format(mark=str(mark)))
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "helpers.interrupts", "-p", "no:cacheprovider",
+                                "-p", "no:randomly", "test_inner.py"], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pid = int(wait_for(lambda: mark.exists() and mark.read_text(), 120, "the inner test's driver"))
+        session.send_signal(signal.SIGTERM)
+        out, _ = session.communicate(timeout=120)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+    assert session.returncode == 2, out  # pytest's exit code for an interrupted session
+    assert f"stopped the drivers an interrupted test had started: pids {pid}" in out, out
+    try:
+        assert not Path(f"/proc/{pid}").exists()
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
