@@ -55,21 +55,25 @@ def stopped(proc: subprocess.Popen) -> None:
 
 
 def stop_started() -> list[int]:
-    """Stop every driver still registered (SIGTERM: it stops its own Ray; SIGKILL after 60 s) and end its Ray's
-    processes. Returns the pids of the drivers it found running."""
-    found = []
+    """Stop every driver still registered (stop_driver). Returns the pids of those it found running."""
+    found = [proc.pid for proc in _STARTED if proc.poll() is None]
     for proc, ray_tmp in list(_STARTED.items()):
-        if proc.poll() is None:
-            found.append(proc.pid)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        end_ray_processes(ray_tmp, STOP_GRACE_S)
-        stopped(proc)
+        stop_driver(proc, ray_tmp)
     return found
+
+
+def stop_driver(proc: subprocess.Popen, ray_tmp: str) -> None:
+    """Stop a driver if it still runs (SIGTERM: it stops its own Ray; SIGKILL after 60 s), end what its Ray
+    left, and take it off the drivers to stop."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    end_ray_processes(ray_tmp, STOP_GRACE_S)
+    stopped(proc)
 
 
 class LiveCampaign:
@@ -93,15 +97,7 @@ class LiveCampaign:
         return self
 
     def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        end_ray_processes(self.ray_tmp, STOP_GRACE_S)
-        stopped(self.proc)
+        stop_driver(self.proc, self.ray_tmp)
         return False
 
     def advancing(self, *folders) -> tuple:
