@@ -16,13 +16,12 @@ demo: $(STAMP)
 	$(BIN)/qkvsearch launch spaces/presets/quickstart.yaml --overwrite
 	$(BIN)/qkvsearch report results/quickstart
 
-# Two at a time (pytest-xdist): first the tests that start no Ray, then those that do (slow), a test file at a
-# time per process (a file's shared campaign runs once), the longest files first (tests/helpers/scheduling.py;
-# `--record-durations` rewrites tests/durations.json). Each test judges only the processes it started
-# (tests/conftest.py), and each Ray it starts has ports of its own.
+# Two at a time (pytest-xdist), a test file at a time per process (a file's shared campaign runs once), the
+# longest files first (tests/helpers/scheduling.py; `--record-durations` rewrites tests/durations.json): the files
+# that start Ray or train go first and the short ones fill the end, so neither process waits for the other. Each
+# test judges only the processes it started (tests/conftest.py), and each Ray it starts has ports of its own.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m 'not slow' -n 2
-	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not slow'

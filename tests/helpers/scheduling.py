@@ -6,7 +6,7 @@ go out longest first, by their duration in the last recorded run (`DURATIONS`; a
 goes first: it is new, and a new slow test is usually a campaign), and a process gets its next file only when
 at most one test of its own is left: the one xdist holds back until it knows what runs next.
 
-`pytest -m slow -n 2 --dist loadfile --record-durations` rewrites `DURATIONS` from its run.
+`pytest -n 2 --dist loadfile --record-durations` rewrites `DURATIONS` from its run.
 """
 from __future__ import annotations
 

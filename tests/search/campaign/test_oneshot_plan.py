@@ -69,12 +69,15 @@ def test_a_supernet_no_node_can_hold_is_refused_naming_its_field(tmp_path, monke
     spec = load_campaign(_spec(tmp_path, resources={"workers_per_trial": 16}))
     with pytest.raises(preflight.ResourceError, match=r"^supernet\.resources\.workers_per_trial: .* = 16 CPUs"):
         preflight.check_stage_resources(spec, Cluster(8.0, 0.0, 4.0, None, False))
+    from qkvsearch.search.campaign import launch
+
+    # this machine, no cluster: no RAY_ADDRESS and no Ray attached (a Ray an earlier test of this process
+    # keeps for later ones would be taken for the cluster), 2 CPUs
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(preflight.os, "cpu_count", lambda: 2)
     with pytest.raises(preflight.ResourceError, match=r"^supernet\.resources: expected the supernet's training to fit"):
-        from qkvsearch.search.campaign.launch import _check_launchable
-
-        _check_launchable(spec, str(tmp_path / "p"), overwrite=False)
+        launch._check_launchable(spec, str(tmp_path / "p"), overwrite=False)
 
 
 def _records(trials):
