@@ -34,10 +34,17 @@ from searcher_runs import DIGITS, Job, Store, at_epochs, cell, median_iqr, table
 
 TABLES = ("order", "crossing", "digits")
 FULL = 50   # N: the epochs of this many full trainings
+KEYS, ADDITIVE = (("model", "keys"),), (("model", "additive"),)   # search.searchers.surrogate
+POOLED, EPOCHS = (("warp", "copula"),), (("warp", "epochs"),)      # search.searchers.ehvi_core, warp
 VARIANTS = {
-    "start 5": (("start", 5),),
-    "start 10": (("start", 10),),
-    "start 20": (("start", 20),),
+    "keys copula start 5": KEYS + POOLED + (("start", 5),),
+    "keys copula start 10": KEYS + POOLED + (("start", 10),),
+    "keys copula start 20": KEYS + POOLED + (("start", 20),),
+    "keys epochs start 10": KEYS + EPOCHS + (("start", 10),),
+    "additive copula start 10": ADDITIVE + POOLED + (("start", 10),),
+    "additive epochs start 5": ADDITIVE + EPOCHS + (("start", 5),),
+    "additive epochs start 10": ADDITIVE + EPOCHS + (("start", 10),),
+    "additive epochs start 20": ADDITIVE + EPOCHS + (("start", 20),),
 }
 OTHERS = ("random", "tpe", "ehvi")   # MO-ASHA with their proposals (ehvi: final values only)
 DIGITS_KEYS = ("embedding", "hidden_width", "depth", "embed_dim", "lr")

@@ -13,8 +13,9 @@ not all pick one region. Infeasible candidates are never proposed; a candidate i
 The settings (``Settings``), each chosen on tables left out of its tuning (benchmarks/bench_searchers.py,
 benchmarks/README.md "Searchers compared"):
 
-    model   the surrogate: columns | keys (GP kernels) | trees
-    warp    none | copula: the values the model learns (and the improvement is measured on)
+    model   the surrogate: columns | keys | additive (GP kernels) | trees
+    warp    the values the model learns (and the improvement is measured on): none | copula | epochs (the
+            copula within each epoch's values: mfehvi's fidelities on one scale; ehvi has one epoch)
     start   proposals drawn before the model leads (a campaign's n_startup_trials replaces it)
     design  how they are drawn: random, or spread (each the farthest in cost from those drawn, among a
             few random ones)
@@ -38,6 +39,7 @@ REF_MARGIN = 0.1    # reference point: the worst value seen, 10 % of the range b
 REFIT_GROWTH = 1.2  # hyperparameters fitted again once the observations grew by 20 % (conditioned every time)
 SPREAD_POOL = 64    # design spread: random candidates the farthest one is picked among
 PRUNE_BATCH = 1024  # candidates whose EHVI is computed exactly at once, highest bound first
+WARPS = ("none", "copula", "epochs")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class Settings:
     design: str = "random"
     pool: int = 0
     draws: int = COST_DRAWS
+
+    def __post_init__(self):
+        if self.warp not in WARPS:
+            raise ValueError(f"warp: expected one of {', '.join(WARPS)}, given {self.warp!r}")
 
     @property
     def label(self) -> str:
@@ -89,7 +95,7 @@ class EHVICore:
         self.results: dict[int, float] = {}   # candidate -> training objective (maximised sign)
         self.tried: set[int] = set()          # proposed (running, ended, or without a result)
         self.running: set[int] = set()
-        self.model = make_model(settings.model, self.groups, seed)
+        self.model = make_model(settings.model, self.groups, seed, self.fidelity_group)
         self.fitted_at = 0                    # observations at the last hyperparameter fit
         self._codes = None
 
@@ -166,15 +172,19 @@ class EHVICore:
         return self._codes
 
     # -- the model ------------------------------------------------------------------------------------
+    fidelity_group = None   # the group of the features' fidelity column (a multi-fidelity model has one)
+
     def observed(self) -> int:
         """Candidates the model has learnt something of (the start-up ends when START have)."""
         return len(self.results)
 
-    def training_data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(x, y, rows) the model learns: the features of the candidates with a result and their values; rows:
-        for each candidate with a result (in index order), the row of y holding its final value."""
+    def training_data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(x, y, rows, epochs) the model learns: the features of the candidates with a result and their
+        values; rows: for each candidate with a result (in index order), the row of y holding its final value;
+        epochs: the epoch of each value (one here: the final)."""
         done = np.array(sorted(self.results), dtype=int)
-        return self.features[done], np.array([self.results[i] for i in done]), np.arange(len(done))
+        return (self.features[done], np.array([self.results[i] for i in done]), np.arange(len(done)),
+                np.zeros(len(done)))
 
     def prediction_inputs(self, index: np.ndarray) -> np.ndarray:
         """What the model predicts candidates' final values from (a multi-fidelity model adds the fidelity)."""
@@ -186,14 +196,21 @@ class EHVICore:
             self.fitted_at = len(y)
         return self.model.fit(x, y, optimise=optimise)
 
-    def _warped(self, y: np.ndarray) -> np.ndarray:
-        return copula(y) if self.settings.warp == "copula" else y
+    def _warped(self, y: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        if self.settings.warp == "none":
+            return y
+        if self.settings.warp == "copula":
+            return copula(y)
+        out = np.empty(len(y))   # epochs: each epoch's values ranked among themselves
+        for e in np.unique(epochs):
+            out[epochs == e] = copula(y[epochs == e])
+        return out
 
     def _acquisition(self, pool: np.ndarray) -> np.ndarray:
         """EHVI of each pooled candidate; -inf for those it cannot be largest for (pruned: below)."""
         done = np.array(sorted(self.results), dtype=int)
-        x, y, rows = self.training_data()
-        warped = self._warped(y)
+        x, y, rows, epochs = self.training_data()
+        warped = self._warped(y, epochs)
         model = self._fit(x, warped)
         known = warped[rows]   # the trained front on the model's scale
         running = np.array(sorted(self.running), dtype=int)

@@ -4,9 +4,13 @@ early (MO-ASHA).
 ehvi learns a trial's final value only: a trial MO-ASHA stopped at its first rung teaches it nothing, though
 its epochs were paid for. Here the model's observations are (configuration, fidelity) -> the training
 objective, fidelity s = log(epoch) / log(planned epochs) in [0, 1], one per epoch of a trial on the ladder
-1, 3, 9, ... (the rungs of MO-ASHA's default reduction factor) plus the last epoch it reached, whether it went
-on, was stopped or completed; s is one more input of the GP, with a length scale of its own (a curve-aware
-surrogate, as in freeze-thaw and multi-task Bayesian optimisation, rather than BOHB's one model per rung).
+1, 3, 9, ... (the rungs of MO-ASHA's default reduction factor) plus the last epoch of a trial that ended,
+stopped or completed; s is one more input of the GP, with a length scale of its own (a curve-aware
+surrogate, as in freeze-thaw and multi-task Bayesian optimisation, rather than BOHB's one model per rung). The
+default model (MF_DEFAULT) is additive over the keys, its sum multiplied by a kernel of s (the keys' effects
+carry over between epochs as far as its length scale says), and learns each epoch's values ranked among
+themselves (warp "epochs": the rank of a value among the values of its epoch, so a trial's epoch-1 result
+and a final one are on one scale).
 Each proposal is the candidate of largest expected hypervolume improvement of its predicted final value
 (s = 1) against the front of the completed trials (search.searchers.ehvi_core). The start-up ends once START
 configurations have reported an epoch.
@@ -28,8 +32,8 @@ from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.search_options import STARTUP_TRIALS
 
 LADDER = 3   # observations kept per trial: epochs 1, 3, 9, ... and its last
-# ehvi's settings but the start-up, chosen on curve tables left out (benchmarks/bench_multifidelity.py)
-MF_DEFAULT = replace(DEFAULT, start=STARTUP_TRIALS["mfehvi"])
+# chosen on curve tables left out (benchmarks/bench_multifidelity.py, benchmarks/README.md "Multi-fidelity search")
+MF_DEFAULT = replace(DEFAULT, model="additive", warp="epochs", start=STARTUP_TRIALS["mfehvi"])
 
 
 def fidelity(epoch: float, planned: int) -> float:
@@ -53,27 +57,33 @@ class MFCore(EHVICore):
         if epoch >= 1 and math.isfinite(value):
             self.epochs.setdefault(index, {})[int(epoch)] = self.sign * float(value)
 
+    @property
+    def fidelity_group(self) -> int:
+        return int(self.groups.max())   # the last column's (__init__)
+
     def observed(self) -> int:
         return len(set(self.epochs) | set(self.results))
 
     def kept(self, index: int) -> dict[int, float]:
-        """The epochs of a candidate the model learns: on the ladder, its last, and its final result."""
+        """The epochs of a candidate the model learns: on the ladder, the last of a trial that ended (a running
+        one's goes on), and its final result."""
         points = dict(self.epochs.get(index, {}))
         if index in self.results:
             points[self.planned] = self.results[index]
-        last = max(points) if points else 0
+        last = max(points) if points and index not in self.running else 0
         return {e: v for e, v in points.items() if e == last or LADDER ** round(math.log(e, LADDER)) == e}
 
     def training_data(self):
-        xs, ys, final = [], [], {}
+        xs, ys, epochs, final = [], [], [], {}
         for i in sorted(set(self.epochs) | set(self.results)):
             for e, v in sorted(self.kept(i).items()):
                 xs.append(np.append(self.features[i, :-1], fidelity(e, self.planned)))
                 ys.append(v)
+                epochs.append(e)
                 if i in self.results and e == self.planned:
                     final[i] = len(ys) - 1
         rows = np.array([final[i] for i in sorted(self.results)], dtype=int)
-        return np.array(xs).reshape(len(ys), -1), np.array(ys), rows
+        return np.array(xs).reshape(len(ys), -1), np.array(ys), rows, np.array(epochs, float)
 
     def prediction_inputs(self, index: np.ndarray) -> np.ndarray:
         return self.features[index]   # its last column is 1: the planned epochs

@@ -13,6 +13,12 @@ overlap kernel of categorical Bayesian optimisation). Hyperparameters: the margi
 L-BFGS with its exact gradient, within bounds that keep the kernel well conditioned. A fit costs O(n^3)
 (n observations); a prediction O(m n) for m candidates.
 
+Additive GP (``additive``): s2 * the mean over keys g of Matern-5/2(|x_g - x'_g| / l_g), a first-order
+additive kernel (Duvenaud et al., 2011): each key's effect is learnt from every observation that differs in
+that key alone, where the product above needs neighbours close in every key. With a ``product`` group (mfehvi's
+fidelity) the sum is multiplied by that group's Matern: the effects hold across fidelities as far as its
+length scale says.
+
 Trees (``trees``): extremely randomised trees (scikit-learn), the mean and the spread over the trees as the
 prediction: no kernel to fit, indifferent to how categories are coded.
 
@@ -36,7 +42,7 @@ SQRT5 = math.sqrt(5.0)
 LOG_LENGTH = (math.log(0.05), math.log(50.0))
 LOG_SIGNAL = (math.log(0.05), math.log(20.0))
 LOG_NOISE = (math.log(1e-6), math.log(1.0))
-KERNELS = ("columns", "keys")
+KERNELS = ("columns", "keys", "additive")
 MODELS = (*KERNELS, "trees")
 
 
@@ -86,6 +92,24 @@ def _matern(r: np.ndarray) -> np.ndarray:
     return (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
 
 
+def _matern_dlog_l(r: np.ndarray) -> np.ndarray:
+    """d Matern(d / l) / d log l at r = d / l."""
+    return (5.0 / 3.0) * r * r * (1.0 + SQRT5 * r) * np.exp(-SQRT5 * r)
+
+
+def _likelihood(kernel: np.ndarray, noise: float, y: np.ndarray):
+    """(negative log marginal likelihood of y, alpha alpha^T - K^-1: what its gradient in a kernel parameter
+    is made of, -0.5 sum(inner * dK)) for K = kernel + noise; None when K is not positive definite."""
+    n = len(y)
+    try:
+        L = cholesky(kernel + (noise + 1e-9) * np.eye(n), lower=True)
+    except np.linalg.LinAlgError:
+        return None
+    alpha = cho_solve((L, True), y)
+    nll = 0.5 * y @ alpha + np.log(np.diag(L)).sum() + 0.5 * n * math.log(2 * math.pi)
+    return nll, np.outer(alpha, alpha) - cho_solve((L, True), np.eye(n))
+
+
 class GP:
     """The Gaussian process of the module docstring over columns grouped by ``groups`` ((d,) ints);
     theta = log of (one length scale per group, the signal variance, the noise variance)."""
@@ -108,31 +132,30 @@ class GP:
         d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
         return np.maximum(d2, 0.0)
 
-    def _per_group(self, x: np.ndarray) -> np.ndarray:
-        """(G, n, n) squared differences of each group's columns (unscaled)."""
-        out = np.zeros((self.n_groups, len(x), len(x)))
+    def _pairs(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(G, m, n) squared differences of each group's columns between a and b (unscaled)."""
+        out = np.zeros((self.n_groups, len(a), len(b)))
         for g in range(self.n_groups):
-            cols = x[:, self.groups == g]
-            sq = (cols * cols).sum(1)
-            out[g] = np.maximum(sq[:, None] + sq[None, :] - 2.0 * cols @ cols.T, 0.0)
+            ca, cb = a[:, self.groups == g], b[:, self.groups == g]
+            out[g] = np.maximum((ca * ca).sum(1)[:, None] + (cb * cb).sum(1)[None, :] - 2.0 * ca @ cb.T, 0.0)
         return out
+
+    def _kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(m, n) the kernel (without the noise) between a and b at the fitted theta."""
+        return math.exp(self.theta[self.n_groups]) * _matern(np.sqrt(self._sq(a, b, self.theta)))
 
     def _nll(self, theta: np.ndarray, y: np.ndarray, per_group: np.ndarray):
         """(negative log marginal likelihood, its gradient in theta)."""
-        n, G = len(y), self.n_groups
+        G = self.n_groups
         inv_l2 = np.exp(-2.0 * theta[:G])
         d2 = np.tensordot(inv_l2, per_group, axes=1)
         r = np.sqrt(d2)
         signal, noise = math.exp(theta[G]), math.exp(theta[G + 1])
         base = _matern(r)
-        K = signal * base + (noise + 1e-9) * np.eye(n)
-        try:
-            L = cholesky(K, lower=True)
-        except np.linalg.LinAlgError:
+        found = _likelihood(signal * base, noise, y)
+        if found is None:
             return 1e10, np.zeros_like(theta)
-        alpha = cho_solve((L, True), y)
-        nll = 0.5 * y @ alpha + np.log(np.diag(L)).sum() + 0.5 * n * math.log(2 * math.pi)
-        inner = np.outer(alpha, alpha) - cho_solve((L, True), np.eye(n))   # alpha alpha^T - K^-1
+        nll, inner = found
         dk_dd2 = signal * (5.0 / 6.0) * (1.0 + SQRT5 * r) * np.exp(-SQRT5 * r)  # -dk/d(d2) * ... (see below)
         grad = np.empty_like(theta)
         # d K / d log l_g = signal * (5/3) (1 + sqrt5 r) exp(-sqrt5 r) * D_g / l_g^2
@@ -142,22 +165,24 @@ class GP:
         grad[G + 1] = -0.5 * np.trace(inner) * noise
         return nll, grad
 
+    def _optimised(self, z: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """theta of the largest marginal likelihood of standardised z, from the last theta (or the default)."""
+        start = self.theta if self.theta is not None else self.default_theta()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            found = minimize(self._nll, start, args=(z, pairs), jac=True, method="L-BFGS-B",
+                             bounds=self.bounds(), options={"maxiter": 200})
+        return found.x if np.isfinite(found.fun) else self.default_theta()
+
     def fit(self, x: np.ndarray, y: np.ndarray, optimise: bool = True) -> GP:
         """Condition on (x, y); optimise: fit the hyperparameters first (from the last ones, when any)."""
         x, y = np.asarray(x, float), np.asarray(y, float)
         self.mean, self.std = float(y.mean()), float(y.std()) or 1.0
         z = (y - self.mean) / self.std
         if optimise or self.theta is None:
-            per_group = self._per_group(x)
-            start = self.theta if self.theta is not None else self.default_theta()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                found = minimize(self._nll, start, args=(z, per_group), jac=True, method="L-BFGS-B",
-                                 bounds=self.bounds(), options={"maxiter": 200})
-            self.theta = found.x if np.isfinite(found.fun) else self.default_theta()
-        G = self.n_groups
-        K = math.exp(self.theta[G]) * _matern(np.sqrt(self._sq(x, x, self.theta)))
-        K[np.diag_indices_from(K)] += math.exp(self.theta[G + 1]) + 1e-9
+            self.theta = self._optimised(z, self._pairs(x, x))
+        K = self._kernel(x, x)
+        K[np.diag_indices_from(K)] += math.exp(self.theta[self.n_groups + 1]) + 1e-9
         self.x, self.L, self.top_eigen = x, cholesky(K, lower=True), None
         self.alpha = cho_solve((self.L, True), z)
         return self
@@ -175,8 +200,7 @@ class GP:
 
     def cross(self, x: np.ndarray) -> np.ndarray:
         """(m, n) the kernel between x and the observations: what a prediction is made of."""
-        signal = math.exp(self.theta[self.n_groups])
-        return signal * _matern(np.sqrt(self._sq(np.asarray(x, float), self.x, self.theta)))
+        return self._kernel(np.asarray(x, float), self.x)
 
     def predict(self, x: np.ndarray, sd: bool = True, k: np.ndarray | None = None):
         """(mean, standard deviation) of the latent function at x, in y's units; sd False: the mean alone
@@ -188,6 +212,44 @@ class GP:
         v = solve_triangular(self.L, k.T, lower=True)                                      # (n, m)
         var = np.maximum(math.exp(self.theta[self.n_groups]) - (v * v).sum(0), 1e-12)
         return mu, np.sqrt(var) * self.std
+
+
+class AdditiveGP(GP):
+    """The additive GP of the module docstring; theta as GP's (a length scale per group, the product group's
+    included). The kernel is built from per-group squared differences, (G, m, n), G the keys."""
+
+    def __init__(self, groups: np.ndarray, product: int | None = None):
+        super().__init__(groups)
+        self.product = product
+        self.adds = [g for g in range(self.n_groups) if g != product]
+
+    def _parts(self, pairs: np.ndarray, theta: np.ndarray):
+        """(r, Matern(r)) per group, (G, m, n) each; the sum's mean A and the product's factor F, (m, n)."""
+        r = np.sqrt(pairs) * np.exp(-theta[:self.n_groups])[:, None, None]
+        m = _matern(r)
+        return r, m, m[self.adds].mean(0), m[self.product] if self.product is not None else 1.0
+
+    def _nll(self, theta: np.ndarray, y: np.ndarray, pairs: np.ndarray):
+        G = self.n_groups
+        r, _, A, F = self._parts(pairs, theta)
+        signal, noise = math.exp(theta[G]), math.exp(theta[G + 1])
+        Ks = signal * A * F
+        found = _likelihood(Ks, noise, y)
+        if found is None:
+            return 1e10, np.zeros_like(theta)
+        nll, inner = found
+        grad = np.zeros_like(theta)
+        for g in self.adds:
+            grad[g] = -0.5 * np.sum(inner * (signal * F * _matern_dlog_l(r[g]) / len(self.adds)))
+        if self.product is not None:
+            grad[self.product] = -0.5 * np.sum(inner * (signal * A * _matern_dlog_l(r[self.product])))
+        grad[G] = -0.5 * np.sum(inner * Ks)
+        grad[G + 1] = -0.5 * np.trace(inner) * noise
+        return nll, grad
+
+    def _kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        _, _, A, F = self._parts(self._pairs(a, b), self.theta)
+        return math.exp(self.theta[self.n_groups]) * A * F
 
 
 class Trees:
@@ -230,8 +292,11 @@ class Linear:
         return self.model.predict(np.asarray(x, float), return_std=True)
 
 
-def make_model(kind: str, groups: np.ndarray, seed: int = 0):
-    """A model of that kind (MODELS) over features whose columns are grouped by ``groups``."""
+def make_model(kind: str, groups: np.ndarray, seed: int = 0, product: int | None = None):
+    """A model of that kind (MODELS) over features whose columns are grouped by ``groups``; product: the group
+    an additive GP multiplies its sum with (the others treat it as one more group)."""
+    if kind == "additive":
+        return AdditiveGP(groups, product)
     if kind == "trees":
         return Trees(groups, seed)
     if kind == "columns":

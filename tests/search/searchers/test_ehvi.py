@@ -3,6 +3,7 @@ known and with predicted costs; its model's gradient; its features; the exact ar
 the campaign searcher over a space of ranges, with a measured cost, and from a state an earlier version saved."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -15,7 +16,7 @@ from qkvsearch.search.searchers.ehvi import EhviSearcher
 from qkvsearch.search.searchers.ehvi_core import EHVICore, Settings
 from qkvsearch.search.searchers.hvi import ehvi, ehvi_sampled
 from qkvsearch.search.searchers.problem import MAX_CANDIDATES
-from qkvsearch.search.searchers.surrogate import GP, encode
+from qkvsearch.search.searchers.surrogate import GP, AdditiveGP, encode
 from qkvsearch.spaces import SpecError, load_campaign
 
 
@@ -78,7 +79,7 @@ def test_the_gp_gradient_is_the_likelihoods_and_unused_keys_get_long_length_scal
     x = rng.uniform(0, 1, (30, 4))
     y = np.sin(3 * x[:, 0]) + x[:, 1] ** 2 + 0.05 * rng.normal(size=30)
     gp = GP(np.array([0, 0, 1, 2]))
-    per_group, z = gp._per_group(x), (y - y.mean()) / y.std()
+    per_group, z = gp._pairs(x, x), (y - y.mean()) / y.std()
     theta = np.array([0.1, -0.3, 0.5, 0.2, -3.0])
     numeric = approx_fprime(theta, lambda t: gp._nll(t, z, per_group)[0], 1e-6)
     assert gp._nll(theta, z, per_group)[1] == pytest.approx(numeric, rel=1e-4, abs=1e-4)
@@ -86,6 +87,42 @@ def test_the_gp_gradient_is_the_likelihoods_and_unused_keys_get_long_length_scal
     assert gp.theta[2] > gp.theta[0] + 1  # key 1 (column 2) does not matter here, key 0 does
     mean, sd = gp.predict(x[:5])
     assert np.abs(mean - y[:5]).max() < 0.2 and (sd < 0.2).all()
+
+
+@pytest.mark.parametrize("product", [None, 3])
+def test_the_additive_gp_gradient_is_the_likelihoods_and_it_carries_one_keys_effect_to_unseen_combinations(product):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 1, (30, 5))
+    y = np.sin(3 * x[:, 0]) + x[:, 2] ** 2 + 0.05 * rng.normal(size=30)
+    gp = AdditiveGP(np.array([0, 0, 1, 2, 3]), product)
+    pairs, z = gp._pairs(x, x), (y - y.mean()) / y.std()
+    theta = np.array([0.1, -0.3, 0.5, 0.2, 0.4, -3.0])
+    numeric = approx_fprime(theta, lambda t: gp._nll(t, z, pairs)[0], 1e-6)
+    assert gp._nll(theta, z, pairs)[1] == pytest.approx(numeric, rel=1e-4, abs=1e-4)
+
+    # five keys of 3 levels, y = the sum of one effect per key's level: from 15 of the 243 combinations the
+    # additive GP predicts the others; the keys kernel, needing neighbours close in every key, does not
+    effects = rng.normal(0, 1, (5, 3))
+    combos = list(itertools.product(range(3), repeat=5))
+    feats, groups = encode([{f"k{g}": str(c[g]) for g in range(5)} for c in combos])
+    truth = np.array([sum(effects[g, c[g]] for g in range(5)) for c in combos])
+    seen = np.zeros(len(combos), bool)
+    seen[np.random.default_rng(0).choice(len(combos), 15, replace=False)] = True
+    errors = {}
+    for name, model in (("additive", AdditiveGP(groups)), ("keys", GP(groups))):
+        model.fit(feats[seen], truth[seen])
+        errors[name] = np.abs(model.predict(feats[~seen])[0] - truth[~seen]).mean()
+    assert errors["additive"] < 0.05 and errors["keys"] > 0.3, errors
+
+
+def test_the_epochs_warp_ranks_each_epochs_values_among_themselves():
+    core = EHVICore(np.eye(3), np.arange(3), np.zeros((3, 1)), np.ones(3, bool), True, 0, Settings(warp="epochs"))
+    y, epochs = np.array([1.0, 2.0, 50.0, 10.0, 20.0, 30.0]), np.array([1, 1, 1, 9, 9, 9])
+    warped = core._warped(y, epochs)
+    assert warped[:3] == pytest.approx(warped[3:])   # the same ranks within each epoch, whatever the scale
+    assert core._warped(y, np.zeros(6))[2] > core._warped(y, np.zeros(6))[1]
+    with pytest.raises(ValueError, match="warp: expected one of none, copula, epochs, given 'rank'"):
+        Settings(warp="rank")
 
 
 def test_features_scale_numbers_mark_absent_keys_and_one_hot_the_rest():

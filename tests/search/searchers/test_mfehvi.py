@@ -39,13 +39,14 @@ def test_a_stopped_trial_is_learnt_at_the_epochs_it_reached():
     core = searcher.core
     assert stopped not in core.results and stopped in core.tried           # no final value: it was stopped
     assert core.epochs[stopped] == {1: 5.0, 2: 10.0, 3: 15.0} and core.planned == PLANNED
-    x, y, rows = core.training_data()
+    x, y, rows, epochs = core.training_data()
     fid = x[:, -1]
     mine = np.all(x[:, :-1] == core.features[stopped, :-1], axis=1)
     # kept: epochs on the ladder 1, 3, 9 and the last reached, at fidelity log(epoch) / log(9)
     assert sorted(zip(fid[mine].round(6), y[mine])) == [(0.0, 5.0), (0.5, 15.0)]
     assert y[rows].tolist() == [90.0] and fid[rows].tolist() == [1.0]       # the completed trial's final value
     assert math.isclose(fid.max(), 1.0) and len(y) == 3 + 2                 # done: epochs 1, 3, 9
+    assert sorted(epochs[mine]) == [1, 3] and epochs[rows].tolist() == [PLANNED]
 
     again = MFEhviSearcher(_problem())
     again.restore(json.loads(json.dumps(searcher.state())))
