@@ -224,14 +224,14 @@ class AdditiveGP(GP):
         self.adds = [g for g in range(self.n_groups) if g != product]
 
     def _parts(self, pairs: np.ndarray, theta: np.ndarray):
-        """(r, Matern(r)) per group, (G, m, n) each; the sum's mean A and the product's factor F, (m, n)."""
+        """r per group, (G, m, n); the sum's mean A of Matern(r) and the product's factor F, (m, n)."""
         r = np.sqrt(pairs) * np.exp(-theta[:self.n_groups])[:, None, None]
         m = _matern(r)
-        return r, m, m[self.adds].mean(0), m[self.product] if self.product is not None else 1.0
+        return r, m[self.adds].mean(0), m[self.product] if self.product is not None else 1.0
 
     def _nll(self, theta: np.ndarray, y: np.ndarray, pairs: np.ndarray):
         G = self.n_groups
-        r, _, A, F = self._parts(pairs, theta)
+        r, A, F = self._parts(pairs, theta)
         signal, noise = math.exp(theta[G]), math.exp(theta[G + 1])
         Ks = signal * A * F
         found = _likelihood(Ks, noise, y)
@@ -248,7 +248,7 @@ class AdditiveGP(GP):
         return nll, grad
 
     def _kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        _, _, A, F = self._parts(self._pairs(a, b), self.theta)
+        _, A, F = self._parts(self._pairs(a, b), self.theta)
         return math.exp(self.theta[self.n_groups]) * A * F
 
 
