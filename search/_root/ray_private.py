@@ -51,6 +51,42 @@ def replace_restored_searcher(tuner, searcher) -> None:
     tuner._local_tuner._tune_config.search_alg = searcher
 
 
+def count_callbacks_by_name() -> None:
+    """Have Tune's usage tag count a run's callbacks without importing every tracker integration.
+
+    Each `tune.run` tags the callbacks it was given (`ray.air._internal.usage.tag_callbacks`). Its count
+    imports the MLflow, W&B, Comet and Aim integrations, and with them mlflow and wandb where they are
+    installed: 1.2 CPU-s in every driver, for a count that matches those classes by name only. The
+    replacement counts by the same names, so the tag it records is the same. Without that function (an
+    older or newer Ray), Tune's own count stays."""
+    try:
+        from ray.air._internal import usage
+    except ImportError:
+        return
+    if not callable(getattr(usage, "_count_callbacks", None)) or getattr(usage._count_callbacks, "by_name", False):
+        return
+    integrations = ("WandbLoggerCallback", "MLflowLoggerCallback", "CometLoggerCallback", "AimLoggerCallback")
+
+    def count(callbacks):
+        import collections
+
+        from ray.tune import Callback
+        from ray.tune.logger import LoggerCallback
+        from ray.tune.utils.callback import DEFAULT_CALLBACK_CLASSES
+
+        names = {*integrations, *(cls.__name__ for cls in DEFAULT_CALLBACK_CLASSES)}
+        counts = collections.defaultdict(int)
+        for callback in [c for c in callbacks or [] if isinstance(c, Callback)]:
+            name = type(callback).__name__
+            kind = name if name in names else \
+                "CustomLoggerCallback" if isinstance(callback, LoggerCallback) else "CustomCallback"
+            counts[kind] += 1
+        return counts
+
+    count.by_name = True
+    usage._count_callbacks = count
+
+
 def save_experiment_now(tune_controller) -> None:
     """Have Tune save its experiment state (and copy it to storage) now. Schedulers get a wrapper that
     exposes no save; the controller behind it has ``checkpoint(force, wait)``. No controller (a scheduler

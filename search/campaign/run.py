@@ -148,6 +148,7 @@ class CampaignRun:
         from qkvsearch.search.monitor.watch import CampaignMonitor
 
         views = [CampaignMetrics(self.recorder.campaign)] + ([view] if view is not None else [])
+        ray_private.count_callbacks_by_name()  # Tune's usage tag would import mlflow and wandb to count callbacks
         with CampaignMonitor(self.exp, views), _tune_environment(verbose):
             tuner.fit()
             if stop.received:  # before the monitor's last snapshot: no trial shows as running after a stop
