@@ -56,9 +56,9 @@ def count_callbacks_by_name() -> None:
 
     Each `tune.run` tags the callbacks it was given (`ray.air._internal.usage.tag_callbacks`). Its count
     imports the MLflow, W&B, Comet and Aim integrations, and with them mlflow and wandb where they are
-    installed: 1.2 CPU-s in every driver, for a count that matches those classes by name only. The
-    replacement counts by the same names, so the tag it records is the same. Without that function (an
-    older or newer Ray), Tune's own count stays."""
+    installed, in every driver (its cost: benchmarks/README.md), for a count that matches those classes by
+    name only. The replacement counts by the same names, so the tag it records is the same. Without that
+    function (an older or newer Ray), Tune's own count stays."""
     try:
         from ray.air._internal import usage
     except ImportError:
