@@ -20,7 +20,10 @@ demo: $(STAMP)
 # longest files first (tests/helpers/scheduling.py; `--record-durations` rewrites tests/durations.json): the files
 # that start Ray or train go first and the short ones fill the end, so neither process waits for the other. Each
 # test judges only the processes it started (tests/conftest.py), and each Ray it starts has ports of its own.
+# The project's modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the hundreds of
+# processes the suite starts (drivers, trials, Train workers) would compile them again.
 test: $(STAMP)
+	$(BIN)/python -m compileall -q search spaces trainers
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 test-fast: $(STAMP)
