@@ -238,6 +238,9 @@ def cmd_launch(args) -> int:
 
 
 def cmd_resume(args) -> int:
+    from qkvsearch.search.records.lease import refuse_if_held
+
+    refuse_if_held(args.dir)  # before the launcher's imports (seconds): a held campaign is refused at once
     from qkvsearch.search.campaign.launch import resume
     from qkvsearch.search.monitor.terminal import TerminalView
 

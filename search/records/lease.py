@@ -155,6 +155,19 @@ def read_lease(exp) -> DriverState:
     return DriverState(holder, now, damaged=holder is None)
 
 
+def refuse_if_held(exp: str) -> None:
+    """CampaignHeld when a live driver holds ``exp``: a second driver reads this before it imports Ray and
+    the launcher, so that it is refused at once. `DriverLease.acquire` takes the hold later by the same rule
+    (a holder whose heartbeat is within its stale limit); whatever else is wrong with ``exp`` is left to the
+    command's own checks."""
+    try:
+        state = read_lease(exp)
+    except (OSError, ValueError):  # no such folder or storage, a URI pyarrow cannot open: the command says so
+        return
+    if state.live:
+        raise CampaignHeld(exp, state.holder)
+
+
 class CampaignHeld(BadInput):
     """Another live driver holds the campaign."""
 
