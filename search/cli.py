@@ -229,6 +229,11 @@ def cmd_launch(args) -> int:
         from qkvsearch.spaces.tracking import add_trackers
 
         spec = add_trackers(spec, args.track)
+    if args.overwrite:  # as resume: a campaign a live driver holds is refused before the launcher's imports
+        from qkvsearch.search.records.layout import experiment_dir
+        from qkvsearch.search.records.lease import refuse_if_held
+
+        refuse_if_held(experiment_dir(spec))
     from qkvsearch.search.campaign.launch import launch
     from qkvsearch.search.monitor.terminal import TerminalView
 

@@ -182,19 +182,27 @@ def test_on_a_bucket_one_conditional_create_wins_and_a_stale_hold_is_taken_over(
     assert read_lease(exp).holder is None
 
 
-def test_resume_beside_a_live_driver_is_refused_before_it_imports_ray(tmp_path):
+@pytest.mark.parametrize("command", ["resume", "launch --overwrite"])
+def test_a_driver_beside_a_live_one_is_refused_before_it_imports_ray(tmp_path, command):
     """The refusal comes first: the command ends at once instead of after seconds of imports, well within
     the hold's stale limit even on a loaded machine."""
     import subprocess
 
-    exp = tmp_path / "c1"
-    write_campaign(exp, ["completed"])
+    from helpers.live_campaign import tiny_spec, write_spec
+
+    raw = tiny_spec(tmp_path / "results", "c1", workers=1, epochs=1, variants=[{"embedding": "linear"}])
+    exp = tmp_path / "results" / "c1"
+    records = write_campaign(exp, ["completed"], spec=raw, name="c1")
     _other_driver(exp, heartbeat_age_s=1)
-    code = ("import sys; from qkvsearch.search.cli import main; rc = main(['resume', sys.argv[1]]); "
-            "print(rc, sorted(m for m in ('ray', 'torch', 'qkvsearch.search.campaign.launch') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code, str(exp)], capture_output=True, text=True, timeout=120)
+    spec = write_spec(tmp_path / "c1.yaml", raw)
+    args = [str(exp)] if command == "resume" else [str(spec), "--overwrite"]
+    code = ("import sys; from qkvsearch.search.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, sorted(m for m in ('ray', 'qkvsearch.search.campaign.launch') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, command.split()[0], *args], capture_output=True, text=True,
+                          timeout=120)
     assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr[-3000:]
     assert "campaign held by a live driver (host node-7, pid 4242" in done.stderr
+    assert len(list((exp / "qs_trials").glob("*.json"))) == len(records)  # nothing deleted
 
 
 def _other_driver(exp, heartbeat_age_s: float) -> None:
