@@ -1,9 +1,4 @@
-"""`qkvsearch`: launch, resume, watch and report search campaigns over QKV embeddings.
-
-Exit codes: 0 success, 2 bad input (spec, path, resources: a BadInput; or a standard output that takes
-no more, a closed pipe or a full disk), 1 failure (any other exception, traceback printed), 3 a launch or
-resume whose every trial failed (the first trial's error printed), 130 interrupted.
-"""
+"""`qkvsearch`: launch, resume, watch and report search campaigns over QKV embeddings (exit codes: _EPILOG)."""
 from __future__ import annotations
 
 import argparse
@@ -230,10 +225,9 @@ def cmd_launch(args) -> int:
 
         spec = add_trackers(spec, args.track)
     if args.overwrite:  # as resume: a campaign a live driver holds is refused before the launcher's imports
-        from qkvsearch.search.records.layout import experiment_dir
-        from qkvsearch.search.records.lease import refuse_if_held
+        from qkvsearch.search.records import layout, lease
 
-        refuse_if_held(experiment_dir(spec))
+        lease.refuse_if_held(layout.experiment_dir(spec))
     from qkvsearch.search.campaign.launch import launch
     from qkvsearch.search.monitor.terminal import TerminalView
 
