@@ -97,15 +97,6 @@ def save_experiment_now(tune_controller) -> None:
         save(force=True, wait=True)
 
 
-# ------------------------------------------------------------------------------------------- a local node
-# Ray's internal settings (RayConfig, read from RAY_<name> by the processes a local Ray starts) that a local
-# Ray sets for itself; none has a public switch.
-# - No idle workers started ahead of need: the raylet starts one per CPU when the first driver connects, but
-#   Tune's trial actors and Train's actors start processes of their own, so those workers import Ray and then
-#   wait, idle, until the node stops (benchmarks/README.md, "Trial start-up: where it goes").
-LOCAL_NODE_SETTINGS = {"RAY_prestart_worker_first_driver": "0"}
-
-
 # ------------------------------------------------------------------------------------------- cluster
 def cluster_config():
     """The autoscaler config the cluster reported to its GCS (node groups with resources and max counts),

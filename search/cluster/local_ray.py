@@ -31,7 +31,6 @@ import ray  # noqa: E402
 # isort: split
 import psutil  # noqa: E402  (Ray's own copy: on the path once ray is imported)
 
-from qkvsearch import ray_private  # noqa: E402
 from qkvsearch.search.cluster.jobs import job_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -57,8 +56,6 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dic
     port = free_port()
     before = {p.pid for p in psutil.Process().children()}
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-    for key, value in ray_private.LOCAL_NODE_SETTINGS.items():  # read by the node's processes as they start
-        os.environ.setdefault(key, value)
     try:
         env = ray_env() | {
             "RAY_ADDRESS": f"127.0.0.1:{port}",
