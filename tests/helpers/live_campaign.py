@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,9 +63,21 @@ def stop_started() -> list[int]:
     return found
 
 
+def ray_temp_folder() -> str:
+    """A temp folder for a Ray a test starts (its RAY_TMPDIR or --temp-dir): in /tmp, not under the test's
+    tmp_path, as Ray's socket paths must stay under 108 characters; remove_ray_temp_folder removes it."""
+    return tempfile.mkdtemp(prefix="r", dir="/tmp")
+
+
+def remove_ray_temp_folder(ray_tmp: str) -> None:
+    """Remove a Ray's temp folder (its sessions' sockets and logs) once none of its processes is left."""
+    wait_for(lambda: not ray_processes(ray_tmp), 60, "the Ray's processes to end before its folder goes")
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def stop_driver(proc: subprocess.Popen, ray_tmp: str) -> None:
     """Stop a driver if it still runs (SIGTERM: it stops its own Ray; SIGKILL after 60 s), end what its Ray
-    left, and take it off the drivers to stop."""
+    left, remove its Ray's folder, and take it off the drivers to stop."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -73,6 +86,7 @@ def stop_driver(proc: subprocess.Popen, ray_tmp: str) -> None:
             proc.kill()
             proc.wait()
     end_ray_processes(ray_tmp, STOP_GRACE_S)
+    remove_ray_temp_folder(ray_tmp)
     stopped(proc)
 
 
@@ -82,8 +96,7 @@ class LiveCampaign:
 
     def __init__(self, args: list[str], tmp: Path, env: dict | None = None):
         self.args, self.tmp = args, tmp
-        # A short folder: Ray's socket paths must stay under 108 characters.
-        self.ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+        self.ray_tmp = ray_temp_folder()
         self.env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("RAY_ADDRESS", None)
         self.out, self.err = tmp / f"{args[0]}.out", tmp / f"{args[0]}.err"
@@ -205,6 +218,7 @@ def stop_head(head: subprocess.Popen, ray_tmp: str) -> None:
         head.kill()
         head.wait()
     wait_for(lambda: not ray_processes(ray_tmp), 60, "the head's processes to stop")
+    remove_ray_temp_folder(ray_tmp)
 
 
 STALL_S = 240  # a campaign that writes nothing for this long is hung (its slowest step writes within ~30 s)

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +26,8 @@ from helpers.live_campaign import (
     end_ray_processes,
     folder_state,
     named_checkpoint_epochs,
+    ray_temp_folder,
+    remove_ray_temp_folder,
     started,
     stopped,
     tiny_spec,
@@ -66,7 +67,7 @@ class _Driver:
     Ray's socket paths must stay under 108 characters)."""
 
     def __init__(self, args: list[str], cwd: Path):
-        self.ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+        self.ray_tmp = ray_temp_folder()
         env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "PYTHONUNBUFFERED": "1", STALE_ENV: str(STALE_S)}
         env.pop("RAY_ADDRESS", None)
         self.err = cwd / f"{args[0]}.err"
@@ -82,7 +83,7 @@ class _Driver:
         """Wait for this driver's Ray processes to end (helpers.live_campaign.end_ray_processes)."""
         end_ray_processes(self.ray_tmp, LINGER_S)
         stopped(self.proc)
-        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+        remove_ray_temp_folder(self.ray_tmp)
 
 
 def _refused_beside(launch: _Driver, spec_file: Path, exp: Path, tmp: Path) -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from helpers.live_campaign import (
     free_port,
     get_json,
     own_token,
+    ray_temp_folder,
     stop_head,
     tiny_spec,
     wait_for,
@@ -64,7 +64,7 @@ class FakeAutoscalingCluster:
     stopped (and every process of that folder with it) on exit."""
 
     def __init__(self, tmp: Path):
-        self.ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths stay short
+        self.ray_tmp = ray_temp_folder()
         self.port, self.dash = free_port(), free_port()
         config = tmp / "autoscaling.json"
         config.write_text(json.dumps(_autoscaling_config(self.port)))

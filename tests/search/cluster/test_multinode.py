@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pyarrow.fs as pafs
@@ -16,6 +15,8 @@ from helpers.live_campaign import (
     named_checkpoint_epochs,
     own_token,
     ray_processes,
+    ray_temp_folder,
+    remove_ray_temp_folder,
     tiny_spec,
     wait_for,
     write_spec,
@@ -79,7 +80,7 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
     spec_file = write_spec(tmp_path / "spec.yaml", spec)
     exp = f"s3://{BUCKET}/campaigns/{NAME}"
     (tmp_path / "cluster.py").write_text(SCRIPT)
-    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    ray_tmp = ray_temp_folder()
     import os
 
     env = own_token({**os.environ, "RAY_TMPDIR": ray_tmp}, tmp_path)  # the cluster's own, not ~/.ray's
@@ -92,6 +93,7 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
         result = json.loads((tmp_path / "out.json").read_text())
     finally:
         wait_for(lambda: not ray_processes(ray_tmp), 60, "the cluster's processes to stop")
+        remove_ray_temp_folder(ray_tmp)
 
     assert result["rc"] == 0, run.stdout[-3000:]
     assert result["worker_nodes"] == sorted(result["nodes"].values())  # one worker on each node

@@ -216,13 +216,12 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
     lists the submission, and the driver adds the campaign's metadata to it."""
     import os
     import sys
-    import tempfile
 
-    from helpers.live_campaign import stop_head
+    from helpers.live_campaign import ray_temp_folder, stop_head
 
     spec = write_spec(tmp_path / "spec.yaml", tiny_spec(tmp_path / "results", "submitted", workers=1, epochs=1,
                                                       variants=[{"embedding": "linear"}], steps=2))
-    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    ray_tmp = ray_temp_folder()
     dash = free_port()
     env = own_token({**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, tmp_path)  # `ray start` makes none
     env.pop("RAY_ADDRESS", None)
