@@ -69,9 +69,10 @@ def ray_temp_folder() -> str:
     return tempfile.mkdtemp(prefix="r", dir="/tmp")
 
 
-def remove_ray_temp_folder(ray_tmp: str) -> None:
-    """Remove a Ray's temp folder (its sessions' sockets and logs) once none of its processes is left."""
-    wait_for(lambda: not ray_processes(ray_tmp), 60, "the Ray's processes to end before its folder goes")
+def remove_ray_temp_folder(ray_tmp: str, what: str = "the Ray's processes to end") -> None:
+    """Wait for none of a Ray's processes to be left (within 60 s, else fail naming ``what``), then remove its
+    temp folder (its sessions' sockets and logs)."""
+    wait_for(lambda: not ray_processes(ray_tmp), 60, what)
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
@@ -217,8 +218,7 @@ def stop_head(head: subprocess.Popen, ray_tmp: str) -> None:
     if head.poll() is None:
         head.kill()
         head.wait()
-    wait_for(lambda: not ray_processes(ray_tmp), 60, "the head's processes to stop")
-    remove_ray_temp_folder(ray_tmp)
+    remove_ray_temp_folder(ray_tmp, "the head's processes to stop")
 
 
 STALL_S = 240  # a campaign that writes nothing for this long is hung (its slowest step writes within ~30 s)

@@ -80,7 +80,8 @@ class _Driver:
             raise AssertionError(f"qkvsearch exited {self.proc.returncode}: {self.err.read_text()[-3000:]}")
 
     def gone(self) -> None:
-        """Wait for this driver's Ray processes to end (helpers.live_campaign.end_ray_processes)."""
+        """Wait for this driver's Ray processes to end (helpers.live_campaign.end_ray_processes), then remove
+        its Ray's folder."""
         end_ray_processes(self.ray_tmp, LINGER_S)
         stopped(self.proc)
         remove_ray_temp_folder(self.ray_tmp)
