@@ -1,6 +1,8 @@
 """The distribution: one import name, the reference points as package data, timm registration on import."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -31,15 +33,27 @@ def test_the_wheel_ships_one_import_name_and_the_reference_points(tmp_path):
         assert member in names, member
 
 
-def test_import_qkvsearch_alone_registers_the_models_in_timm_and_stays_light():
-    code = ("import sys, qkvsearch\n"
+def test_import_qkvsearch_alone_registers_the_models_in_timm_and_stays_light(tmp_path):
+    """...and timm loads without W&B (qkvsearch.TIMM_OPTIONAL_SKIPPED): a process that ends without its exit
+    handlers, as a Ray worker does, leaves no W&B temp folder behind; W&B still imports where it is asked for."""
+    code = ("import os, sys, qkvsearch\n"
             "light = not {'torch', 'timm'} & set(sys.modules)\n"
             "import timm\n"
             "m = timm.create_model('qkv_xcit_nano_12_p16_224', embedding='fsne', code_size=8, img_size=32,"
             " num_classes=10)\n"
-            "print(light, m.qkv_config['width'], m.qkv_config['code_size'], qkvsearch.build_model.__name__)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
-    assert out.stdout.split() == ["True", "128", "8", "build_model"]
+            "print(light, m.qkv_config['width'], m.qkv_config['code_size'], qkvsearch.build_model.__name__,"
+            " 'wandb' in sys.modules, flush=True)\n"
+            "os._exit(0)\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/",
+                         env={**os.environ, "TMPDIR": str(temp)})
+    assert out.stdout.split() == ["True", "128", "8", "build_model", "False"]
+    assert not [p.name for p in temp.iterdir() if "wandb" in p.name]  # (torch keeps its compile cache there)
+    if importlib.util.find_spec("wandb") is not None:  # installed by [dev]: the tracker's own import still works
+        asked = subprocess.run([sys.executable, "-c", "import qkvsearch, timm, wandb; print(wandb.Settings.__name__)"],
+                               capture_output=True, text=True, check=True, cwd="/")
+        assert asked.stdout.split() == ["Settings"]
 
 
 def test_the_report_reads_the_reference_points_as_package_data():

@@ -15,6 +15,7 @@ imported (at once if it already is).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import sys
@@ -42,8 +43,30 @@ def _register_models() -> None:
     import qkvsearch.trainers.registry  # noqa: F401  (registers qkv_* with timm on import)
 
 
+# Loaded by timm where installed, for its training scripts' summary logging (timm.utils.summary), which qkvsearch
+# never calls. Each costs ~0.4 CPU-s in every process that imports timm (a Train worker, a scorer, a measurement,
+# a driver), and W&B makes two temp folders at import that a process ending without its exit handlers (as Ray's
+# workers do) leaves in /tmp. qkvsearch's W&B tracker imports it itself, where a campaign tracks to W&B.
+TIMM_OPTIONAL_SKIPPED = ("wandb",)
+
+
+@contextlib.contextmanager
+def _absent(names):
+    """While inside, ``import <name>`` raises ImportError for each of ``names`` not imported already."""
+    hidden = [n for n in names if n not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # the import system's mark of a module known to be missing
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+
+
 class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
-    """Finds timm like the rest of sys.meta_path, then registers our models once timm has loaded."""
+    """Finds timm like the rest of sys.meta_path, then registers our models once timm has loaded; timm loads
+    without its optional trackers (TIMM_OPTIONAL_SKIPPED)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "timm":
@@ -55,7 +78,8 @@ class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_then_register(module):
-            exec_module(module)
+            with _absent(TIMM_OPTIONAL_SKIPPED):
+                exec_module(module)
             _register_models()
 
         spec.loader.exec_module = exec_then_register
