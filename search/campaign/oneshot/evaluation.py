@@ -8,7 +8,8 @@ top-1 with its counted cost, as it would a trial's; a subnet proposed again (its
 told its known result and not scored twice. Each batch is recorded once scored (search.records.inherited): a
 driver stopped here and resumed scores no recorded subnet again; the searcher built anew is told the recorded
 ones (``Searcher.tell_earlier``) before it proposes more. The selected subnets are then written as stand-alone
-checkpoints by the same kind of actor (``export_subnets``).
+checkpoints (``export_subnets``) by an actor of the same pool (``ScorerPool``): the supernet is not loaded again
+in one more process.
 """
 from __future__ import annotations
 
@@ -58,9 +59,39 @@ class _Scorer:
             write_bytes(path, buf.getvalue())
 
 
-def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, supernet_id: str, space: str,
-             actors: int) -> list[dict]:
-    """Score ``spec.search.num_trials`` subnets (counting those recorded before); -> every evaluation."""
+class ScorerPool:
+    """Scorer actors over one trained supernet, started when first asked for (a resumed driver past the scoring
+    starts one only if it still has subnets to export) and killed on close (``with``): their CPUs go back before
+    the retraining's trials start."""
+
+    def __init__(self, spec, plan: dict, checkpoint: str, teacher_cfg: dict, size: int):
+        res = spec.resources
+        self._start = lambda: ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(_Scorer).remote(
+            plan, checkpoint, teacher_cfg, spec.supernet.bn_batches, max(1, int(res.cpus_per_worker)))
+        self.size = max(1, size)
+        self.actors: list = []
+
+    def get(self, n: int | None = None) -> list:
+        """The first ``n`` actors (default: the pool's size), started as needed."""
+        n = self.size if n is None else n
+        self.actors += [self._start() for _ in range(n - len(self.actors))]
+        return self.actors[:n]
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+    def __enter__(self) -> ScorerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def evaluate(spec, exp: str, scorers: ScorerPool, supernet_id: str, space: str) -> list[dict]:
+    """Score ``spec.search.num_trials`` subnets (counting those recorded before) on the pool's actors; -> every
+    evaluation."""
     records = inherited.read_evaluations(exp)
     known = {inherited.subnet_identity(r["config"]): r for r in records}
     searcher = make_searcher(spec.search.algorithm, spec_problem(spec))
@@ -70,60 +101,46 @@ def evaluate(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, sup
     target = spec.search.num_trials
     if len(known) >= target:
         return records
-    res = spec.resources
-    threads = max(1, int(res.cpus_per_worker))
-    pool = [ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(_Scorer).remote(
-        plan, checkpoint, teacher_cfg, spec.supernet.bn_batches, threads) for _ in range(max(1, actors))]
+    pool = scorers.get()
     base, n_batch, idle, pending = base_config(spec), inherited.batches_written(exp), list(pool), {}
     claimed = set(known)  # identities scored or being scored: none is proposed to an actor twice
     ids = _Ids(records)
     done = False
-    try:
-        while pending or (not done and len(claimed) < target):
-            while idle and not done and len(claimed) < target:
-                share = -(-(target - len(claimed)) // len(pool))  # the rest spread over the actors
-                batch = _propose(searcher, base, known, claimed, min(BATCH, share), ids)
-                if not batch:
-                    done = True
-                    break
-                actor = idle.pop()
-                pending[actor.score.remote([t["config"] for t in batch])] = (actor, batch)
-            if not pending:
+    while pending or (not done and len(claimed) < target):
+        while idle and not done and len(claimed) < target:
+            share = -(-(target - len(claimed)) // len(pool))  # the rest spread over the actors
+            batch = _propose(searcher, base, known, claimed, min(BATCH, share), ids)
+            if not batch:
+                done = True
                 break
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            actor, batch = pending.pop(ready[0])
-            idle.append(actor)
-            scored = [{"subnet_id": t["subnet_id"], "keys": t["keys"], "config": t["config"], "cost": t["cost"],
-                       "metrics": m, "supernet": supernet_id, "space": space}
-                      for t, m in zip(batch, ray.get(ready[0]))]
-            inherited.write_batch(exp, n_batch, scored)
-            n_batch += 1
-            for r in scored:
-                known[inherited.subnet_identity(r["config"])] = r
-                records.append(r)
-                searcher.on_trial_complete(r["subnet_id"], _result(r))
-            log.info(f"subnets scored: {len(known)}/{target}")
-    finally:
-        for actor in pool:
-            ray.kill(actor)
+            actor = idle.pop()
+            pending[actor.score.remote([t["config"] for t in batch])] = (actor, batch)
+        if not pending:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        actor, batch = pending.pop(ready[0])
+        idle.append(actor)
+        scored = [{"subnet_id": t["subnet_id"], "keys": t["keys"], "config": t["config"], "cost": t["cost"],
+                   "metrics": m, "supernet": supernet_id, "space": space}
+                  for t, m in zip(batch, ray.get(ready[0]))]
+        inherited.write_batch(exp, n_batch, scored)
+        n_batch += 1
+        for r in scored:
+            known[inherited.subnet_identity(r["config"])] = r
+            records.append(r)
+            searcher.on_trial_complete(r["subnet_id"], _result(r))
+        log.info(f"subnets scored: {len(known)}/{target}")
     return records
 
 
-def export_subnets(spec, exp: str, plan: dict, checkpoint: str, teacher_cfg: dict, supernet_id: str,
-                   records: list[dict]) -> dict[str, str]:
+def export_subnets(exp: str, scorers: ScorerPool, supernet_id: str, records: list[dict]) -> dict[str, str]:
     """Write each of ``records`` (evaluations) as a stand-alone checkpoint, unless written before (a resumed
     driver); -> {subnet_id: its file}. One actor: a selection is a handful of subnets."""
     files = {r["subnet_id"]: inherited.subnet_file(exp, r["subnet_id"]) for r in records}
     todo = [r for r in records if not exists(files[r["subnet_id"]])]
     if todo:
-        res = spec.resources
-        actor = ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(_Scorer).remote(
-            plan, checkpoint, teacher_cfg, spec.supernet.bn_batches, max(1, int(res.cpus_per_worker)))
-        try:
-            ray.get(actor.export.remote([r["config"] for r in todo], [files[r["subnet_id"]] for r in todo],
-                                        supernet_id))
-        finally:
-            ray.kill(actor)
+        (actor,) = scorers.get(1)
+        ray.get(actor.export.remote([r["config"] for r in todo], [files[r["subnet_id"]] for r in todo], supernet_id))
         log.info(f"{len(todo)} selected subnet(s) written as stand-alone checkpoints under {exp}/{inherited.SUBNETS_DIR}")
     return files
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from qkvsearch.search.campaign.oneshot.evaluation import evaluate, export_subnets
+from qkvsearch.search.campaign.oneshot.evaluation import ScorerPool, evaluate, export_subnets
 from qkvsearch.search.campaign.oneshot.plan import (
     SUPERNET_DIR,
     candidates,
@@ -46,11 +46,11 @@ def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verb
     checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
     log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
     actors = max(1, int(cluster.cpus // max(spec.resources.cpus_per_worker, 1e-9)))
-    records = evaluate(spec, exp, plan, checkpoint, teacher_cfg, supernet_id, space_hash(spec),
-                       min(actors, 4 * max(1, concurrency or 1)))
-    chosen = selection(spec, exp, records)
-    chosen_records, control_records = selected_records(records, chosen)
-    files = export_subnets(spec, exp, plan, checkpoint, teacher_cfg, supernet_id, chosen_records + control_records)
+    with ScorerPool(spec, plan, checkpoint, teacher_cfg, min(actors, 4 * max(1, concurrency or 1))) as scorers:
+        records = evaluate(spec, exp, scorers, supernet_id, space_hash(spec))
+        chosen = selection(spec, exp, records)
+        chosen_records, control_records = selected_records(records, chosen)
+        files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
              "subnet(s), these under two seeds")
     retrain = retrain_spec(spec, chosen)
