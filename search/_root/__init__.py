@@ -44,9 +44,10 @@ def _register_models() -> None:
 
 
 # Loaded by timm where installed, for its training scripts' summary logging (timm.utils.summary), which qkvsearch
-# never calls. Each costs ~0.4 CPU-s in every process that imports timm (a Train worker, a scorer, a measurement,
-# a driver), and W&B makes two temp folders at import that a process ending without its exit handlers (as Ray's
-# workers do) leaves in /tmp. qkvsearch's W&B tracker imports it itself, where a campaign tracks to W&B.
+# never calls. Importing it costs ~0.3 CPU-s and 20 MB in every process that imports timm (a Train worker, a
+# scorer, a measurement, a driver; benchmarks/README.md), and W&B makes two temp folders at import that a process
+# ending without its exit handlers (as Ray's workers do) leaves in /tmp. qkvsearch's W&B tracker imports it
+# itself, where a campaign tracks to W&B.
 TIMM_OPTIONAL_SKIPPED = ("wandb",)
 
 
