@@ -3,7 +3,9 @@ suggests into trials, and what trials end with into what the searcher learns, th
 hooks only.
 
 A suggestion becomes the trial Tune holds (search.searchers.problem.build_trial: resolved config and cost,
-computed once, in the campaign's driver). Then, in order:
+computed once, in the campaign's driver). What it becomes is the campaign's proposal rules'
+(search.searchers.ledger: one record per proposal, its kind a field, the rules shared with ``simulate`` and
+one-shot scoring); here, in order:
 
 - duplicates: a configuration whose training identity (spaces.keys.identity) and quantization policy were
   proposed before becomes a duplicate trial reusing that trial's outcome (search.campaign.driver), which the
@@ -28,7 +30,9 @@ Warm start: before the first proposal, an earlier campaign's results (search.sea
 configurations here and are told to the searcher (``tell_earlier``).
 
 State (search.searchers.state): Tune saves and restores this object with ``save``/``restore``, which write and
-read plain data — this wrapper's bookkeeping and the searcher's own ``state()`` — never a pickle of either.
+read plain data — the ledger's records and the searcher's own ``state()`` — never a pickle of either. A state
+saved before the ledger (its bookkeeping in parallel maps: ``first``, ``variants``, ``outcomes``, ...) is read
+into records (``_ledger_of``).
 What Tune pickles of it into ``tuner.pkl`` is only its class and the state format's version (``__reduce__``);
 a resumed campaign builds it anew from its spec (search.campaign.run) and restores that data into it.
 """
@@ -40,15 +44,16 @@ import logging
 
 from ray.tune.search import Searcher as TuneSearcher
 
+from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.search.searchers import state as saved
 from qkvsearch.search.searchers.base import FINISHED, Searcher
+from qkvsearch.search.searchers.ledger import Ledger
 from qkvsearch.search.searchers.outcomes import outcome_of_result
 from qkvsearch.spaces.keys import identity, quant_policy
-from qkvsearch.spaces.schema import violations
 
 log = logging.getLogger(__name__)
 
-MAX_INFEASIBLE = 100  # infeasible proposals per trial before one is run as a trial (that ends at once)
+MAX_INFEASIBLE = 100  # infeasible proposals per trial before one is run as a trial (that ends infeasible)
 
 
 class Proposals(TuneSearcher):
@@ -66,25 +71,23 @@ class Proposals(TuneSearcher):
         self.inner = searcher               # not ``searcher``: Tune saves a wrapper's searcher apart from it
         self.build, self.record, self.measurer, self.earlier = build, record, measurer, earlier
         self.recorded_cost = recorded_cost
-        self.constraints = tuple(constraints)
-        self.skip_duplicates = skip_duplicates
-        self.first: dict[str, str] = {}        # identity -> the trial that trains it
-        self.variants: dict[str, str] = {}     # identity and policy (_variant) -> the trial that evaluates it
-        self.variant_of: dict[str, str] = {}   # trial id -> its variant (trials that train or evaluate a policy)
-        self.variant_outcomes: dict[str, dict] = {}  # variant -> outcome, once its trial has ended
-        self.for_trainer: list[tuple[str, dict]] = []  # (parked id, trial): a policy waiting for its training
-        self.identity_of: dict[str, str] = {}  # trial id -> identity (trials that train)
-        self.outcomes: dict[str, dict] = {}    # identity -> outcome, once its trial has ended
-        self.warm: set[str] = set()            # identities an earlier campaign trained (warm start)
+        self.ledger = Ledger(constraints, skip_duplicates=skip_duplicates)
         self.started = False                   # the warm start was told (it is, before the first proposal)
-        self.proposals = 0                     # configurations proposed (duplicates skipped by a grid excluded)
-        self.infeasible = 0                    # of which broke a constraint and took no trial slot
-        self.waiting: list[tuple[str, str, dict]] = []  # (parked id, measured key, trial): being measured
         self.ahead = 1                         # at most this many wait (the campaign's concurrency)
-        self.live: set[str] = set()            # trials suggested and not yet ended
-        self.costs: dict[str, dict] = {}       # trial id -> its cost, until it ends
         # () -> whether the campaign is stopping (a stop signal: search.campaign.run sets it); not saved
         self.stopping = _never
+
+    @property
+    def proposals(self) -> int:
+        return self.ledger.proposals
+
+    @property
+    def infeasible(self) -> int:
+        return self.ledger.infeasible
+
+    @property
+    def live(self) -> set[str]:
+        return {r["id"] for r in self.ledger.records.values() if r["live"] and r["kind"] not in rules.PARKED}
 
     # -- Tune's protocol ---------------------------------------------------------------------------------
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
@@ -98,8 +101,6 @@ class Proposals(TuneSearcher):
         if not self.started:
             self._warm_start()
         trial = self._suggest(trial_id)
-        if isinstance(trial, dict):
-            self.live.add(trial_id)
         return TuneSearcher.FINISHED if trial == FINISHED else trial
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -111,13 +112,8 @@ class Proposals(TuneSearcher):
             # interrupted, resumes, and is learnt when it ends. Told now, a searcher whose study others keep
             # (a tracker's storage) would record a failure the resumed trial cannot undo.
             return
-        self.live.discard(trial_id)
-        outcome = outcome_of_result(result, error)
-        if trial_id in self.identity_of:  # an ended trial leaves identity_of and variant_of: its outcome stays
-            self.outcomes[self.identity_of.pop(trial_id)] = outcome
-        if trial_id in self.variant_of:
-            self.variant_outcomes[self.variant_of.pop(trial_id)] = outcome
-        cost = self.costs.pop(trial_id, None)
+        rec, _ = self.ledger.end(trial_id, outcome_of_result(result, error))
+        cost = rec["cost"] if rec is not None else None
         if cost is None and self.recorded_cost is not None:
             cost = self.recorded_cost(trial_id)
         if result and cost:  # the trial's exact cost over anything the result holds for it (NaN, say)
@@ -132,15 +128,12 @@ class Proposals(TuneSearcher):
         known = self.earlier()
         for k in known:
             key = _key(k.key)
-            if key in self.first:
-                continue
-            self.first[key] = k.trial
-            self.outcomes[key] = {"status": k.status, "metrics": k.values}
-            self.variants[_variant(key, k.config)] = k.trial
-            self.variant_outcomes[_variant(key, k.config)] = self.outcomes[key]
-            self.warm.add(key)
-            self.inner.tell_earlier(k)
+            if self.ledger.earlier(k.trial, key, _variant(key, k.config), {"status": k.status, "metrics": k.values}):
+                self.inner.tell_earlier(k)
         log.info(f"search.warm_start: {len(known)} earlier trial(s) lie in this space")
+
+    def _waiting(self) -> int:
+        return sum(1 for r in self.ledger.records.values() if r["kind"] in rules.PARKED)
 
     def _suggest(self, trial_id: str):
         if self.measurer is not None:
@@ -152,138 +145,97 @@ class Proposals(TuneSearcher):
             return trained
         rejected = 0
         while True:
-            if (self.measurer is not None or self.for_trainer) and len(self.waiting) + len(self.for_trainer) >= self.ahead:
+            waiting = self._waiting()
+            if (self.measurer is not None or waiting) and waiting >= self.ahead:
                 return None  # Tune asks again once a measurement is done or a training has ended
             sampled = self.inner.suggest(trial_id)
-            if sampled == FINISHED and (self.waiting or self.for_trainer):
+            if sampled == FINISHED and waiting:
                 return None  # the proposals still waiting become the last trials
             if sampled is None or sampled == FINISHED:
                 return sampled
             trial = self.build(sampled)
-            if trial.get("invalid"):
-                self.costs[trial_id] = {}
-                return trial
-            key = _key(identity(trial["config"]))
-            if self.skip_duplicates and _variant(key, trial["config"]) in self.variants and key not in self.warm:
-                continue
-            self.proposals += 1
-            found = None
-            if self.measurer is not None:
-                found = self.measurer.result(self.measurer.key(trial["config"]))
-                trial = _with_measured(trial, found) if found is not None else trial
-            broken = violations(self.constraints, trial["cost"])
-            if broken and rejected < MAX_INFEASIBLE:  # past the bound it runs as a trial that ends infeasible
+            key = None if trial.get("invalid") else _key(identity(trial["config"]))
+            found, measure = None, self.measurer is not None and key is not None
+            if measure:
+                mkey = self.measurer.key(trial["config"])
+                found, trial = self.measurer.result(mkey), {**trial, "measured_key": mkey}
+            rec = self.ledger.propose(trial_id, trial, key, key and _variant(key, trial["config"]), found=found,
+                                      measure=measure, enforce=rejected < MAX_INFEASIBLE)
+            if rec["kind"] == rules.INFEASIBLE:  # past the bound it runs as a trial that ends infeasible
                 rejected += 1
-                self._reject(trial_id, trial, "; ".join(broken))
+                self._reject(trial_id, rec)
                 continue
-            if self.measurer is not None and found is None:
-                self._park(trial_id, trial)
-                continue
-            admitted = self._admit(trial_id, trial)
-            if admitted is not None:
-                return admitted
+            trial = self._dispatch(trial_id, rec)
+            if trial is not None:
+                return trial
 
-    def _park(self, trial_id: str, trial: dict) -> None:
-        """The proposal waits for its model's measurement under a name of its own; trial_id asks anew."""
-        parked, key = f"{trial_id}-measuring-{self.proposals}", self.measurer.key(trial["config"])
-        self.inner.rename(trial_id, parked)
-        self.waiting.append((parked, key, trial))
-        self.measurer.start(key, trial["config"], idle=not self.live)
+    def _dispatch(self, trial_id: str, rec: dict):
+        """What a judged proposal becomes: Tune's trial for ``trial_id``, or None when it takes no trial now
+        (skipped, or parked under a name of its own while it is measured or waits for a training)."""
+        kind = rec["kind"]
+        if kind == rules.SKIPPED:
+            return None
+        if kind in rules.PARKED:
+            parked = f"{trial_id}-{'measuring' if kind == rules.MEASURING else 'training'}-{self.proposals}"
+            self.ledger.rename(trial_id, parked)
+            self.inner.rename(trial_id, parked)
+            if kind == rules.MEASURING:
+                self.measurer.start(rec["measured"], rec["trial"]["config"], idle=not self.live)
+            return None
+        trial = {k: v for k, v in rec["trial"].items() if k != "measured_key"}
+        if kind != rules.INVALID:
+            self.inner.constrain(trial_id, trial["cost"])
+        if kind == rules.POLICY:
+            return {**trial, "kind": kind, "trained_by": rec["of"], "known": self.ledger.known(rec)}
+        if kind == rules.DUPLICATE:
+            return {**trial, "kind": kind, "duplicate_of": rec["of"], "known": self.ledger.known(rec)}
+        return {**trial, "kind": kind}
 
     def _measured_trial(self, trial_id: str):
         """The first waiting proposal whose measurement is done and that meets the constraints, as trial_id's
         trial; those that break one are rejected on the way. None while none is ready."""
-        for _, key, trial in self.waiting:  # again after a restore; at once (idle) once no trial is live
-            self.measurer.start(key, trial["config"], idle=not self.live)
+        waiting = self.ledger.parked(rules.MEASURING)
+        for rec in waiting:  # again after a restore; at once (idle) once no trial is live
+            self.measurer.start(rec["measured"], rec["trial"]["config"], idle=not self.live)
         self.measurer.poll()
-        while True:
-            ready = next((w for w in self.waiting if self.measurer.result(w[1]) is not None), None)
-            if ready is None:
-                return None
-            self.waiting.remove(ready)
-            parked, key, trial = ready
-            self.inner.rename(parked, trial_id)
-            trial = _with_measured(trial, self.measurer.result(key))
-            broken = violations(self.constraints, trial["cost"])
-            if broken and "measure_error" not in trial:
-                self._reject(trial_id, trial, "; ".join(broken))
+        for rec in waiting:
+            found = self.measurer.result(rec["measured"])
+            if found is None:
                 continue
-            admitted = self._admit(trial_id, trial)
-            if admitted is not None:
-                return admitted
-
-    def _admit(self, trial_id: str, trial: dict):
-        """A proposal that becomes trial_id's trial: the one that trains its configuration, one that evaluates
-        another quantization policy of a configuration trained (``trained_by``), or a duplicate; None when a
-        grid skips it, or while it waits for its configuration's training (``for_trainer``)."""
-        key = _key(identity(trial["config"]))
-        variant = _variant(key, trial["config"])
-        if key in self.first and variant not in self.variants and key not in self.outcomes:
-            parked = f"{trial_id}-training-{self.proposals}"
-            self.inner.rename(trial_id, parked)
-            self.for_trainer.append((parked, trial))
-            return None
-        self.inner.constrain(trial_id, trial["cost"])
-        self.costs[trial_id] = trial["cost"]
-        if variant not in self.variants:
-            self.variants[variant] = trial_id
-            self.variant_of[trial_id] = variant
-            if key in self.first:
-                return {**trial, "trained_by": self.first[key], "known": self.outcomes[key]}
-            self.first[key] = trial_id
-            self.identity_of[trial_id] = key
-            return trial
-        if not self.skip_duplicates:
-            return {**trial, "duplicate_of": self.variants[variant], "known": self.variant_outcomes.get(variant)}
-        del self.costs[trial_id]
+            self.inner.rename(rec["id"], trial_id)
+            judged = self.ledger.measured(rec["id"], trial_id, found)
+            if judged["kind"] == rules.INFEASIBLE:
+                self._reject(trial_id, judged)
+                continue
+            trial = self._dispatch(trial_id, judged)
+            if trial is not None:
+                return trial
         return None
 
     def _trained_policy(self, trial_id: str):
         """The first proposal waiting for a training that has ended, as trial_id's trial (it evaluates that
         training's weights under its own policy, or duplicates a proposal that does); None while none is."""
-        for i, (parked, trial) in enumerate(self.for_trainer):
-            if _key(identity(trial["config"])) in self.outcomes:
-                del self.for_trainer[i]
-                self.inner.rename(parked, trial_id)
-                return self._admit(trial_id, trial)
-        return None
+        rec = self.ledger.ready()
+        if rec is None:
+            return None
+        self.inner.rename(rec["id"], trial_id)
+        return self._dispatch(trial_id, self.ledger.trained(rec["id"], trial_id))
 
-    def _reject(self, trial_id: str, trial: dict, error: str) -> None:
+    def _reject(self, trial_id: str, rec: dict) -> None:
         """An infeasible proposal: recorded, learnt by the searcher, no trial."""
-        self.infeasible += 1
         if self.record is not None:
-            self.record(f"{trial_id}-infeasible-{self.infeasible}", trial_id, trial, error)
-        self.inner.tell_infeasible(trial_id, trial["cost"])
+            self.record(f"{trial_id}-infeasible-{self.infeasible}", trial_id, rec["trial"], rec["error"])
+        self.inner.tell_infeasible(trial_id, rec["trial"]["cost"])
 
     # -- state -------------------------------------------------------------------------------------------
     def get_state(self) -> dict:
         """This wrapper's bookkeeping as plain data (its searcher's is apart: ``state``)."""
-        return {"first": self.first, "identity_of": self.identity_of, "outcomes": self.outcomes,
-                "variants": self.variants, "variant_of": self.variant_of, "variant_outcomes": self.variant_outcomes,
-                "for_trainer": [list(w) for w in self.for_trainer],
-                "warm": sorted(self.warm), "started": self.started, "proposals": self.proposals,
-                "infeasible": self.infeasible, "waiting": [list(w) for w in self.waiting],
-                "live": sorted(self.live), "costs": self.costs,
+        return {"ledger": self.ledger.state(), "started": self.started,
                 "measured": self.measurer.state() if self.measurer else None}
 
     def set_state(self, state: dict) -> None:
-        # Saved before identities were digests: converted (_key, _variant_key); ended trials leave identity_of.
-        self.first = {_key(k): t for k, t in state["first"].items()}
-        self.outcomes, self.warm = {_key(k): o for k, o in state["outcomes"].items()}, {_key(k) for k in state["warm"]}
-        self.identity_of = {t: _key(k) for t, k in state["identity_of"].items() if _key(k) not in self.outcomes}
-        # Saved before policies existed: every trial trained its configuration in full precision.
-        self.variants = {_variant_key(v): t for v, t in (state.get("variants") or {}).items()} \
-            or {_variant(k, {}): t for k, t in self.first.items()}
-        self.variant_outcomes = {_variant_key(v): o for v, o in (state.get("variant_outcomes") or {}).items()} \
-            or {_variant(k, {}): o for k, o in self.outcomes.items()}
-        self.variant_of = {t: _variant_key(v) for t, v in (state.get("variant_of") or {}).items()} \
-            or {t: _variant(k, {}) for t, k in self.identity_of.items()}
-        self.variant_of = {t: v for t, v in self.variant_of.items() if v not in self.variant_outcomes}
-        self.for_trainer = [(p, t) for p, t in state.get("for_trainer", [])]
-        self.started, self.proposals = bool(state["started"]), int(state["proposals"])
-        self.infeasible = int(state["infeasible"])
-        self.waiting = [(p, k, t) for p, k, t in state["waiting"]]
-        self.live, self.costs = set(state["live"]), dict(state.get("costs", {}))
+        self.ledger.restore(state["ledger"] if "ledger" in state else _ledger_of(state))
+        self.started = bool(state["started"])
         if self.measurer is not None and state.get("measured"):
             self.measurer.restore(state["measured"])
 
@@ -300,6 +252,49 @@ class Proposals(TuneSearcher):
         return saved.Unbuilt, (saved.VERSION,)
 
 
+def _ledger_of(state: dict) -> dict:
+    """The ledger (its records) of a state saved before it: the wrapper's parallel maps (a trainer per
+    identity, an evaluator per variant, outcomes by both, proposals waiting for a measurement or a training,
+    live trials and their costs), identities as saved then (text before they were digests: ``_key``), and
+    before policies existed no variants (every trial trained its configuration in full precision)."""
+    first = {_key(k): t for k, t in state["first"].items()}
+    outcomes = {_key(k): o for k, o in state["outcomes"].items()}
+    variants = {_variant_key(v): t for v, t in (state.get("variants") or {}).items()} \
+        or {_variant(k, {}): t for k, t in first.items()}
+    variant_outcomes = {_variant_key(v): o for v, o in (state.get("variant_outcomes") or {}).items()} \
+        or {_variant(k, {}): o for k, o in outcomes.items()}
+    warm = {_key(k) for k in state["warm"]}
+    live, costs = set(state["live"]), dict(state.get("costs", {}))
+    records: dict[str, dict] = {}
+
+    def add(pid, kind, key, variant, of=None, outcome=None, trial=None, measured=None):
+        records[pid] = {"id": pid, "kind": kind, "key": key, "variant": variant, "of": of,
+                        "live": pid in live or kind in rules.PARKED, "outcome": outcome,
+                        "cost": costs.get(pid) if pid in live else (trial or {}).get("cost"),
+                        "trial": trial, "measured": measured, "warm": key in warm and kind == rules.NEW}
+
+    trainer_of = {t: k for k, t in first.items()}
+    for variant, tid in variants.items():
+        key = variant[:_DIGEST_CHARS]
+        if tid in trainer_of:
+            add(tid, rules.NEW, trainer_of[tid], variant, outcome=outcomes.get(trainer_of[tid]))
+        else:
+            add(tid, rules.POLICY, key, variant, of=first.get(key), outcome=variant_outcomes.get(variant))
+    for key, tid in first.items():  # a trainer whose variant the saved maps lack
+        if tid not in records:
+            add(tid, rules.NEW, key, _variant(key, {}), outcome=outcomes.get(key))
+    for parked, trial in state.get("for_trainer", []):
+        key = _key(identity(trial["config"]))
+        add(parked, rules.WAITING, key, _variant(key, trial["config"]), trial=trial)
+    for parked, mkey, trial in state["waiting"]:
+        key = _key(identity(trial["config"]))
+        add(parked, rules.MEASURING, key, _variant(key, trial["config"]), trial=trial, measured=mkey)
+    for tid in live - set(records):  # live trials that train nothing of their own (duplicates, invalid ones)
+        add(tid, rules.DUPLICATE, None, None)
+    return {"records": list(records.values()), "proposals": int(state["proposals"]),
+            "infeasible": int(state["infeasible"])}
+
+
 def _never() -> bool:
     return False
 
@@ -308,6 +303,9 @@ def _own_ending(result: dict | None, error: bool) -> bool:
     """Whether a trial ended on its own (its last planned epoch, or a status it reported: duplicate, infeasible,
     diverged...), rather than stopped or failed from outside before its last epoch."""
     return bool(result) and not error and outcome_of_result(result, error)["status"] != "stopped_early"
+
+
+_DIGEST_CHARS = 32   # a training identity's digest: blake2b of 16 bytes, in hex
 
 
 def _key(identity_text: str) -> str:
@@ -330,12 +328,3 @@ def _variant_key(variant: str) -> str:
 def _variant(key: str, config: dict) -> str:
     """A training identity under a config's quantization policy (the parts in full precision left out)."""
     return key + json.dumps(quant_policy(config), sort_keys=True)
-
-
-def _with_measured(trial: dict, found) -> dict:
-    """A proposal with its model's measurement: (metrics, record) join its cost and ``measured_on``; an error
-    text becomes ``measure_error`` (its trial ends failed without training)."""
-    if isinstance(found, str):
-        return {**trial, "measure_error": found}
-    metrics, record = found
-    return {**trial, "cost": {**trial["cost"], **metrics}, "measured_on": record}

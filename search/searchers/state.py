@@ -20,7 +20,7 @@ from qkvsearch.spaces.errors import BadInput
 from qkvsearch.storage import write_bytes
 
 FORMAT = "qkvsearch-searcher-state"
-VERSION = 1
+VERSION = 2   # 2: the proposal wrapper's bookkeeping as ledger records (search.searchers.ledger)
 FILE_PATTERN = "searcher-state-*.pkl"   # Tune's name (ray.tune.search.Searcher.CKPT_FILE_TMPL)
 
 

@@ -5,10 +5,11 @@ The problem (search.searchers.base.Problem) is the table's: its space is the con
 are the cost columns; ehvi's candidates are its rows. A suggestion is the campaign's own searcher
 (search.searchers.SEARCHERS: random, TPE, NSGA-II, GP, ehvi); the configuration it names is looked up in the
 table, and the replay (search.simulation.replay) feeds that curve's epochs to the scheduler. The searcher
-learns through the same hooks as in a campaign: a curve trained to the planned epochs is COMPLETE with its
-last values, one stopped earlier PRUNED (search.searchers.outcomes); a cost constraint broken by the curve's
-cost columns takes no trial slot and is told (``tell_infeasible``); a configuration evaluated or running
-already is a duplicate (no slot, the known outcome told once it is known); a combination the table lacks is
+learns through the same hooks as in a campaign, and a proposal becomes what the campaign's proposal rules say
+(search.searchers.ledger, a curve its key): a curve trained to the planned epochs is COMPLETE with its last
+values, one stopped earlier PRUNED (search.searchers.outcomes); a cost constraint broken by the curve's cost
+columns takes no trial slot and is told (``tell_infeasible``); a configuration evaluated or running already is
+a duplicate (no slot, the known outcome told once it is known); a combination the table lacks is invalid:
 FAIL. Each of these asks again, at most MAX_PROPOSALS times for one trial, after which the searcher is
 finished.
 
@@ -20,8 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from qkvsearch.search.records.layout import PLANNED_KEY
+from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.search.searchers import searcher_class
 from qkvsearch.search.searchers.base import FINISHED, Problem
+from qkvsearch.search.searchers.ledger import Ledger
 from qkvsearch.search.simulation.curves import Curves
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.metrics import EPOCH, MEASURED_METRICS, bound_problem
@@ -131,10 +134,10 @@ class TableSearch:
         self.space = table_space(curves)
         self.index = {tuple(_plain(cfg[k]) for k in self.space): c for c, cfg in enumerate(curves.configs)}
         self.trial_of: dict[str, tuple[int, str]] = {}      # trial id -> (curve, the searcher's proposal id)
-        self.known: dict[int, tuple] = {}                    # curve -> (its last result, error) once it ended
-        self.running: set[int] = set()
-        self.waiting: dict[int, list[str]] = {}              # curve -> duplicates told when it ends
-        self.suggested = self.proposals = self.infeasible = self.duplicates = 0
+        # the campaign's proposal rules (search.searchers.ledger), a curve its own key; its outcome, once it
+        # ended, is {"result", "error"} as the searcher learnt it
+        self.ledger = Ledger(self.constraints, share_training=False)
+        self.suggested = self.proposals = self.duplicates = 0
 
     def suggest(self, trial_id: str):
         if self.suggested >= self.num_trials:
@@ -145,43 +148,48 @@ class TableSearch:
             if config is None or config == FINISHED:
                 return None
             c = self.index.get(tuple(config.get(k) for k in self.space))
-            if c is None:  # a combination the table does not hold
+            trial = {"config": config, "cost": {}, "invalid": "not in the table"} if c is None else \
+                {"config": config, "cost": curve_cost(self.curves, c)}
+            rec = self.ledger.propose(pid, trial, None if c is None else str(c), None if c is None else str(c))
+            kind, cost = rec["kind"], trial["cost"]
+            if kind == rules.INVALID:  # a combination the table does not hold
                 self.proposals += 1
+                self.ledger.end(pid, {})
                 self.searcher.on_trial_complete(pid, None, error=True)
-                continue
-            cost = curve_cost(self.curves, c)
-            if c in self.known or c in self.running:
+            elif kind == rules.INFEASIBLE:
+                self.proposals += 1
+                self.searcher.tell_infeasible(pid, cost)
+            elif kind == rules.DUPLICATE:  # evaluated or running already: told its outcome once known
                 self.duplicates += 1
                 self.searcher.constrain(pid, cost)
-                if c in self.known:
-                    self.searcher.on_trial_complete(pid, *self.known[c])
-                else:
-                    self.waiting.setdefault(c, []).append(pid)
-                continue
-            self.proposals += 1
-            if violations(self.constraints, cost):
-                self.infeasible += 1
-                self.searcher.tell_infeasible(pid, cost)
-                continue
-            self.searcher.constrain(pid, cost)
-            self.running.add(c)
-            self.trial_of[trial_id] = (c, pid)
-            self.suggested += 1
-            return {"curve": c}
+                known = self.ledger.known(rec)
+                if known is not None:
+                    self.ledger.end(pid, known)
+                    self.searcher.on_trial_complete(pid, known["result"], known["error"])
+            else:
+                self.proposals += 1
+                self.searcher.constrain(pid, cost)
+                self.trial_of[trial_id] = (c, pid)
+                self.suggested += 1
+                return {"curve": c}
         return None
+
+    @property
+    def infeasible(self) -> int:
+        return self.ledger.infeasible
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         _, pid = self.trial_of[trial_id]
         self.searcher.on_trial_result(pid, {PLANNED_KEY: float(self.max_t), **result})
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        c, pid = self.trial_of.pop(trial_id)
+        _, pid = self.trial_of.pop(trial_id)
         result = {PLANNED_KEY: float(self.max_t), EPOCH: 0.0, **(result or {})} if result else None
         self.searcher.on_trial_complete(pid, result, error)
-        self.known[c] = (result, error)
-        self.running.discard(c)
-        for waiting in self.waiting.pop(c, []):
-            self.searcher.on_trial_complete(waiting, result, error)
+        _, waiting = self.ledger.end(pid, {"result": result, "error": error})
+        for dup in waiting:
+            self.ledger.end(dup["id"], {})
+            self.searcher.on_trial_complete(dup["id"], result, error)
 
 
 class ShuffledCurves:

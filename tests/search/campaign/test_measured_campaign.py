@@ -137,7 +137,8 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
     searcher = build_search(load_campaign(spec), str(tmp_path))
     searcher.set_max_concurrency(2)
     assert searcher.suggest("t0") is None          # both first models measured at once: none is a trial yet
-    assert [t["config"]["depth"] for _, _, t in searcher.waiting] == [1, LARGE["depth"]]
+    waiting = searcher.ledger.parked("measuring")
+    assert [r["trial"]["config"]["depth"] for r in waiting] == [1, LARGE["depth"]]
 
     def next_trial(trial_id: str) -> dict:
         # A bound only a hang reaches: on a loaded machine a measurement that holds the node's CPUs (idle) runs
@@ -146,7 +147,8 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
         while (trial := searcher.suggest(trial_id)) is None:
             assert time.monotonic() < deadline, "no measurement finished in 600 s"
             time.sleep(0.1)
-        assert isinstance(trial, dict), (trial, searcher.waiting, searcher.infeasible, searcher.measurer.done)
+        assert isinstance(trial, dict), (trial, searcher.ledger.parked("measuring"), searcher.infeasible,
+                                         searcher.measurer.done)
         return trial
 
     first = next_trial("t0")
@@ -158,7 +160,7 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
     sne = next_trial("t2")                         # measured while t0 and t1 are live: the whole node held
     assert sne["config"]["embedding"] == "sne" and sne["measured_on"]["idle"] is False
     assert sne["measured_on"]["held"]["CPU"] == ray_total_cpus() and sne["measured_on"]["env"]["threads"] == 1
-    assert len(list(tmp_path.glob("qs_measurements/*.json"))) == 3 and searcher.waiting == []
+    assert len(list(tmp_path.glob("qs_measurements/*.json"))) == 3 and searcher.ledger.parked("measuring") == []
     assert measured_key(sne["config"]) in searcher.measurer.done and searcher.live == {"t0", "t1", "t2"}
     restored = build_search(load_campaign(spec), str(tmp_path))
     restored.set_state(json.loads(json.dumps(searcher.get_state())))  # what was measured is plain data

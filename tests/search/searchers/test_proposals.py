@@ -189,7 +189,7 @@ def test_a_warm_start_tells_the_searcher_every_earlier_result_and_they_become_du
     other = load_campaign({**wider.to_dict(), "train": {**wider.to_dict()["train"], "epochs": 2}})
     fresh = build_search(other)
     fresh.suggest("t0")
-    assert len(fresh.inner.study.trials) == 1 and list(fresh.first.values()) == ["t0"]
+    assert len(fresh.inner.study.trials) == 1 and list(fresh.ledger.first.values()) == ["t0"]
 
 
 def test_another_policy_of_a_trained_configuration_waits_for_its_training_without_a_slot_then_reuses_it():
@@ -209,7 +209,8 @@ def test_another_policy_of_a_trained_configuration_waits_for_its_training_withou
             waiting = i
             break
         assert trial["duplicate_of"] == "t0"
-    assert waiting is not None and [t["config"]["quant_mlp"] for _, t in searcher.for_trainer] == [policy]
+    parked = searcher.ledger.parked("waiting")
+    assert waiting is not None and [r["trial"]["config"]["quant_mlp"] for r in parked] == [policy]
     assert searcher.suggest("tx") is None  # one waits, concurrency 1: nothing more until the training ends
     saved = json.loads(json.dumps(searcher.get_state()))
     saved_inner = json.loads(json.dumps(searcher.inner.state()))
@@ -221,7 +222,7 @@ def test_another_policy_of_a_trained_configuration_waits_for_its_training_withou
         s_.on_trial_complete("t0", done)
         trial = s_.suggest("t9")
         assert trial["trained_by"] == "t0" and trial["config"]["quant_mlp"] == policy
-        assert trial["known"]["status"] == "completed" and not s_.for_trainer
+        assert trial["known"]["status"] == "completed" and not s_.ledger.parked("waiting")
     searcher.on_trial_complete("t9", {"top1": 50.0, "top1_q": 49.0, "epoch": 0.0, "qs_trained_by": "t0"})
     again = next(t for i in range(10, 40) if (t := searcher.suggest(f"t{i}"))["config"]["quant_mlp"] == policy)
     assert again["duplicate_of"] == "t9" and again["known"]["metrics"]["top1_q"] == 49.0
@@ -233,8 +234,11 @@ def test_a_state_saved_before_policies_existed_still_loads_and_knows_its_trainin
     searcher = build_search(s)
     first = searcher.suggest("t0")
     searcher.on_trial_complete("t0", {"top1": 40.0, "epoch": 1.0, "qs_epochs_planned": 1.0})
-    old = {k: v for k, v in searcher.get_state().items()
-           if k not in ("variants", "variant_of", "variant_outcomes", "for_trainer")}
+    (rec,) = searcher.ledger.records.values()
+    # the wrapper's bookkeeping as saved before the ledger and before policies: parallel maps, no variants
+    old = {"first": {rec["key"]: "t0"}, "identity_of": {}, "outcomes": {rec["key"]: rec["outcome"]}, "warm": [],
+           "started": True, "proposals": 1, "infeasible": 0, "waiting": [], "live": [], "costs": {},
+           "measured": None}
     restored = build_search(s)
     restored.set_state(json.loads(json.dumps(old)))
     restored.inner.restore(json.loads(json.dumps(searcher.inner.state())))
