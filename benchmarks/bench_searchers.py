@@ -27,6 +27,14 @@ the seeds, to reach the row's median HV@50 (up to RANDOM_REACH). CPU seconds per
 
 ``--measured``: NAS-Bench-201 with latency_ms measured (known to the searcher once a proposal is made, as a
 campaign measures a model before it trains) instead of known for every cell.
+
+``--sampled`` (alone: no tuning, no report rows): ehvi at its default settings over a table taken for a space
+larger than its candidate list, as a campaign's space beyond search.searchers.problem.MAX_CANDIDATES is: its
+candidates a SAMPLE share of the rows drawn with the seed, fixed (what ehvi did before it added candidates),
+or grown by the neighbours of its trained front (searcher_runs.sampled), beside ehvi over every row and random
+search; 200 trials, 4 at a time, FIFO, on SAMPLED_TABLES unless --tables names others:
+
+    OMP_NUM_THREADS=1 nice -n 19 python benchmarks/bench_searchers.py --sampled [--seeds 10]
 """
 from __future__ import annotations
 
@@ -67,6 +75,10 @@ VARIANTS = {
     "trees": (("model", "trees"), ("warp", "none")),
 }
 MEASURED = ("latency_ms",)
+SAMPLED_TABLES = NB201 + ("hpolib:protein_structure", "hpolib:slice_localization", "hpobench:blood_transfusion",
+                          "hpobench:car")
+SAMPLE = 0.1
+DEFAULT_VARIANT = "keys copula start 20"   # search.searchers.ehvi_core.DEFAULT
 GP_SEEDS, GP_TRIALS = 3, 100
 
 
@@ -113,13 +125,19 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-seeds", type=int, default=5)
     ap.add_argument("--report-seeds", type=int, default=None,
                     help="seeds of the report rows' runs to 200 (default: --seeds); random's target keeps --seeds")
-    ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=TABLES)
+    ap.add_argument("--tables", nargs="+", default=None, choices=TABLES,
+                    help=f"default: every table; with --sampled, {', '.join(SAMPLED_TABLES)}")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--store", default="results/bench_searchers.json", help="where runs are kept (and found again)")
     ap.add_argument("--tune-only", action="store_true", help="the variants' runs and the choice, no report rows")
     ap.add_argument("--measured", action="store_true", help="the measured-cost table (NAS-Bench-201)")
+    ap.add_argument("--sampled", action="store_true", help="ehvi from a sample of each table, fixed or grown")
     args = ap.parse_args(argv)
+    if args.sampled:
+        _sampled(Store(args.store), args.tables or list(SAMPLED_TABLES), args.seeds, args.workers)
+        return 0
+    args.tables = args.tables or list(TABLES)
     for v in list(VARIANTS):
         if v not in args.variants:
             del VARIANTS[v]
@@ -203,6 +221,40 @@ def _measured(store: Store, tables, seeds: int, default: str, workers: int) -> N
             print(_row(store, t, label, [f(t, s) for s in range(seeds)], seeds))
         print(_row(store, t, f"gp, latency measured ({GP_TRIALS} trials)",
                    [Job(t, "gp", s, GP_TRIALS, measured=MEASURED) for s in range(GP_SEEDS)], seeds))
+
+
+def _sampled(store: Store, tables, seeds: int, workers: int) -> None:
+    """ehvi's default from a SAMPLE share of each table, fixed or grown, beside every row and random search."""
+    start = time.perf_counter()
+    settings = VARIANTS[DEFAULT_VARIANT]
+    rows = {"ehvi, every row": lambda t, s: Job(t, "ehvi", s, 200, settings),
+            f"ehvi, {SAMPLE:.0%} of the rows, fixed": lambda t, s: Job(t, "ehvi", s, 200, settings, sample=SAMPLE),
+            f"ehvi, {SAMPLE:.0%} of the rows, grown": lambda t, s: Job(t, "ehvi", s, 200, settings, sample=SAMPLE,
+                                                                       grow=True),
+            "random": lambda t, s: Job(t, "random", s, 200)}
+    store.run_all([f(t, s) for t in tables for f in rows.values() for s in range(seeds)], workers)
+    print(f"\nehvi over a sample of each table ({SAMPLE:.0%} of the rows, drawn with the seed), 4 at a time, FIFO: "
+          f"HV of the trained front / the whole table's, median [IQR] over {seeds} seeds")
+    print("| table | searcher | seeds | HV@25 | HV@50 | HV@100 | HV@200 | CPU s/run | ms/suggestion |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for t in tables:
+        for label, f in rows.items():
+            runs = [store[f(t, s)] for s in range(seeds)]
+            per = np.mean([r["secs"] / max(1, r["suggestions"]) for r in runs])
+            print(f"| {short(t)} | {label} | {seeds} | " + " | ".join(cell([at(r["hv"], n) for r in runs]) for n in BUDGETS)
+                  + f" | {np.mean([r['secs'] for r in runs]):.1f} | {1000 * per:.0f} |")
+    fixed, grown = list(rows.values())[1:3]
+    print("\ngrown minus fixed, the same sample (seed) paired: median difference of HV; seeds where grown is ahead / "
+          "behind (by more than 0.001)")
+    print("| table | " + " | ".join(f"HV@{n}" for n in BUDGETS) + " |")
+    print("|---|" + "---|" * len(BUDGETS))
+    for t in tables:
+        cells = []
+        for n in BUDGETS:
+            d = np.array([at(store[grown(t, s)]["hv"], n) - at(store[fixed(t, s)]["hv"], n) for s in range(seeds)])
+            cells.append(f"{np.median(d):+.3f} ({(d > 1e-3).sum()} / {(d < -1e-3).sum()})")
+        print(f"| {short(t)} | " + " | ".join(cells) + " |")
+    print(f"\n{time.perf_counter() - start:.0f} s wall time")
 
 
 if __name__ == "__main__":

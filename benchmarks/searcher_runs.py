@@ -1,8 +1,8 @@
 """Replays of the campaign's searchers on tables, run once and kept: what bench_searchers.py and
 bench_multifidelity.py are made of.
 
-A run is a ``Job`` (table, searcher, its settings, seed, trials, scheduler, measured cost columns) replayed by
-search.simulation (``simulate``); its result (the hypervolume fraction after each completed trial, the epochs
+A run is a ``Job`` (table, searcher, its settings, seed, trials, scheduler, measured cost columns, the share of
+the table ehvi starts from) replayed by search.simulation (``simulate``); its result (the hypervolume fraction after each completed trial, the epochs
 spent by then, seconds, suggestions) is kept in a JSON file under the job's text, so an interrupted sweep goes
 on where it stopped and a table printed again costs nothing. Jobs run in ``workers`` processes, each with one
 thread (OMP_NUM_THREADS=1; set before numpy loads).
@@ -14,7 +14,9 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # GPSampler's torch: one thread per process (Optuna's advice)
@@ -53,7 +55,9 @@ def table(name: str):
 @dataclass(frozen=True)
 class Job:
     """One replay. settings: ehvi_core.Settings fields (ehvi, mfehvi), () for Optuna's samplers;
-    scheduler: fifo, or moasha (3 brackets, grace 1, rf 3); measured: cost columns revealed on proposal."""
+    scheduler: fifo, or moasha (3 brackets, grace 1, rf 3); measured: cost columns revealed on proposal;
+    sample: ehvi's candidates are that share of the table's rows, drawn with the seed (0: every row), to
+    which it adds neighbours of its trained front when ``grow`` (``sampled``)."""
 
     table: str
     searcher: str
@@ -62,10 +66,15 @@ class Job:
     settings: tuple = ()
     scheduler: str = "fifo"
     measured: tuple = ()
+    sample: float = 0.0
+    grow: bool = False
 
     @property
     def key(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.sample:   # the key of a job of every row, as it was before sample and grow existed
+            del fields["sample"], fields["grow"]
+        return json.dumps(fields, sort_keys=True)
 
 
 def run(job: Job) -> dict:
@@ -78,12 +87,47 @@ def run(job: Job) -> dict:
     setting = Setting("fifo") if job.scheduler == "fifo" else Setting("moasha", 1, 3, 3)
     options = {"settings": Settings(**dict(job.settings))} if job.settings else None
     start = time.process_time()
-    r = simulate(curves, setting, concurrency=CONCURRENCY, seed=job.seed, num_trials=job.trials,
-                 searcher=job.searcher, searcher_options=options, measured=job.measured)
+    with sampled(job.sample, job.grow, job.seed):
+        r = simulate(curves, setting, concurrency=CONCURRENCY, seed=job.seed, num_trials=job.trials,
+                     searcher=job.searcher, searcher_options=options, measured=job.measured)
     secs = time.process_time() - start
     return {"hv": (r.hv / curves.grid_hv).round(6).tolist(), "epochs": r.hv_epochs.tolist(), "secs": secs,
             "suggestions": int(getattr(r.searcher, "proposals", 0) + getattr(r.searcher, "duplicates", 0)) or r.trials,
             "trials": r.trials}
+
+
+@contextmanager
+def sampled(share: float, grow: bool, seed: int):
+    """Within it, a table's problem (search.simulation.searchers.table_problem) offers ehvi ``share`` of its
+    rows as candidates (drawn with ``seed``), as a campaign's space larger than search.searchers.problem's
+    MAX_CANDIDATES offers a sample of it; with ``grow`` its neighbours are those of a space of the table's
+    columns, each a choice of the values it holds (spaces.trials.neighbour_config), costed by the table (a
+    combination it lacks cannot be trained)."""
+    if not share:
+        yield
+        return
+    from qkvsearch.search.searchers.ehvi import config_key
+    from qkvsearch.search.simulation import searchers
+    from qkvsearch.spaces.schema import Dimension, Space
+    from qkvsearch.spaces.trials import neighbour_config
+
+    whole = searchers.table_problem
+
+    def problem(curves, *args, **kwargs):
+        full = whole(curves, *args, **kwargs)
+        configs, costs, _ = full.candidates()
+        rows = np.sort(np.random.default_rng(seed).choice(len(configs), round(share * len(configs)), replace=False))
+        by_key = {config_key(c): cost for c, cost in zip(configs, costs)}
+        space = Space(tuple(Dimension(k, "choice", tuple(v)) for k, v in searchers.table_space(curves).items()))
+        return replace(full, candidates=lambda: ([configs[i] for i in rows], [costs[i] for i in rows], [True] * len(rows)),
+                       neighbour=partial(neighbour_config, space) if grow else None,
+                       costs=lambda cs: ([by_key.get(config_key(c), {}) for c in cs], [config_key(c) in by_key for c in cs]))
+
+    searchers.table_problem = problem
+    try:
+        yield
+    finally:
+        searchers.table_problem = whole
 
 
 def _run_keyed(job: Job) -> tuple[str, dict]:

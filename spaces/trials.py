@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.draws import RandomTrial
 from qkvsearch.spaces.errors import SpecError
 from qkvsearch.spaces.keys import flatten
 from qkvsearch.spaces.schema import CampaignSpec, FrozenMap, tagged
@@ -105,7 +106,11 @@ def suggest_config(spec: CampaignSpec, trial) -> dict:
     ``OptunaSearch(space=lambda t: suggest_config(spec, t))`` works. Variants are one categorical
     parameter "variant" (their index); inactive dimensions are not suggested, hence absent.
     """
-    space = spec.space
+    return suggest_keys(spec.space, trial)
+
+
+def suggest_keys(space, trial) -> dict:
+    """suggest_config over a Space: the variant, then each active dimension in order."""
     config: dict = {}
     if space.variants:
         index = trial.suggest_categorical("variant", list(range(len(space.variants))))
@@ -151,3 +156,48 @@ def params_of(space, config: dict) -> tuple[dict, dict] | None:
             dist = FloatDistribution(dim.low, dim.high, log=dim.log)
         params[dim.key], dists[dim.key], chosen[dim.key] = value, dist, value
     return params, dists
+
+
+def neighbour_config(space, config: dict, rng, changes: int = 1) -> dict | None:
+    """A configuration of ``space`` next to ``config``: its space keys with ``changes`` of its searched dimensions
+    (the variant counting as one) drawn anew, each to another value where a choice has one; a dimension the
+    change switches on (``when``, a block past the old depth) is drawn, one it switches off is dropped, every
+    other keeps its value. rng: a numpy Generator, all the randomness there is (the same state, the same
+    neighbour). None when ``config`` is not a configuration of the space, or nothing in it is searched."""
+    found = params_of(space, config)
+    if found is None:
+        return None
+    kept = found[0]
+    movable = [k for k in kept if (len(space.variants) > 1 if k == "variant" else _searched(space.dimension(k)))]
+    if not movable:
+        return None
+    picked = rng.choice(len(movable), size=min(changes, len(movable)), replace=False)
+    return suggest_keys(space, _Redraw(kept, {movable[int(i)] for i in picked}, rng))
+
+
+def _searched(dim) -> bool:
+    return not dim.enumerable or len(dim.values) > 1
+
+
+class _Redraw(RandomTrial):
+    """The define-by-run trial of ``neighbour_config``: the ``kept`` parameters, except those ``redraw`` names
+    and those ``kept`` lacks, which it draws as RandomTrial does (a choice redrawn: among its other values)."""
+
+    def __init__(self, kept: dict, redraw: set, rng):
+        super().__init__(rng)
+        self.kept, self.redraw = kept, redraw
+
+    def _keeps(self, name: str) -> bool:
+        return name in self.kept and name not in self.redraw
+
+    def suggest_categorical(self, name: str, choices: list):
+        if self._keeps(name):
+            return self.kept[name]
+        other = [c for c in choices if name not in self.kept or tagged(c) != tagged(self.kept[name])]
+        return super().suggest_categorical(name, other or list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, log: bool = False) -> int:
+        return self.kept[name] if self._keeps(name) else super().suggest_int(name, low, high, log)
+
+    def suggest_float(self, name: str, low: float, high: float, log: bool = False) -> float:
+        return self.kept[name] if self._keeps(name) else super().suggest_float(name, low, high, log)

@@ -48,8 +48,12 @@ class Problem:
     draw(trial): the space keys of one configuration, drawn through an Optuna-style trial (define-by-run).
     params_of(config): the (params, distributions) that draw ``config``, or None outside the space.
     configurations(): every configuration in order (enumerable spaces).
-    candidates(): (configurations, their costs, whether each can be trained at all) for searchers over a fixed
-    candidate list."""
+    candidates(): (configurations, their costs, whether each can be trained at all) for searchers over a
+    candidate list.
+    neighbour(config, rng, changes): a configuration next to ``config`` (spaces.trials.neighbour_config), for a
+    searcher to add to its candidates; None where the candidates are every configuration (a table, a space of
+    at most search.searchers.problem.MAX_CANDIDATES), set where they are a sample of the space.
+    costs(configs): (their costs, whether each can be trained), as candidates() gives them."""
 
     objectives: tuple[tuple[str, str], ...]
     constraints: tuple = ()
@@ -60,6 +64,8 @@ class Problem:
     params_of: Callable[[dict], tuple[dict, dict] | None] | None = None
     configurations: Callable[[], Iterator[dict]] | None = None
     candidates: Callable[[], tuple[list[dict], list[dict], list[bool]]] | None = None
+    neighbour: Callable[[dict, Any, int], dict | None] | None = None
+    costs: Callable[[list[dict]], tuple[list[dict], list[bool]]] | None = None
     repeats: int = 1          # grid: each configuration this many times, seeds train_seed, train_seed + 1, ...
     train_seed: int = 0
     population_size: int | None = None

@@ -1,4 +1,5 @@
-"""The search behind ``ehvi`` (search.searchers.ehvi) over a fixed list of candidates: which one to train next.
+"""The search behind ``ehvi`` (search.searchers.ehvi) over a list of candidates, which may grow (``extend``):
+which one to train next.
 
 A model (search.searchers.surrogate) learns the training objective of the candidates trained so far; each
 proposal is the candidate of largest expected hypervolume improvement (search.searchers.hvi) of the front of
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.searchers.hvi import COST_DRAWS, ehvi_sampled
 from qkvsearch.search.searchers.surrogate import Linear, copula, make_model
 from qkvsearch.spaces.search_options import STARTUP_TRIALS
@@ -81,7 +83,7 @@ class EHVICore:
 
     def __init__(self, features, groups, costs, feasible, maximise: bool, seed: int, settings: Settings = DEFAULT,
                  start: int | None = None, measured=None, signs=None, side=None):
-        self.features, self.groups = np.asarray(features, float), np.asarray(groups, int)
+        self.features, self.groups = self.inputs(features, groups)
         self.costs = np.array(costs, float)
         self.feasible = np.asarray(feasible, bool)
         self.sign = 1.0 if maximise else -1.0
@@ -98,6 +100,38 @@ class EHVICore:
         self.model = make_model(settings.model, self.groups, seed, self.fidelity_group)
         self.fitted_at = 0                    # observations at the last hyperparameter fit
         self._codes = None
+
+    def inputs(self, features, groups) -> tuple[np.ndarray, np.ndarray]:
+        """(features, groups) the model reads of the candidates' encoding (a subclass adds columns)."""
+        return np.asarray(features, float), np.asarray(groups, int)
+
+    def extend(self, features, groups, costs, feasible, side) -> None:
+        """Candidates appended after the others: features (n, d), groups and side (n, s) of every candidate,
+        encoded anew with them (an encoding reads the whole list: surrogate.encode); costs (m, k) and feasible
+        (m,) of the m added. Where the encoding of the earlier candidates changed, the model's hyperparameters
+        are fitted again at the next proposal (from the last ones, where they still apply)."""
+        before = len(self.costs)
+        features, groups = self.inputs(features, groups)
+        same = np.array_equal(groups, self.groups) and np.array_equal(features[:before], self.features)
+        self.features, self.groups, self.side = features, groups, np.asarray(side, float)
+        self.costs = np.vstack([self.costs, np.asarray(costs, float).reshape(-1, self.costs.shape[1])])
+        self.feasible = np.concatenate([self.feasible, np.asarray(feasible, bool)])
+        self._codes = None
+        if not same:
+            theta = self.model.theta
+            self.model = make_model(self.settings.model, self.groups, self.seed, self.fidelity_group)
+            if theta is not None and hasattr(self.model, "default_theta") and len(theta) == len(self.model.default_theta()):
+                self.model.theta = theta
+            self.fitted_at = 0   # _fit: optimised at the next proposal
+
+    def front(self) -> np.ndarray:
+        """The candidates trained with a result that no other such dominates in (training objective, costs)."""
+        done = np.array(sorted(self.results), dtype=int)
+        if not len(done):
+            return done
+        values = np.column_stack([[-self.results[i] for i in done], self.costs[done]])
+        values[np.isnan(values)] = np.inf
+        return done[nondominated_mask(values, ["min"] * values.shape[1])]
 
     # -- proposing -----------------------------------------------------------------------------------
     def open(self) -> np.ndarray:

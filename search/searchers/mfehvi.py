@@ -15,6 +15,7 @@ Each proposal is the candidate of largest expected hypervolume improvement of it
 (s = 1) against the front of the completed trials (search.searchers.ehvi_core). The start-up ends once START
 configurations have reported an epoch.
 
+Candidates: ehvi's, grown alike over a sample of the space (from the front of the completed trials).
 State: ehvi's, plus every recorded epoch by configuration and the planned epochs.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from qkvsearch.search.records.layout import PLANNED_KEY
-from qkvsearch.search.searchers.ehvi import EhviSearcher, config_key
+from qkvsearch.search.searchers.ehvi import EhviSearcher
 from qkvsearch.search.searchers.ehvi_core import DEFAULT, EHVICore
 from qkvsearch.spaces.checks import finite
 from qkvsearch.spaces.metrics import EPOCH
@@ -44,12 +45,16 @@ class MFCore(EHVICore):
     """EHVICore whose model learns every kept epoch (module docstring). ``epochs``: candidate -> {epoch: value,
     maximised sign}; ``planned``: the planned epochs (from the results)."""
 
-    def __init__(self, features, groups, *args, **kwargs):
-        groups = np.asarray(groups, int)
-        super().__init__(np.column_stack([features, np.ones(len(features))]),
-                         np.append(groups, groups.max() + 1 if len(groups) else 0), *args, **kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.epochs: dict[int, dict[int, float]] = {}
         self.planned = 1
+
+    def inputs(self, features, groups) -> tuple[np.ndarray, np.ndarray]:
+        """The encoding and a fidelity column, 1 (the planned epochs) for every candidate: a group of its own."""
+        groups = np.asarray(groups, int)
+        return (np.column_stack([np.asarray(features, float), np.ones(len(features))]),
+                np.append(groups, groups.max() + 1 if len(groups) else 0))
 
     def record(self, index: int, epoch: int, value: float, planned: int | None) -> None:
         if planned:
@@ -125,17 +130,12 @@ class MFEhviSearcher(EhviSearcher):
         self._record(trial_id, result)   # a stopped trial's last epoch too: what it reached is learnt
         super().on_trial_complete(trial_id, result, error)
 
-    def state(self) -> dict:
-        out = super().state()
-        if out["core"] is not None:
-            keys = [config_key(c) for c in self.candidates]
-            out["core"]["epochs"] = [[keys[i], e] for i, e in out["core"]["epochs"]]
-        return out
+    def keyed(self, core: dict, keys: list[str]) -> dict:
+        core = super().keyed(core, keys)
+        core["epochs"] = [[keys[i], e] for i, e in core["epochs"]]
+        return core
 
-    def restore(self, state: dict) -> None:
-        if state.get("core") is not None:
-            core = dict(state["core"])
-            _ = self.core  # the candidates and their index, made at the first use
-            core["epochs"] = [[self.index[k], e] for k, e in core.get("epochs", []) if k in self.index]
-            state = {**state, "core": core}
-        super().restore(state)
+    def indexed(self, core: dict, index: dict[str, int]) -> dict:
+        core = super().indexed(core, index)
+        core["epochs"] = [[index[k], e] for k, e in core.get("epochs", []) if k in index]
+        return core

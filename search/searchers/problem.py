@@ -12,7 +12,7 @@ from qkvsearch.search.searchers.base import Problem
 from qkvsearch.spaces import base_config, dimensions, suggest_config
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.metrics import COUNTED_METRICS
-from qkvsearch.spaces.trials import params_of
+from qkvsearch.spaces.trials import neighbour_config, params_of
 
 MAX_CANDIDATES = 4096   # ehvi: candidates drawn from a space of ranges (or from a grid larger than this)
 
@@ -32,9 +32,10 @@ def build_trial(base: dict, sampled: dict) -> dict:
 
 def candidate_configs(spec) -> list[dict]:
     """The space keys of ehvi's candidates: every configuration of an enumerable space of at most
-    MAX_CANDIDATES, else MAX_CANDIDATES drawn from the space with the campaign's seed (duplicates dropped)."""
+    MAX_CANDIDATES, else MAX_CANDIDATES drawn from the space with the campaign's seed (duplicates dropped), a
+    sample ehvi then grows by the neighbours of its best (Problem.neighbour, search.searchers.ehvi)."""
     space = spec.space
-    if space.enumerable and dimensions.count(space) <= MAX_CANDIDATES:
+    if not samples_space(spec):
         return list(dimensions.iterate(space))
     import optuna  # only to draw from a space too large to enumerate
 
@@ -50,10 +51,20 @@ def candidate_configs(spec) -> list[dict]:
     return out
 
 
+def samples_space(spec) -> bool:
+    """Whether ehvi's candidates are a sample of the space (candidate_configs), not every configuration."""
+    space = spec.space
+    return not (space.enumerable and dimensions.count(space) <= MAX_CANDIDATES)
+
+
+def _costs(base: dict, configs: list[dict]) -> tuple[list[dict], list[bool]]:
+    trials = [build_trial(base, c) for c in configs]
+    return [t["cost"] for t in trials], [not t.get("invalid") for t in trials]
+
+
 def _candidates(spec, base: dict) -> tuple[list[dict], list[dict], list[bool]]:
     configs = candidate_configs(spec)
-    trials = [build_trial(base, c) for c in configs]
-    return configs, [t["cost"] for t in trials], [not t.get("invalid") for t in trials]
+    return (configs, *_costs(base, configs))
 
 
 def spec_problem(spec, storage=None) -> Problem:
@@ -64,6 +75,7 @@ def spec_problem(spec, storage=None) -> Problem:
         known=COUNTED_METRICS, seed=search.seed, num_trials=search.num_trials,
         draw=partial(suggest_config, spec), params_of=partial(params_of, spec.space),
         configurations=partial(dimensions.iterate, spec.space), candidates=partial(_candidates, spec, base),
+        neighbour=partial(neighbour_config, spec.space) if samples_space(spec) else None, costs=partial(_costs, base),
         repeats=search.repeats, train_seed=base["seed"], population_size=search.population_size,
         n_startup_trials=search.n_startup_trials, storage=storage,
         study_name=spec.name if storage is not None else None)

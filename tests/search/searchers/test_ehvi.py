@@ -258,11 +258,11 @@ def test_the_campaign_searcher_proposes_feasible_configurations_once_and_resumes
         trials.append(trial)
         top1 = 50 + 10 * (trial["config"].get("hidden_width") or 0)
         wrapper.on_trial_complete(f"t{i}", {"top1": top1, **trial["cost"], "epoch": 1.0, "qs_epochs_planned": 1.0})
-    assert len(wrapper.inner.candidates) == MAX_CANDIDATES  # ranges: drawn from the space with the seed
+    assert wrapper.inner.initial == MAX_CANDIDATES  # ranges: drawn from the space with the seed, then grown
     assert all(t["cost"]["params_m"] <= 3.0 for t in trials) and wrapper.infeasible == 0
     assert len({repr(sorted(t["config"].items())) for t in trials}) == 8
     state = json.dumps(wrapper.inner.state())
-    assert len(state) < 100_000  # the candidates are made again, not saved
+    assert len(state) < 100_000  # the sampled candidates are made again; only those added are saved
     restored = build_search(spec)
     restored.set_state(wrapper.get_state())
     restored.inner.restore(json.loads(state))
