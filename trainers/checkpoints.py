@@ -1,14 +1,23 @@
 """Where a run keeps its checkpoints, in the layout a Ray Train run writes
-(``<storage>/<run name>/checkpoint_epoch_NNNN/state.pt``), and ``LocalRun``: the checkpoints and reports
-of a run in Train's local mode, which keeps none itself. No Ray import here (trainers.loop holds them).
+(``<storage>/<run name>/checkpoint_epoch_NNNN/state.pt``), ``LocalRun``: the checkpoints and reports of a run
+in Train's local mode, which keeps none itself, and the state file itself (``save_state``, ``load_state``). No
+Ray import here (trainers.loop holds them); torch is imported where a state file is read or written.
 """
 from __future__ import annotations
 
+import io
+import os
 import re
 
+from qkvsearch.spaces.errors import reason
 from qkvsearch.spaces.metrics import EPOCH
+from qkvsearch.storage import read_bytes, write_bytes
+from qkvsearch.trainers.errors import CheckpointError
 
-__all__ = ["LocalRun", "checkpoint_dir_name", "epoch_checkpoint"]
+__all__ = ["STATE_FILE", "STATE_FORMAT", "LocalRun", "checkpoint_dir_name", "epoch_checkpoint", "load_state",
+           "save_state"]
+STATE_FILE = "state.pt"
+STATE_FORMAT = 1
 
 
 def checkpoint_dir_name(epoch: float) -> str:
@@ -90,3 +99,36 @@ class LocalRun:
         fs, _ = open_location(self.run_dir)
         for _, old in self._checkpoints()[:-self.num_to_keep]:
             fs.delete_dir(old)
+
+
+def save_state(state: dict, directory: str) -> str:
+    """Write <directory>/state.pt whole (storage.write_bytes: never a partial file); returns the path."""
+    import torch
+
+    path = os.path.join(directory, STATE_FILE)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_bytes(path, buf.getbuffer())
+    return path
+
+
+def load_state(directory: str) -> dict:
+    """Read <directory>/state.pt (a local folder or a URI, as save_state writes) onto the CPU with
+    weights_only=True (tensors and plain types)."""
+    import torch
+
+    path = f"{directory.rstrip('/')}/{STATE_FILE}" if "://" in directory else os.path.join(directory, STATE_FILE)
+    try:
+        data = read_bytes(path)
+    except OSError as err:  # FileNotFoundError, or the storage cannot be read
+        raise CheckpointError(f"checkpoint {path}: missing or unreadable ({err}); the trial cannot resume from "
+                              f"it (remove its folder to resume from the one before)") from err
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (a damaged file fails in many ways inside torch.load)
+        raise CheckpointError(f"checkpoint {path}: damaged, torch.load failed ({reason(err)}); remove its "
+                              f"folder to resume from the one before") from err
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        given = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"checkpoint {path}: expected checkpoint format {STATE_FORMAT}, given {given!r}")
+    return state

@@ -1,4 +1,5 @@
-"""The per-rank training engine, free of Ray: one Run object, train_one_epoch, evaluate, checkpoint I/O.
+"""The per-rank training engine, free of Ray: one Run object, train_one_epoch, evaluate (checkpoint files:
+trainers.checkpoints, re-exported here).
 
 Used by both adapters: the Ray Train worker (trainers.loop.train_worker) and the plain path
 (trainers.cli, `python -m qkvsearch.trainers.loop`: one process, or torchrun + torch.distributed).
@@ -18,7 +19,6 @@ Rules that make a run reproducible and resumable:
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import random
@@ -30,17 +30,14 @@ import torch
 import torch.nn.functional as F
 
 from qkvsearch.spaces.batches import batch_plan
-from qkvsearch.spaces.errors import reason
 from qkvsearch.spaces.keys import model_keys, require_filled
 from qkvsearch.spaces.metrics import EPOCH
-from qkvsearch.storage import read_bytes, write_bytes
 from qkvsearch.trainers import data as qdata
+from qkvsearch.trainers.checkpoints import STATE_FILE, STATE_FORMAT, load_state, save_state  # noqa: F401  (re-exported)
 from qkvsearch.trainers.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from qkvsearch.trainers.faults import faults_for
 
 log = logging.getLogger(__name__)
-STATE_FILE = "state.pt"
-STATE_FORMAT = 1
 
 
 @dataclass
@@ -139,7 +136,12 @@ class Run:
     """One rank's training state: model, optimizer, schedule, data, counters and history.
 
     cfg: a filled trial config; faults: rules of trainers.faults (tests of failure handling only).
+    What an optimizer update does is the run's own (``update``, ``reduce_gradients``, ``LOSSES``): a trial
+    trains its model, a supernet its teacher and students (trainers.supernet.training); everything around the
+    update (micro-batches, the divergence check, clipping, the schedule, evaluation, metrics) is this class's.
     """
+
+    LOSSES = ("loss",)   # the losses one update reports, checked for divergence; the first is train_loss
 
     def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None, faults=()):
         self.created_at = time.time()
@@ -168,6 +170,33 @@ class Run:
     def build_model(self) -> torch.nn.Module:
         """The module this run trains (a subclass trains another: trainers.supernet.training)."""
         return _build_model(self.cfg)
+
+    def update(self, micro_batches, loss_hook=None) -> torch.Tensor:
+        """One optimizer update's forwards and backwards over ``micro_batches``; -> (len(LOSSES),) its losses,
+        detached, on the device."""
+        loss = accumulate_gradients(self.model, micro_batches, self.criterion, autocast=self.autocast,
+                                    mixup=self.mixup, loss_hook=loss_hook)
+        return loss.reshape(1)
+
+    def reduce_gradients(self) -> None:
+        """The gradients averaged over the ranks before the update applies (DDP did it in the backward)."""
+
+    def sync_buffers(self) -> None:
+        """Rank 0's buffers to every rank before evaluation (Dist.broadcast_buffers)."""
+        self.dist.broadcast_buffers(self.raw)
+
+    def evaluate_epoch(self) -> dict:
+        """The epoch's validation metrics (top1, top5, val_loss, val_images)."""
+        return evaluate(self.raw, self.val_src, self.dist, batch_size=eval_batch(self.bpw), autocast=self.autocast)
+
+    def served_top1(self, metrics: dict) -> dict:
+        """{"top1_q": the trained model's top-1 under its quantization policy} (its top-1 when all in full
+        precision), for the last epoch."""
+        from qkvsearch.trainers.quantize import quantized_copy
+
+        served = quantized_copy(self.raw, self.cfg, self.dist.device)  # the model itself when all fp
+        return {"top1_q": metrics["top1"] if served is self.raw else evaluate(
+            served, self.val_src, self.dist, batch_size=eval_batch(self.bpw), autocast=self.autocast)["top1"]}
 
     def _updates_per_epoch(self):
         per_update = self.bpw * self.accum * self.dist.world_size  # == batch_size
@@ -240,14 +269,14 @@ class Run:
             torch.cuda.reset_peak_memory_stats(self.dist.device)
         seed_epoch(self.cfg["seed"], self.dist.rank, self.epoch)
         train = train_one_epoch(self)
-        self.dist.broadcast_buffers(self.raw)  # evaluate and save one replica, the same on every rank
+        self.sync_buffers()  # evaluate and save one replica, the same on every rank
         t1 = time.perf_counter()
-        val = evaluate(self.raw, self.val_src, self.dist, batch_size=max(2 * self.bpw, 128), autocast=self.autocast)
+        val = self.evaluate_epoch()
         t2 = time.perf_counter()
         self.epoch += 1
         metrics = {
             EPOCH: float(self.epoch), "step": float(self.updates),
-            "train_loss": train["loss"], **val, "lr": self.lr(),
+            "train_loss": train["loss"], **train["more"], **val, "lr": self.lr(),
             "images_per_s": train["images"] / (t1 - t0), "epoch_s": t2 - t0,
             "train_s": t1 - t0, "eval_s": t2 - t1,
             "epoch_step_ms": 1e3 * (t1 - t0) / self.updates_per_epoch,  # one update, data loading included
@@ -258,12 +287,8 @@ class Run:
             "qs_first_step_at": float(self.first_step_at or 0.0),  # unix time, this process
             "qs_setup_s": float((self.first_step_at or self.created_at) - self.created_at),  # data, model...
         }
-        if self.epoch == self.cfg["epochs"]:  # top1_q: the trained model under its quantization policy (a copy)
-            from qkvsearch.trainers.quantize import quantized_copy
-
-            served = quantized_copy(self.raw, self.cfg, self.dist.device)  # the model itself when all fp
-            metrics["top1_q"] = metrics["top1"] if served is self.raw else evaluate(
-                served, self.val_src, self.dist, batch_size=max(2 * self.bpw, 128), autocast=self.autocast)["top1"]
+        if self.epoch == self.cfg["epochs"]:  # top1_q: the trained model under its quantization policy
+            metrics.update(self.served_top1(metrics))
         self.history.append(metrics)
         return metrics
 
@@ -282,12 +307,18 @@ CHECK_EVERY = {"cuda": 25}
 CHECK_EVERY_DEFAULT = 1  # CPU: the read is free, and a NaN is caught before any update applies it
 
 
-def train_one_epoch(run: Run) -> dict:
-    """run.updates_per_epoch optimizer updates over this rank's shard; -> {"loss", "images"} (global).
+def eval_batch(batch_per_worker: int) -> int:
+    """Images per evaluation batch: no gradients are kept, so twice the training batch, and at least 128."""
+    return max(2 * batch_per_worker, 128)
 
-    Each update's loss stays on the device in `losses`; every CHECK_EVERY updates (and at the end) the
-    losses since the last check are averaged over ranks in one all-reduce and checked for NaN/inf on the
-    host, before that update applies: the first non-finite one raises DivergenceError with its step.
+
+def train_one_epoch(run: Run) -> dict:
+    """run.updates_per_epoch optimizer updates over this rank's shard; -> {"loss", "images", "more": the other
+    losses' means by name, "train_loss_<name>"} (global).
+
+    Each update's losses (run.LOSSES) stay on the device in `losses`; every CHECK_EVERY updates (and at the
+    end) the losses since the last check are averaged over ranks in one all-reduce and checked for NaN/inf on
+    the host, before that update applies: the first non-finite one raises DivergenceError with its step.
     """
     cfg, dist, model = run.cfg, run.dist, run.model
     model.train()
@@ -295,17 +326,15 @@ def train_one_epoch(run: Run) -> dict:
     batches = run.train_src.batches(order, run.bpw, dist.device, drop_last=True)
     n = run.updates_per_epoch
     every = CHECK_EVERY.get(dist.device.type, CHECK_EVERY_DEFAULT)
-    losses = torch.zeros(n, dtype=torch.float64, device=dist.device)  # (n,) mean loss of each update
+    losses = torch.zeros(n, len(run.LOSSES), dtype=torch.float64, device=dist.device)  # (n, losses) of each update
     checked = 0
     for step in range(1, n + 1):
         micro = [next(batches) for _ in range(run.accum)]
         if run.first_step_at is None:
             run.first_step_at = time.time()
         run.optimizer.zero_grad(set_to_none=True)
-        hook = _nan_hook(run.faults, run.updates + 1)
-        loss = accumulate_gradients(model, micro, run.criterion, autocast=run.autocast,
-                                    mixup=run.mixup, loss_hook=hook)
-        losses[step - 1] = loss
+        losses[step - 1] = run.update(micro, _nan_hook(run.faults, run.updates + 1))
+        run.reduce_gradients()
         if step % every == 0 or step == n:
             _check_losses(run, losses, checked, step)
             checked = step
@@ -316,18 +345,21 @@ def train_one_epoch(run: Run) -> dict:
         if run.scheduler is not None:
             run.scheduler.step_update(num_updates=run.updates)
     images = n * cfg["batch_size"]
-    return {"loss": float(losses.mean()), "images": float(images)}
+    means = losses.mean(dim=0).tolist()
+    return {"loss": means[0], "images": float(images),
+            "more": {f"train_loss_{name}": m for name, m in zip(run.LOSSES[1:], means[1:])}}
 
 
 def _check_losses(run: Run, losses: torch.Tensor, start: int, stop: int) -> None:
-    """losses[start:stop] -> their mean over ranks (in place; the same on every rank), then one host
-    read: DivergenceError at the first update whose mean loss is not finite."""
+    """losses[start:stop] (updates, losses) -> their mean over ranks (in place; the same on every rank), then
+    one host read: DivergenceError at the first update one of whose mean losses is not finite."""
     window = run.dist.all_reduce_sum(losses[start:stop].clone()) / run.dist.world_size
     losses[start:stop] = window
     bad = ~torch.isfinite(window)
     if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise DivergenceError(run.epoch + 1, start + i + 1, float(window[i]))
+        i, j = (int(v) for v in bad.nonzero()[0])
+        raise DivergenceError(run.epoch + 1, start + i + 1, float(window[i, j]),
+                              "" if len(run.LOSSES) == 1 else run.LOSSES[j])
 
 
 def _nan_hook(faults, global_update):
@@ -359,38 +391,6 @@ def evaluate(model, source, dist: Dist, *, batch_size: int, autocast=contextlib.
     n = max(float(sums[3]), 1.0)
     return {"val_loss": float(sums[0]) / n, "top1": 100.0 * float(sums[1]) / n,
             "top5": 100.0 * float(sums[2]) / n, "val_images": float(sums[3])}
-
-
-# -- checkpoint files ---------------------------------------------------------------------------
-
-
-def save_state(state: dict, directory: str) -> str:
-    """Write <directory>/state.pt whole (storage.write_bytes: never a partial file); returns the path."""
-    path = os.path.join(directory, STATE_FILE)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    write_bytes(path, buf.getbuffer())
-    return path
-
-
-def load_state(directory: str) -> dict:
-    """Read <directory>/state.pt (a local folder or a URI, as save_state writes) onto the CPU with
-    weights_only=True (tensors and plain types)."""
-    path = f"{directory.rstrip('/')}/{STATE_FILE}" if "://" in directory else os.path.join(directory, STATE_FILE)
-    try:
-        data = read_bytes(path)
-    except OSError as err:  # FileNotFoundError, or the storage cannot be read
-        raise CheckpointError(f"checkpoint {path}: missing or unreadable ({err}); the trial cannot resume from "
-                              f"it (remove its folder to resume from the one before)") from err
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001  (a damaged file fails in many ways inside torch.load)
-        raise CheckpointError(f"checkpoint {path}: damaged, torch.load failed ({reason(err)}); remove its "
-                              f"folder to resume from the one before") from err
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        given = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"checkpoint {path}: expected checkpoint format {STATE_FORMAT}, given {given!r}")
-    return state
 
 
 def _check_same_model(saved: dict, cfg: dict):

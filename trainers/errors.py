@@ -5,12 +5,13 @@ only need to recognise them)."""
 class DivergenceError(RuntimeError):
     """The training loss became NaN or infinite."""
 
-    def __init__(self, epoch: int, step: int, loss: float):
-        super().__init__(epoch, step, loss)  # args are the constructor's: the error pickles across processes
-        self.epoch, self.step, self.loss = epoch, step, loss
+    def __init__(self, epoch: int, step: int, loss: float, which: str = ""):
+        super().__init__(epoch, step, loss, which)  # args are the constructor's: the error pickles across processes
+        self.epoch, self.step, self.loss, self.which = epoch, step, loss, which
 
     def __str__(self):
-        return (f"training diverged: non-finite loss {self.loss} at epoch {self.epoch} step {self.step} "
+        of = f" ({self.which})" if self.which else ""
+        return (f"training diverged: non-finite loss{of} {self.loss} at epoch {self.epoch} step {self.step} "
                 f"(epoch 1-based; step = optimizer update within the epoch, 1-based)")
 
 
