@@ -29,6 +29,10 @@ MEASURED: dict[str, tuple[str, str, str]] = {
 METRICS.update({name: mode for name, (mode, _, _) in MEASURED.items()})
 MEASURED_METRICS = tuple(MEASURED)
 COUNTED_METRICS = ("params", "params_m", "embed_params", "gmacs")     # from the config alone (trainers.cost)
+# What scoring a subnet with the weights it inherits from a supernet gives (trainers.supernet.scoring): its
+# validation figures, its top-1 under its quantization policy, and its weights' size under that policy.
+INHERITED_METRICS = ("top1", "top5", "val_loss", "top1_q")
+SCORED_METRICS = (*INHERITED_METRICS, "size_mb")
 COST_METRICS = COUNTED_METRICS + MEASURED_METRICS                     # known before training
 EPOCH = "epoch"   # the epoch number's key: in a trial's results (Tune's time attribute), its epochs file and tables
 FINETUNE_METRIC = "top1@"                                             # + the stage's dataset: max

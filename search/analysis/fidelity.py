@@ -1,5 +1,5 @@
 """How well the weights a subnet inherits from its supernet rank it (one-shot search, search.campaign.oneshot),
-measured against the subnets retrained on their own, with the retraining's own noise beside it.
+measured against the subnets retrained on their own, beside the retraining's own noise and a trivial cost proxy.
 
     inherited evaluations (search.records.inherited) + the campaign's trials (results.collect)
       --subnet_table--> subnets.parquet, one row per scored subnet:
@@ -9,13 +9,24 @@ measured against the subnets retrained on their own, with the retraining's own n
           top1_standalone (its retrained final top-1 under the campaign's seed; null when not retrained, or not
           completed), top1_standalone_reseeded (control subnets: under the next seed)
       --measure--> fidelity.json and the report's section:
-          kendall_tau, its 95 % bootstrap interval, spearman_rho: inherited against standalone top-1 over every
-              subnet retrained from scratch (chosen and control; the control ones alone when the chosen ones
-              trained on from their inherited weights, whose final top-1 the inherited one would bias);
-              ranked_over says which
-          noise_floor_tau and its interval: standalone top-1 under the campaign's seed against the next seed
-              over the control subnets: the best any proxy can rank, given the retraining's noise
-          top_k_overlap: of the top_k subnets by standalone top-1, the share among the top_k by inherited
+          subnets_scored; chosen_retrained; control_pairs: the control subnets with an inherited and a standalone
+              top-1, the subnets every control_*, noise_floor_* and proxy_* figure is over
+          control_kendall_tau, its 95 % bootstrap interval, control_spearman_rho: inherited against standalone top-1
+              over the control subnets, the headline. The control sample is drawn at random from the space (an earlier
+              campaign drew it among the scored subnets), so its ranks are not already ordered by cost, as the chosen
+              front's are: along a top-1-vs-GMACs front inherited top-1 rises with GMACs, and tau over it measures
+              the cost as much as the supernet
+          noise_floor_tau and its interval: standalone top-1 under the campaign's seed against the next seed over the
+              control subnets: the best any predictor can rank, given the retraining's noise
+          proxy_gmacs_tau, proxy_params_tau and their intervals: the cost as a predictor (more compute, more
+              accuracy) against standalone top-1 over the same control subnets: what ranking costs alone reaches
+          stronger_proxy, tau_minus_proxy and its 95 % paired bootstrap interval (the control subnets resampled, both
+              taus on each resample), verdict_vs_proxy: beats | worse | not told apart (the interval above 0,
+              below it, holding it). The stronger proxy is picked on the same data, which favours the proxy
+          control_top_k_overlap: of the control_top_k best by standalone top-1, the share among the best by inherited
+          front_kendall_tau, its interval, front_spearman_rho: the same over the chosen subnets retrained from scratch,
+              apart; null, with front_null_reason, when they trained on from their inherited weights (their final
+              top-1 carries the inherited one) or are too few
           hv_inherited, hv_standalone: the chosen subnets' hypervolume on the campaign's objectives (its fixed
               reference, search.analysis.hv_reference), with inherited and with standalone top-1
 A figure that needs more points than there are is null, and the section says why.
@@ -35,12 +46,12 @@ import pyarrow.parquet as pq
 from qkvsearch.search.analysis.pareto import hypervolume
 from qkvsearch.search.analysis.results import config_columns
 from qkvsearch.search.records import inherited
+from qkvsearch.spaces.metrics import INHERITED_METRICS
 from qkvsearch.storage import read_bytes, write_bytes, write_json
 
 SUBNETS_FILE, FIDELITY_FILE = "subnets.parquet", "fidelity.json"
-BOOTSTRAP = 2000        # resamples of the retrained pairs for a rank correlation's interval
+BOOTSTRAP = 2000        # resamples of the subnets for a rank figure's interval
 MIN_PAIRS = 3           # fewer pairs have no rank correlation worth a figure
-INHERITED_METRICS = ("top1", "top5", "val_loss", "top1_q")
 COST_COLUMNS = (("params_m", pa.float64()), ("gmacs", pa.float64()), ("params", pa.int64()),
                 ("embed_params", pa.int64()))
 
@@ -88,57 +99,120 @@ def _num(v) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else math.nan
 
 
+def kendall_tau_b(x, y) -> np.ndarray:
+    """Kendall's tau-b of paired values along the last axis (scipy.stats.kendalltau's default): concordant minus
+    discordant pairs over the root of (pairs untied in x) x (pairs untied in y); nan where either side is constant.
+    Vectorised so that the bootstrap ranks every resample in one call: x, y (..., n) -> (...)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    i, j = np.triu_indices(x.shape[-1], 1)
+    dx, dy = np.sign(x[..., j] - x[..., i]), np.sign(y[..., j] - y[..., i])  # (..., n (n - 1) / 2)
+    untied = np.count_nonzero(dx, axis=-1) * np.count_nonzero(dy, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (dx * dy).sum(axis=-1) / np.sqrt(untied)
+
+
+def _bootstrap(statistic, columns, seed: int) -> list[float] | None:
+    """statistic's 95 % percentile interval over BOOTSTRAP resamples of the rows (each resample the same rows of
+    every column: a paired statistic stays paired), resamples where it is undefined (nan) left out; None if all are."""
+    n = len(columns[0])
+    rows = np.random.default_rng(seed).integers(0, n, (BOOTSTRAP, n))
+    chunk = max(1, 2_000_000 // (n * n))  # bounds the (resamples, pairs) arrays to a few tens of MB
+    values = np.concatenate([statistic(*(c[rows[s:s + chunk]] for c in columns)) for s in range(0, BOOTSTRAP, chunk)])
+    values = values[np.isfinite(values)]
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if len(values) else None
+
+
+def _finite(*columns) -> list[np.ndarray]:
+    columns = [np.asarray(c, float) for c in columns]
+    ok = np.logical_and.reduce([np.isfinite(c) for c in columns])
+    return [c[ok] for c in columns]
+
+
 def rank_agreement(x, y, seed: int = 0) -> dict:
     """Kendall's tau-b and Spearman's rho of paired values, with tau's percentile bootstrap interval (pairs
     resampled); nulls when fewer than MIN_PAIRS finite pairs, or the values do not vary."""
-    from scipy.stats import kendalltau, spearmanr
+    from scipy.stats import spearmanr
 
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
+    x, y = _finite(x, y)
     out = {"pairs": int(len(x)), "tau": None, "tau_ci": None, "rho": None}
-    if len(x) < MIN_PAIRS or np.ptp(x) == 0 or np.ptp(y) == 0:
+    if len(x) < MIN_PAIRS or not np.isfinite(tau := kendall_tau_b(x, y)):
         return out
-    out["tau"], out["rho"] = float(kendalltau(x, y).statistic), float(spearmanr(x, y).statistic)
-    rng = np.random.default_rng(seed)
-    taus = []
-    for _ in range(BOOTSTRAP):
-        i = rng.integers(0, len(x), len(x))
-        if np.ptp(x[i]) > 0 and np.ptp(y[i]) > 0:
-            taus.append(kendalltau(x[i], y[i]).statistic)
-    if taus:
-        out["tau_ci"] = [float(np.percentile(taus, 2.5)), float(np.percentile(taus, 97.5))]
+    out["tau"], out["rho"] = float(tau), float(spearmanr(x, y).statistic)
+    out["tau_ci"] = _bootstrap(kendall_tau_b, (x, y), seed)
+    return out
+
+
+def paired_tau_difference(x, z, y, seed: int = 0) -> dict:
+    """tau(x, y) - tau(z, y) over the rows where all three are finite, and its 95 % paired bootstrap interval (each
+    resample of the rows ranks both), with the verdict: x ranks y better than z (beats), worse, or not told apart
+    (the interval holds 0). Nulls when fewer than MIN_PAIRS rows, or either tau is undefined."""
+    x, z, y = _finite(x, z, y)
+    out = {"pairs": int(len(x)), "diff": None, "diff_ci": None, "verdict": None}
+
+    def difference(a, c, b):
+        return kendall_tau_b(a, b) - kendall_tau_b(c, b)
+
+    if len(x) < MIN_PAIRS or not np.isfinite(diff := difference(x, z, y)):
+        return out
+    out["diff"], out["diff_ci"] = float(diff), _bootstrap(difference, (x, z, y), seed)
+    if out["diff_ci"] is not None:
+        low, high = out["diff_ci"]
+        out["verdict"] = "beats" if low > 0 else "worse" if high < 0 else "not told apart"
     return out
 
 
 def top_k_overlap(inherited_top1, standalone_top1, k: int) -> float | None:
     """Of the k best by standalone top-1, the share also among the k best by inherited top-1."""
-    x, y = np.asarray(inherited_top1, float), np.asarray(standalone_top1, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < max(k, 1) or k < 1:
+    x, y = _finite(inherited_top1, standalone_top1)
+    if len(x) < max(k, 1) or k < 1:
         return None
-    x, y = x[ok], y[ok]
     best_x, best_y = set(np.argsort(-x, kind="stable")[:k]), set(np.argsort(-y, kind="stable")[:k])
     return len(best_x & best_y) / k
+
+
+# The cost columns tried as a predictor of standalone top-1 (more compute, more accuracy), with their names in the
+# report; on a tie the first is the stronger.
+PROXIES = (("gmacs", "GMACs"), ("params", "params"))
+FROM_INHERITED = "the chosen subnets trained on from their inherited weights, whose final top-1 carries the inherited one"
+
+
+def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
+    return np.asarray(frame[name], float) if name in frame else np.full(len(frame), np.nan)
 
 
 def measure(df: pd.DataFrame, objectives, reference) -> dict:
     """fidelity.json (module docstring). objectives: ((metric, mode), ...); reference: the campaign's fixed
     hypervolume reference in the objectives' order (None: not fixed, no hypervolume)."""
-    retrained = df[df["retrained_from"] == "scratch"]
-    agreement = rank_agreement(retrained["top1_inherited"], retrained["top1_standalone"])
-    fine_tuned = int((df["retrained_from"] == "inherited").sum())
     control = df[df["selected"] == "control"]
-    floor = rank_agreement(control["top1_standalone"], control["top1_standalone_reseeded"])
-    k = max(1, agreement["pairs"] // 3)
-    out = {"subnets_scored": int(len(df)), "retrained": agreement["pairs"],
-           "kendall_tau": agreement["tau"], "kendall_tau_ci95": agreement["tau_ci"], "spearman_rho": agreement["rho"],
-           "noise_floor_pairs": floor["pairs"], "noise_floor_tau": floor["tau"], "noise_floor_tau_ci95": floor["tau_ci"],
-           "top_k": k, "top_k_overlap": top_k_overlap(retrained["top1_inherited"], retrained["top1_standalone"], k),
-           "hv_inherited": None, "hv_standalone": None,
-           "ranked_over": "the control subnets (the chosen ones trained on from their inherited weights)"
-           if fine_tuned else "every retrained subnet"}
+    # the control subnets ranked both ways: every control, noise-floor and proxy figure is over these alone
+    ranked = control[np.isfinite(_column(control, "top1_inherited")) & np.isfinite(_column(control, "top1_standalone"))]
+    inherited_top1, standalone_top1 = _column(ranked, "top1_inherited"), _column(ranked, "top1_standalone")
+    headline = rank_agreement(inherited_top1, standalone_top1)
+    floor = rank_agreement(standalone_top1, _column(ranked, "top1_standalone_reseeded"))
+    proxies = {name: rank_agreement(_column(ranked, name), standalone_top1) for name, _ in PROXIES}
+    usable = [name for name, _ in PROXIES if proxies[name]["tau"] is not None]
+    stronger = max(usable, key=lambda name: proxies[name]["tau"]) if usable else None  # max keeps the first on a tie
+    versus = paired_tau_difference(inherited_top1, _column(ranked, stronger), standalone_top1) \
+        if stronger is not None else paired_tau_difference([], [], [])
     chosen = df[df["selected"] == "chosen"]
+    scratch = chosen[chosen["retrained_from"] == "scratch"]
+    front = rank_agreement(_column(scratch, "top1_inherited"), _column(scratch, "top1_standalone"))
+    k = max(1, headline["pairs"] // 3)
+    out = {"subnets_scored": int(len(df)), "chosen_retrained": int(np.isfinite(_column(chosen, "top1_standalone")).sum()),
+           "control_pairs": headline["pairs"], "control_kendall_tau": headline["tau"],
+           "control_kendall_tau_ci95": headline["tau_ci"], "control_spearman_rho": headline["rho"],
+           "noise_floor_pairs": floor["pairs"], "noise_floor_tau": floor["tau"], "noise_floor_tau_ci95": floor["tau_ci"]}
+    for name, _ in PROXIES:
+        out[f"proxy_{name}_tau"], out[f"proxy_{name}_tau_ci95"] = proxies[name]["tau"], proxies[name]["tau_ci"]
+    out.update({"stronger_proxy": stronger, "tau_minus_proxy": versus["diff"], "tau_minus_proxy_ci95": versus["diff_ci"],
+                "verdict_vs_proxy": versus["verdict"],
+                "control_top_k": k, "control_top_k_overlap": top_k_overlap(inherited_top1, standalone_top1, k),
+                "front_pairs": front["pairs"], "front_kendall_tau": front["tau"], "front_kendall_tau_ci95": front["tau_ci"],
+                "front_spearman_rho": front["rho"],
+                "front_null_reason": None if front["tau"] is not None else FROM_INHERITED
+                if (chosen["retrained_from"] == "inherited").any() else
+                f"needs {MIN_PAIRS} chosen subnets retrained from scratch whose accuracies vary",
+                "hv_inherited": None, "hv_standalone": None})
     if reference is not None and len(chosen):
         modes = [mode for _, mode in objectives]
         for fidelity in ("inherited", "standalone"):
@@ -175,21 +249,46 @@ def _fig(v, fmt: str = ".2f") -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def _ci(ci) -> str:
-    return "" if ci is None else f" (95 % bootstrap interval {ci[0]:.2f} to {ci[1]:.2f})"
+def _ci(ci, kind: str = "bootstrap") -> str:
+    return "" if ci is None else f" (95 % {kind} interval {ci[0]:.2f} to {ci[1]:.2f})"
+
+
+def _tau(tau, ci, why: str) -> str:
+    return _fig(tau) + (_ci(ci) if tau is not None else f" ({why})")
+
+
+VERDICT_WORDS = {"beats": "beats it", "worse": "worse than it", "not told apart": "not told apart"}
 
 
 def section_lines(f: dict) -> list[str]:
-    few = f"needs {MIN_PAIRS} retrained subnets whose accuracies vary"
+    few = f"needs {MIN_PAIRS} control subnets whose accuracies vary"
+    names = dict(PROXIES)
+    if f["tau_minus_proxy"] is not None:
+        versus = (f"inherited top-1 against {names[f['stronger_proxy']]}, the stronger proxy (picked as the stronger on "
+                  f"these same subnets): tau difference {f['tau_minus_proxy']:+.2f}"
+                  f"{_ci(f['tau_minus_proxy_ci95'], 'paired bootstrap')}: "
+                  + VERDICT_WORDS.get(f["verdict_vs_proxy"], "no verdict (no resample ranks both)"))
+    else:
+        versus = "inherited top-1 against the cost proxy: n/a (" + (
+            few if f["control_kendall_tau"] is None else f"needs {MIN_PAIRS} control subnets whose costs vary") + ")"
     return [
-        f"{f['subnets_scored']} subnets scored with inherited weights; {f['retrained']} retrained on their own",
-        f"Kendall tau, inherited vs standalone top-1 over {f.get('ranked_over', 'every retrained subnet')}: "
-        f"{_fig(f['kendall_tau'])}{_ci(f['kendall_tau_ci95'])}"
-        + ("" if f["kendall_tau"] is not None else f" ({few})") + f"; Spearman rho {_fig(f['spearman_rho'])}",
+        f"{f['subnets_scored']} subnets scored with inherited weights; {f['control_pairs']} control subnets (drawn at "
+        f"random) retrained from scratch; {f['chosen_retrained']} chosen subnets retrained",
+        f"Kendall tau, inherited vs standalone top-1 over the {f['control_pairs']} control subnets: "
+        f"{_tau(f['control_kendall_tau'], f['control_kendall_tau_ci95'], few)}; "
+        f"Spearman rho {_fig(f['control_spearman_rho'])}",
         f"noise floor, standalone top-1 under two seeds ({f['noise_floor_pairs']} control subnets): Kendall tau "
-        f"{_fig(f['noise_floor_tau'])}{_ci(f['noise_floor_tau_ci95'])}"
-        + ("" if f["noise_floor_tau"] is not None else f" ({few})"),
-        f"top-{f['top_k']} overlap: {_fig(f['top_k_overlap'])}",
+        f"{_tau(f['noise_floor_tau'], f['noise_floor_tau_ci95'], few)}",
+        "cost proxy (more compute, more accuracy) vs standalone top-1 over the same control subnets: Kendall tau "
+        + ", ".join(f"of {label} " + _tau(f[f"proxy_{name}_tau"], f[f"proxy_{name}_tau_ci95"],
+                                          f"needs {MIN_PAIRS} control subnets whose accuracies and {label} vary")
+                    for name, label in PROXIES),
+        versus,
+        f"top-{f['control_top_k']} overlap over the control subnets: {_fig(f['control_top_k_overlap'])}",
+        f"Kendall tau over the chosen front, apart ({f['front_pairs']} chosen subnets retrained from scratch; ordered "
+        "by cost, it measures the cost as much as the supernet): "
+        + _tau(f["front_kendall_tau"], f["front_kendall_tau_ci95"], f["front_null_reason"])
+        + ("" if f["front_kendall_tau"] is None else f"; Spearman rho {_fig(f['front_spearman_rho'])}"),
         f"hypervolume of the chosen subnets, inherited top-1 {_fig(f['hv_inherited'], '.4g')}, "
         f"retrained top-1 {_fig(f['hv_standalone'], '.4g')}",
     ]
