@@ -29,6 +29,7 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 import torch
 
+from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill
 
 MODEL = "xcit_nano_12_p16_224"
@@ -187,12 +188,12 @@ VAL_IMAGES = 10_000
 def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
     import numpy as np
 
-    from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan, teacher
-    from qkvsearch.spaces import load_campaign
+    from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
     from qkvsearch.trainers import data as qdata
     from qkvsearch.trainers import engine
+    from qkvsearch.trainers.supernet.plan import SupernetPlan
     from qkvsearch.trainers.supernet.scoring import SubnetScorer
-    from qkvsearch.trainers.supernet.training import SupernetPlan, SupernetRun
+    from qkvsearch.trainers.supernet.training import SupernetRun
 
     spec = load_campaign({
         "name": "gpu-oneshot", "model": {"name": MODEL, "img_size": BASE["img_size"], "num_classes": CLASSES},
@@ -202,9 +203,9 @@ def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
         "search": {"algorithm": "random", "num_trials": score}, "storage": tempfile.gettempdir()})
     trials = candidates(spec)
-    plan_dict = supernet_plan(spec, trials)
+    plan_dict = supernet_plan(spec)
     plan = SupernetPlan.from_dict(plan_dict)
-    top = fill({**trials[teacher(plan_dict)]["config"], **dict(spec.supernet.recipe), "batch_size": batch})
+    top = fill({**base_config(spec), **plan.teacher, **dict(spec.supernet.recipe), "batch_size": batch})
     train = qdata.TensorSource(*device_images(steps * batch, top["img_size"], CLASSES), top["img_size"],
                                top["in_chans"])
 
@@ -222,7 +223,8 @@ def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
     supernet = on_device(SupernetRun(top, engine.Dist(0, 1, DEVICE), plan=plan))
     alone = {mode: on_device(engine.Run({**top, "compile": mode}, engine.Dist(0, 1, DEVICE)))
              for mode in (False, True)}
-    epochs = {"supernet": supernet._train_epoch, "alone, eager": functools.partial(engine.train_one_epoch, alone[False]),
+    epochs = {"supernet": functools.partial(engine.train_one_epoch, supernet),
+              "alone, eager": functools.partial(engine.train_one_epoch, alone[False]),
               "alone, compiled": functools.partial(engine.train_one_epoch, alone[True])}
     for epoch in epochs.values():
         epoch()  # warm-up: compilation, cuBLAS/cuDNN plans, the supernet's skeletons
@@ -232,9 +234,9 @@ def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
             step[name].append(timed(epochs[name]))
     ms = {k: 1e3 * statistics.median(v) for k, v in step.items()}
     per_update = 1 + float(np.mean([len(plan.students(u, top["seed"])) for u in range(steps)]))
-    print(f"4. one-shot: {MODEL} at 224 px, bf16, batch {batch}; space of {len(trials)} configurations "
-          f"({len(plan.configs)} trained), {len(set(plan.branches))} branches; teacher {top['embedding']} "
-          f"depth {top['depth']}; {torch.cuda.get_device_name()}")
+    print(f"4. one-shot: {MODEL} at 224 px, bf16, batch {batch}; space of {len(trials)} configurations, "
+          f"{len(plan.sandwich)} branches; teacher {top['embedding']} depth {top['depth']}; "
+          f"{torch.cuda.get_device_name()}")
     print(f"   update: supernet {ms['supernet']:.1f} ms ({per_update:.2f} subnets per update), largest subnet "
           f"alone {ms['alone, eager']:.1f} ms eager, {ms['alone, compiled']:.1f} ms compiled; supernet / alone "
           f"eager {ms['supernet'] / ms['alone, eager']:.2f}x, per subnet trained "
@@ -255,6 +257,44 @@ def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
     print(f"   scoring: {len(top1)} subnets in {seconds:.1f} s = {60 * len(top1) / seconds:.0f} subnets/min "
           f"({len(top1) * VAL_IMAGES / seconds:.0f} validation images/s, BatchNorm on 2 batches of "
           f"{scorer.bpw}); peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    del scorer
+    bench_scoring_actor(spec, plan_dict, supernet.raw.state_dict(), top,
+                        [trials[i]["config"] for i in drawn[2:]])
+
+
+def bench_scoring_actor(spec, plan: dict, state: dict, top: dict, configs: list[dict]):
+    """Scoring as a one-shot campaign does it: a scorer actor of the campaign's pool (search.campaign.oneshot.
+    scorers) on a local Ray holding the GPU, the device its own choice, on the synthetic dataset's validation
+    split (trainers.data.SYNTHETIC_SIZES: fewer images than above, so images/s is the comparable figure)."""
+    import ray
+
+    from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
+    from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
+    from qkvsearch.trainers.data import SYNTHETIC_SIZES
+    from qkvsearch.trainers.engine import STATE_FORMAT, save_state
+
+    folder = tempfile.mkdtemp(prefix="bench-gpu-supernet-")
+    save_state({"format": STATE_FORMAT, "model": state, "epoch": 1, "history": [], "config": top}, folder)
+    gpu_spec = load_campaign({**spec.to_dict(), "resources": {"workers_per_trial": 1, "cpus_per_worker": 4,
+                                                             "gpus_per_worker": 1}})
+    start_local_ray(trial_slots=1, num_gpus=1)
+    try:
+        with ScorerPool(gpu_spec, plan, folder, top, 1) as pool:
+            (actor,) = pool.get()
+            ray.get(actor.score.remote(configs[:2]))   # warm-up
+            t = time.perf_counter()
+            out = ray.get(actor.score.remote(configs))
+            seconds = time.perf_counter() - t
+        failed = sum(1 for r in out if "error" in r)
+        print(f"   scoring through the campaign's actor ({pool_device(pool)}): {len(configs)} subnets in "
+              f"{seconds:.1f} s = {60 * len(configs) / seconds:.0f} subnets/min, "
+              f"{len(configs) * SYNTHETIC_SIZES[1] / seconds:.0f} validation images/s, {failed} failed")
+    finally:
+        stop_local_ray()
+
+
+def pool_device(pool) -> str:
+    return ", ".join(w["device"] for w in pool.where) or "none"
 
 
 def main():

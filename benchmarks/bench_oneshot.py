@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 from qkvsearch.search.analysis.fidelity import rank_agreement, top_k_overlap
-from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan, teacher
-from qkvsearch.spaces import load_campaign
+from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
+from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill
 from qkvsearch.trainers import engine
+from qkvsearch.trainers.supernet.plan import SupernetPlan
 from qkvsearch.trainers.supernet.scoring import SubnetScorer
-from qkvsearch.trainers.supernet.training import SupernetPlan, SupernetRun
+from qkvsearch.trainers.supernet.training import SupernetRun
 
 SPACES = {
     # 104 configurations of the embedding and its widths: they perform alike (README: the noise floor)
@@ -116,9 +117,8 @@ def main() -> None:
     noise_floor(trials, args.noise_configs)
     if args.noise_only:
         return
-    plan_dict = supernet_plan(s, trials)
-    plan = SupernetPlan.from_dict(plan_dict)
-    teacher_cfg = fill({**trials[teacher(plan_dict)]["config"], **dict(s.supernet.recipe)})
+    plan = SupernetPlan.from_dict(supernet_plan(s))
+    teacher_cfg = fill({**base_config(s), **plan.teacher, **dict(s.supernet.recipe)})
     print(f"space: {len(trials)} configurations; teacher {teacher_cfg['embedding']} width {teacher_cfg['width']} "
           f"depth {teacher_cfg['depth']}")
 

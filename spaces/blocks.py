@@ -9,6 +9,7 @@ key, as do the sites outside ``blocks`` (XCiT's class attention); blocks past th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 from qkvsearch.spaces.checks import MAX_BLOCKS, Bad
 
@@ -21,6 +22,7 @@ def block_key(key: str, block: int) -> str:
     return f"{key}{BLOCK_SEP}{block}"
 
 
+@lru_cache(maxsize=8192)   # called for every key of every config a fill checks: thousands of times per config
 def split_block_key(name) -> tuple[str, int] | None:
     """("embedding", 3) for "embedding.3"; None for any name that is not a per-block key."""
     base, sep, block = str(name).partition(BLOCK_SEP)

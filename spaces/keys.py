@@ -432,6 +432,12 @@ def quant_policy(config: Mapping) -> dict:
     return {k: config[k] for k in QUANT_KEYS if config.get(k) not in (None, FULL_PRECISION)}
 
 
+def full_precision(config: Mapping) -> dict:
+    """The config with every part of its quantization policy at full precision: the model it trains (a policy
+    changes no weight: it applies after training)."""
+    return {**config, **{k: FULL_PRECISION for k in QUANT_KEYS if k in config}}
+
+
 def require_filled(cfg) -> dict:
     """``cfg`` itself when ``fill`` has run on it (every key present): trainers take filled configs, so
     defaults are decided once, where a trial's config is built."""

@@ -35,7 +35,7 @@ from qkvsearch.spaces.sections import (
     parse_train,
 )
 from qkvsearch.spaces.stages import parse_stages
-from qkvsearch.spaces.supernet import check_shareable, parse_supernet
+from qkvsearch.spaces.supernet import check_served, check_shareable, parse_supernet
 from qkvsearch.spaces.tracking import parse_tracking
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     supernet = parse_supernet(raw.get("supernet"), c)
     if supernet:
         check_shareable(space, c)
+        check_served(objectives, raw.get("scheduler"), c)
         for section, present in (("stages", bool(stages)), ("search.warm_start", bool(search.warm_start))):
             if present:
                 c.add(section, "not with a supernet (one-shot search scores subnets, then retrains the chosen)")

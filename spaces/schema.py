@@ -298,7 +298,7 @@ class SupernetSpec:
     bn_batches: int = 2                 # training batches a subnet's BatchNorm is recalibrated on
     retrain: str = "front"              # front | top_k: which evaluated subnets train on their own
     top_k: int | None = None
-    control: int = 8                    # random evaluated subnets retrained too, twice: the ranking's check
+    control: int = 16                   # configurations drawn from the space, retrained twice: the ranking's check
     source: str | None = None           # ``from``: a campaign folder whose trained supernet is searched
     retrain_from: str = "scratch"       # scratch | inherited: where the chosen subnets' training starts
     resources: FrozenMap = FrozenMap()  # WORKER_RESOURCES name -> value: the supernet's run's, replacing the campaign's

@@ -8,16 +8,23 @@ subnet is also exported as a stand-alone checkpoint that ``build_model(cfg)`` lo
       train: {epochs: 30, lr: 1.0e-3}   # the supernet's recipe: train keys (the rest: the train section's)
       random_subnets: 2                 # per update, besides the largest and smallest of the update's branch
       distill: true                     # students learn the largest subnet's soft labels
-      bn_batches: 2                     # training batches a subnet's BatchNorm is recalibrated on
+      bn_batches: 2                     # training batches a subnet's BatchNorm is recalibrated on (>= 1)
       retrain: front                    # front: the inherited front; top_k: the top_k by non-dominated rank
       top_k: 4
       retrain_from: scratch             # scratch | inherited: the chosen subnets start from their inherited
                                         # weights (BatchNorm recalibrated), head included
-      control: 8                        # random scored subnets also retrained, under two seeds: the check
-                                        # of how well inherited accuracy ranks, and its noise floor
+      control: 16                       # configurations drawn from the space's feasible ones, scored and
+                                        # retrained from scratch under two seeds: how well inherited
+                                        # accuracy ranks, its noise floor, and a cost proxy's rank beside it
       from: results/earlier-oneshot     # search that campaign's trained supernet instead of training one
       resources: {workers_per_trial: 8} # the supernet's DDP run's own (spaces.schema.WORKER_RESOURCES); the
                                         # retrained subnets run on the resources section's
+
+What one-shot scoring can serve: objectives and constraints on the scored subnets' figures
+(spaces.metrics.SCORED_METRICS), their counted costs, and their measured costs (measured once per model shape
+and policy, as a campaign of trials measures them); metrics only a training run gives (epoch times, training
+loss) are refused (``check_served``). The chosen and control subnets retrain with FIFO whatever the campaign's
+scheduler: every one trains its planned epochs, so the rank figures are over finished trainings.
 
 What a supernet can share: width-like model keys (``WIDTH_KEYS``: the leading part of the largest's tensors)
 and categorical ones (``BRANCH_KEYS``: weights of their own per value); a quantization policy (``QUANT_KEYS``)
@@ -31,6 +38,7 @@ from qkvsearch.spaces.blocks import base_key
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.keys import QUANT_KEYS, key_of, section_keys
+from qkvsearch.spaces.metrics import COST_METRICS, SCORED_METRICS
 from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap, SupernetSpec
 from qkvsearch.spaces.sections import optional, parse_worker_resources
 
@@ -54,7 +62,8 @@ def parse_supernet(raw, c: Collector) -> SupernetSpec:
         return SupernetSpec()
     recipe = _recipe(raw.get("train"), c, needs_epochs=raw.get("from") is None)
     values: dict = {}
-    for key, check in (("random_subnets", NONNEG_INT), ("bn_batches", NONNEG_INT), ("control", NONNEG_INT),
+    # bn_batches >= 1: a subnet's BatchNorm statistics are its own; without a batch they stay at (0, 1)
+    for key, check in (("random_subnets", NONNEG_INT), ("bn_batches", POS_INT), ("control", NONNEG_INT),
                        ("top_k", POS_INT), ("distill", FLAG)):
         value = optional(raw, key, check, None, c, "supernet")
         if value is not None:
@@ -98,6 +107,23 @@ def _recipe(raw, c: Collector, needs_epochs: bool) -> FrozenMap:
     if needs_epochs and "epochs" not in out:
         c.add("supernet.train.epochs", "required (how many epochs the supernet trains)")
     return FrozenMap(out)
+
+
+def check_served(objectives, scheduler: dict | None, c: Collector) -> None:
+    """A one-shot campaign's objectives are figures its scoring gives (module docstring; constraints are on costs
+    already); a scheduler other than FIFO is not used (a warning: the retraining runs every subnet to its planned
+    epochs)."""
+    served = (*SCORED_METRICS, *COST_METRICS)
+    for i, objective in enumerate(objectives):
+        if objective.metric not in served:
+            c.add(f"objectives[{i}].metric", f"expected a figure one-shot scoring gives ({', '.join(SCORED_METRICS)}, "
+                                             f"or a cost: {', '.join(COST_METRICS)}), given {show(objective.metric)}, "
+                                             "which only a training run reports")
+    kind = (scheduler or {}).get("type") if isinstance(scheduler, dict) else None
+    if kind not in (None, "fifo"):
+        c.warn("scheduler.type", f"a one-shot campaign retrains its chosen and control subnets with FIFO, every one "
+                                 f"to its planned epochs (the rank figures are over finished trainings): {kind} is "
+                                 "not used")
 
 
 def check_shareable(space, c: Collector) -> None:

@@ -77,7 +77,8 @@ def _supernet_run(plan: dict | None):
     """engine.fit's make_run for a supernet's plan (None: a trial's own Run)."""
     if plan is None:
         return None
-    from qkvsearch.trainers.supernet.training import SupernetPlan, SupernetRun
+    from qkvsearch.trainers.supernet.plan import SupernetPlan
+    from qkvsearch.trainers.supernet.training import SupernetRun
 
     return functools.partial(SupernetRun, plan=SupernetPlan.from_dict(plan))
 
@@ -145,7 +146,7 @@ class RunSettings:
     how often Train restarts a failed worker group from the run's latest checkpoint. init_from: a checkpoint
     (folder or weights file) a fresh run starts from with a new head (fine-tuning), or with its own head too
     when init_head (a subnet trained on from the weights it inherits). supernet: a supernet's
-    plan (trainers.supernet.training.SupernetPlan.as_dict): the run trains that supernet, the config being
+    plan (trainers.supernet.plan.SupernetPlan.as_dict): the run trains that supernet, the config being
     its teacher's with the supernet's recipe.
     """
 

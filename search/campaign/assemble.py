@@ -25,14 +25,14 @@ def build_search(spec, exp: str | None = None, storage=None) -> Proposals:
     base = base_config(spec)
     searcher = make_searcher(spec.search.algorithm, spec_problem(spec, storage))
     return Proposals(searcher, partial(build_trial, base), constraints=spec.constraints,
-                     record=partial(_record_proposal, exp, spec.name) if exp else None,
-                     measurer=_measurer(spec, exp),
+                     record=partial(record_proposal, exp, spec.name) if exp else None,
+                     measurer=campaign_measurer(spec, exp),
                      earlier=partial(known_trials, spec, base) if spec.search.warm_start else None,
                      skip_duplicates=spec.search.algorithm == "grid",
                      recorded_cost=partial(_recorded_cost, exp) if exp else None)
 
 
-def _measurer(spec, exp: str | None) -> Measurer | None:
+def campaign_measurer(spec, exp: str | None) -> Measurer | None:
     """The campaign's Measurer when it measures something (None without a campaign folder: nothing runs)."""
     how = measure_settings(spec, exp) if exp else None
     if how is None or not how.metrics:
@@ -49,7 +49,8 @@ def _recorded_cost(exp: str, trial_id: str) -> dict | None:
     return rec.get("cost") if rec else None
 
 
-def _record_proposal(exp: str, campaign: str, proposal_id: str, trial_id: str, trial: dict, error: str) -> None:
+def record_proposal(exp: str, campaign: str, proposal_id: str, trial_id: str, trial: dict, error: str) -> None:
+    """Record an infeasible proposal (search.records.proposals): it never becomes a trial."""
     write_proposal(exp, campaign, proposal_id, trial_id, trial["config"], trial["cost"], error,
                    trial.get("measured_on"))
 

@@ -143,6 +143,15 @@ class Measurer:
             except Exception as exc:  # noqa: BLE001  (the task's error: this configuration's failure)
                 self.done[key] = ERROR_PREFIX + str(exc).strip()[-ERROR_CHARS:]
 
+    def wait(self) -> None:
+        """Wait for every measurement under way, then collect them."""
+        if self._pending:
+            import ray
+
+            refs = [ref for ref, _ in self._pending.values()]
+            ray.wait(refs, num_returns=len(refs))
+        self.poll()
+
     def __getstate__(self):
         return {**self.__dict__, "_pending": {}}
 

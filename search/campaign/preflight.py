@@ -55,7 +55,22 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
         check_stages(spec, [c for c, _ in models] or [config], launching)
     if spec.search.warm_start:
         check_warm_start(spec)
+    if spec.supernet:
+        check_oneshot(spec)
     return models
+
+
+def check_oneshot(spec) -> None:
+    """A one-shot campaign's space makes a supernet plan (its extremes, its tensors sized for every
+    configuration), and a supernet it takes from another campaign (``supernet.from``) was trained on its data
+    and holds its space: BadInput naming the field otherwise, before Ray starts."""
+    from qkvsearch.search.campaign.oneshot.phases import trained_plan
+    from qkvsearch.search.campaign.oneshot.plan import SUPERNET_DIR, supernet_plan
+
+    if spec.supernet.source is None:
+        supernet_plan(spec)
+    else:
+        trained_plan(f"{spec.supernet.source}/{SUPERNET_DIR}", spec)
 
 
 def check_warm_start(spec) -> None:

@@ -45,8 +45,10 @@ STOP_WAIT_S = 10.0          # how long what Ray started may take to end after it
 _started: list = []         # the processes ray.init started in this process (psutil.Process)
 
 
-def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dict | None = None):
-    """Start a local Ray bound to 127.0.0.1 with `trial_slots` trial slots; returns its context.
+def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dict | None = None,
+                    num_gpus: int | None = None):
+    """Start a local Ray bound to 127.0.0.1 with `trial_slots` trial slots; returns its context. num_gpus:
+    the GPUs it declares (None: those it detects; more than there are: logical GPUs, as tests declare them).
 
     Ray processes find their own cluster through RAY_ADDRESS; without it, Train's State API calls
     fail ("Found multiple active Ray instances") whenever another Ray runs on the same machine, and
@@ -61,7 +63,8 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dic
             "RAY_ADDRESS": f"127.0.0.1:{port}",
             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
         }
-        ctx = ray.init(num_cpus=num_cpus, resources={TRIAL_SLOT: trial_slots}, _node_ip_address="127.0.0.1",
+        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources={TRIAL_SLOT: trial_slots},
+                       _node_ip_address="127.0.0.1",
                        include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
                        logging_level=logging.WARNING,  # the campaign's own lines say what Ray's info lines did
                        runtime_env={"env_vars": env}, job_config=job_config(metadata or {}))

@@ -58,6 +58,7 @@ def test_a_key_no_supernet_can_share_is_refused_naming_it(space, field, words):
     ({"train": {"epochs": 2}, "retrain_from": "pretrained"}, "supernet.retrain_from", "scratch | inherited"),
     ({"train": {"epochs": 2}, "top_k": 3}, "supernet.top_k", "top_k only"),
     ({"train": {"epochs": 2}, "control": -2}, "supernet.control", "-2"),
+    ({"train": {"epochs": 2}, "bn_batches": 0}, "supernet.bn_batches", "0"),   # BatchNorm left at (0, 1)
     ({"train": {"epochs": 2}, "from": 7}, "supernet.from", "7"),
     ({"train": {"epochs": 2}, "wide": True}, "supernet", "wide"),
     ({"train": {"epochs": 2}, "resources": {"workers_per_trial": 0}}, "supernet.resources.workers_per_trial", "0"),
@@ -77,3 +78,23 @@ def test_a_quantization_policy_is_searched_with_the_subnets():
     spec = load_campaign(_spec(space={"embedding": "sne", "hidden_width": {"choice": [0.5, 1.0]},
                                       "quant_qkv": {"choice": ["fp", "int8_dynamic"]}}))
     assert spec.supernet
+
+
+def test_the_control_sample_is_16_by_default():
+    spec = load_campaign(_spec(supernet={"train": {"epochs": 3}}))
+    assert spec.supernet.control == 16
+
+
+@pytest.mark.parametrize("metric", ["epoch_s", "train_loss", "epoch_peak_mem_gb"])
+def test_an_objective_one_shot_scoring_cannot_give_is_refused_naming_it(metric):
+    text = _errors(_spec(objectives=[{"metric": "top1", "mode": "max"}, {"metric": metric, "mode": "min"}]))
+    assert "objectives[1].metric" in text and metric in text and "only a training run reports" in text, text
+
+
+def test_measured_and_scored_figures_are_one_shot_objectives_and_a_scheduler_is_named_unused(caplog):
+    spec = load_campaign(_spec(objectives=[{"metric": "top1", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}],
+                               constraints={"size_mb": {"max": 5.0}}))
+    assert [o.metric for o in spec.objectives] == ["top1", "latency_ms"] and not caplog.records
+    load_campaign(_spec(scheduler={"type": "moasha"}))
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "scheduler.type" in warning and "FIFO" in warning and "moasha is not used" in warning

@@ -80,3 +80,39 @@ def test_ray_train_trial_on_one_gpu(tmp_path):
     assert [m["epoch"] for m in history] == [1.0, 2.0]
     assert all(math.isfinite(v) for v in history[-1].values()) and result.checkpoint is not None
     assert history[-1]["top1"] > 30.0
+
+
+@pytest.mark.slow
+def test_one_shot_scoring_runs_on_the_gpu_its_actor_holds(tmp_path):
+    """A scorer actor of a one-shot campaign holding a GPU scores on it, in bf16, as a trial evaluates."""
+    import ray
+
+    from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
+    from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
+    from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
+    from qkvsearch.spaces import base_config, load_campaign
+    from qkvsearch.trainers.engine import STATE_FORMAT, save_state
+    from qkvsearch.trainers.supernet.plan import SupernetPlan
+
+    if ray.is_initialized():
+        pytest.skip("needs its own Ray with the GPU")
+    spec = load_campaign({"name": "gpu-scoring", "model": {"name": "xcit_nano_12_p16_224", "img_size": 32},
+                          "data": {"dataset": "digits"}, "train": {"epochs": 1, "batch_size": 32},
+                          "space": {"depth": 2, "embedding": {"choice": ["linear", "sne"]}},
+                          "supernet": {"train": {"epochs": 1}, "bn_batches": 1},
+                          "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+                          "search": {"algorithm": "grid"}, "storage": str(tmp_path),
+                          "resources": {"workers_per_trial": 1, "cpus_per_worker": 1, "gpus_per_worker": 1}})
+    plan = supernet_plan(spec)
+    teacher = fill({**base_config(spec), **SupernetPlan.from_dict(plan).teacher})
+    save_state({"format": STATE_FORMAT, "model": SupernetPlan.from_dict(plan).supernet().state_dict(), "epoch": 1,
+                "history": [], "config": teacher}, str(tmp_path / "supernet"))
+    start_local_ray(trial_slots=1, num_cpus=2, num_gpus=1)
+    try:
+        with ScorerPool(spec, plan, str(tmp_path / "supernet"), teacher, 1) as pool:
+            (actor,) = pool.get()
+            scores = ray.get(actor.score.remote([t["config"] for t in candidates(spec)]))
+            assert [w["device"] for w in pool.where] == ["cuda:0"]
+    finally:
+        stop_local_ray()
+    assert len(scores) == 2 and all(0.0 <= s["metrics"]["top1"] <= 100.0 for s in scores)

@@ -3,14 +3,17 @@
 tensors it shares; a configuration outside the space is refused, naming the tensor."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
 from qkvsearch.spaces import load_campaign
 from qkvsearch.trainers.models import build_model
-from qkvsearch.trainers.supernet.training import SupernetPlan
-from qkvsearch.trainers.supernet.weights import Supernet, widest
+from qkvsearch.trainers.supernet.layout import place
+from qkvsearch.trainers.supernet.plan import SupernetPlan
+from qkvsearch.trainers.supernet.weights import Supernet, _safe, widest
 
 
 def _spec(space: dict, **model) -> dict:
@@ -57,6 +60,8 @@ def test_the_widest_subnets_start_as_models_of_their_own(space):
 
 
 def test_a_narrow_subnet_trains_the_leading_part_of_its_branch_only(space):
+    """Every tensor a narrow SNE subnet uses gets gradient exactly where the subnet's cut of it lies (the leading
+    entries of each of its parts: q, k and v thirds of the first layer) and nowhere else; other branches none."""
     supernet = Supernet(space, seed=0)
     narrow = min((c for c in space if c["embedding"] == "sne"), key=lambda c: c["width"])
     wide = max((c for c in space if c["embedding"] == "sne"), key=lambda c: c["width"])
@@ -65,18 +70,17 @@ def test_a_narrow_subnet_trains_the_leading_part_of_its_branch_only(space):
     grads = {k: p.grad for k, p in supernet.masters.items()}
     other_branch = [k for k, g in grads.items() if "embedding=" in k and "embedding=sne" not in k]
     assert other_branch and all(grads[k] is None for k in other_branch)
-    sne = [k for k in grads if "embedding=sne" in k and grads[k] is not None and grads[k].dim() == 2]
-    assert sne
-    for k in sne:
-        g = grads[k]
-        rows = (g.abs().sum(dim=1) > 0).nonzero().flatten()
-        assert rows.numel() and rows.max().item() < g.shape[0], k
-    # the rows past the narrow subnet's width in SNE's first layer (three parts of h) get nothing
-    first = next(k for k in sne if k.startswith("blocks/0/attn/qkv/fc1/weight"))  # (3h, d): q, k, v parts
-    g = grads[first]
-    h_wide = g.shape[0] // 3
-    used = (g.abs().sum(dim=1) > 0).reshape(3, h_wide).sum(dim=1)
-    assert (used <= narrow["width"]).all() and used.max().item() > 0
+    partial = 0
+    for _, key, layout in supernet._plan(narrow):
+        grad = grads[_safe(key)]
+        if "embedding=sne" not in key:
+            continue
+        inside = torch.zeros_like(grad, dtype=torch.bool)
+        place(inside, supernet.layouts[key], layout, torch.ones([sum(p) for p in layout], dtype=torch.bool))
+        assert (grad[~inside] == 0).all(), key         # nothing outside its cut is trained
+        assert (grad[inside] != 0).any(), key          # its cut is
+        partial += int(inside.sum() < inside.numel())
+    assert partial >= 6   # per block: both layers' weights and the first layer's bias are cut narrower
 
 
 def test_a_configuration_outside_the_space_is_refused_naming_its_tensor(space):
@@ -89,34 +93,42 @@ def test_a_configuration_outside_the_space_is_refused_naming_its_tensor(space):
         supernet.params_for(wider)
 
 
-def test_the_sandwich_trains_every_branch_in_turn():
+def test_the_sandwich_trains_every_branch_in_turn_and_every_rank_draws_the_same_students():
     spec = load_campaign(_spec(SPACE))
-    trials = candidates(spec)
-    plan = SupernetPlan.from_dict(supernet_plan(spec, trials))
-    seen = set()
-    for update in range(len(plan.sandwich())):
-        for i in plan.students(update, seed=0):
-            seen.add(plan.branches[i])
-    assert seen == set(plan.branches)
-    assert plan.students(5, seed=0) == plan.students(5, seed=0)  # every rank draws the same subnets
+    data = supernet_plan(spec)
+    plan = SupernetPlan.from_dict(data)
+    assert len(plan.sandwich) == 5   # linear, sne, psne, fsne shared, fsne per block
+    teacher = plan.teacher
+    for update in range(2 * len(plan.sandwich)):
+        _, largest, smallest = plan.sandwich[update % len(plan.sandwich)]
+        students = plan.students(update, seed=0)
+        assert all(c in students for c in (largest, smallest) if c != teacher)
+        assert teacher not in students
+    # a rank builds its plan from the same data: it draws the same students, update by update
+    other = SupernetPlan.from_dict(json.loads(json.dumps(data)))
+    draws = [plan.students(u, seed=0) for u in range(6)]
+    assert draws == [other.students(u, seed=0) for u in range(6)]
+    randoms = [tuple(json.dumps(c, sort_keys=True) for c in d[2:]) for d in draws]
+    assert len(set(randoms)) > 1   # the random students change from update to update
 
 
 def test_an_exported_subnet_loads_into_its_own_model_and_a_retraining_starts_from_it(space, tmp_path):
     """The stand-alone checkpoint a one-shot campaign writes per selected subnet: build_model(cfg) loads it
     (strictly), computes what the subnet computes in the supernet, and a training started from it with its head
     (``retrain_from: inherited``) starts with exactly those weights; a fine-tuning's load keeps a new head."""
-    from qkvsearch.search.campaign.oneshot.evaluation import _Scorer
+    from qkvsearch.search.campaign.oneshot.scorers import _Scorer
     from qkvsearch.trainers.engine import STATE_FORMAT, save_state
     from qkvsearch.trainers.transfer import classifier_prefix, load_pretrained
 
     cfg = next(c for c in space if c["embedding"] == "sne" and c.get("width") != max(s.get("width") for s in space))
     spec = load_campaign(_spec(SPACE))
-    plan = supernet_plan(spec, candidates(spec))
-    supernet = Supernet(space, seed=1)
+    plan = supernet_plan(spec)
+    supernet = SupernetPlan.from_dict(plan).supernet(seed=1)
     folder = tmp_path / "ckpt"  # as a supernet's trial checkpoints it
     save_state({"format": STATE_FORMAT, "model": supernet.state_dict(), "epoch": 1, "history": [], "config": cfg},
                str(folder))
-    actor = _Scorer(plan, str(folder), {**cfg, "batch_size": 8}, bn_batches=1, threads=1)
+    actor = _Scorer()
+    actor.load(plan, str(folder), {**cfg, "batch_size": 8}, bn_batches=1, threads=1)
     path = str(tmp_path / "subnets" / "subnet_000003.pt")
     actor.export([cfg], [path], "sup:t@epoch1")
 
@@ -148,9 +160,11 @@ def test_a_subnet_is_scored_under_its_quantization_policy_and_the_supernet_train
     spec = load_campaign(_spec(space))
     trials = candidates(spec)
     assert len(trials) == 4  # every subnet under each policy is a candidate to score
-    plan = supernet_plan(spec, trials)
-    assert len(plan["configs"]) == 2 and {c["quant_mlp"] for c in plan["configs"]} == {"fp"}
-    state = {"model": Supernet(plan["configs"], seed=0).state_dict()}
+    plan = supernet_plan(spec)
+    trained = [plan["teacher"], *plan["covers"], *(c for _, lg, sm in plan["sandwich"] for c in (lg, sm))]
+    assert {c["quant_mlp"] for c in trained} == {"fp"}   # the supernet trains each model in full precision
+    assert len(plan["sandwich"]) == 2   # linear, sne: a policy is no branch
+    state = {"model": SupernetPlan.from_dict(plan).supernet(seed=0).state_dict()}
     scorer = SubnetScorer(SupernetPlan.from_dict(plan), state, {**trials[0]["config"], "batch_size": 8}, bn_batches=1)
     scores = {(t["config"]["embedding"], t["config"]["quant_mlp"]): scorer.score(t["config"]) for t in trials}
     for emb in ("linear", "sne"):
@@ -172,8 +186,8 @@ def test_a_subnets_score_does_not_depend_on_what_was_scored_before():
 
     spec = load_campaign(_spec({"embedding": {"choice": ["linear", "sne"]}}))
     trials = candidates(spec)
-    plan = supernet_plan(spec, trials)
-    state = {"model": Supernet(plan["configs"], seed=0).state_dict()}
+    plan = supernet_plan(spec)
+    state = {"model": SupernetPlan.from_dict(plan).supernet(seed=0).state_dict()}
     scorer = SubnetScorer(SupernetPlan.from_dict(plan), state, {**trials[0]["config"], "batch_size": 8}, bn_batches=1)
     first = [scorer.score(t["config"]) for t in trials]
     again = [scorer.score(t["config"]) for t in reversed(trials)][::-1]
@@ -205,8 +219,8 @@ def test_every_per_block_subnet_is_the_model_built_with_its_extracted_weights():
             assert (supernet(x, cfg) - model(x)).abs().max().item() == 0.0, cfg
     # a block's branch is its own: block 1's SNE tensors are not block 0's
     assert any(k.startswith("blocks/1/attn") and "embedding=sne" in k for k in supernet.masters)
-    plan = supernet_plan(load_campaign(_spec(PER_BLOCK)), candidates(load_campaign(_spec(PER_BLOCK))))
-    assert len(set(plan["branches"])) == 1   # per-block keys split no sandwich branch
+    plan = supernet_plan(load_campaign(_spec(PER_BLOCK)))
+    assert len(plan["sandwich"]) == 1   # per-block keys split no sandwich branch
 
 
 def test_per_block_subnets_of_both_code_sharings_and_a_late_first_fsne_block_are_served():

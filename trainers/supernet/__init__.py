@@ -1,3 +1,5 @@
-"""One-shot search's model side: the supernet over a campaign's space (``weights``: its tensors and the subnets
-cut from them; ``layout``: how a subnet's parameter maps onto them), its training by the sandwich rule with
-in-place distillation (``training``), and subnets scored with the weights they inherit (``scoring``)."""
+"""One-shot search's model side: the configurations a supernet serves (``space``: the whole space, its extremes
+computed, configurations drawn from all of it), what it is trained over (``plan``), the supernet itself
+(``weights``: its tensors and the subnets cut from them; ``layout``: how a subnet's parameter maps onto them), its
+training by the sandwich rule with in-place distillation through the engine's update (``training``), and subnets
+scored with the weights they inherit (``scoring``)."""

@@ -13,8 +13,8 @@ from qkvsearch.spaces.keys import quant_policy
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers import engine
 from qkvsearch.trainers.quantize import quantize_model, state_bytes, weights_bytes
-from qkvsearch.trainers.supernet.training import SupernetPlan, _Subnet
-from qkvsearch.trainers.supernet.weights import Supernet
+from qkvsearch.trainers.supernet.plan import SupernetPlan
+from qkvsearch.trainers.supernet.training import _Subnet
 
 BN_SEED = 0   # the training images BatchNorm is recalibrated on: the same for every subnet
 
@@ -26,7 +26,7 @@ class SubnetScorer:
     def __init__(self, plan: SupernetPlan, state: dict, cfg: dict, bn_batches: int = 2, device=None):
         self.device = torch.device(device or "cpu")
         self.cfg, self.bn_batches = cfg, bn_batches
-        self.supernet = Supernet(list(plan.configs), init=False)
+        self.supernet = plan.supernet(init=False)
         self.supernet.load_state_dict(state["model"])
         self.supernet.to(self.device).eval()
         self.train_src, self.val_src = qdata.load_data(cfg)
@@ -55,7 +55,7 @@ class SubnetScorer:
         """{"top1", "top5", "val_loss", "top1_q", "size_mb"} of the subnet ``cfg`` (a resolved configuration
         of the plan's space, with its quantization policy)."""
         self._recalibrate(cfg)
-        batch = max(2 * self.bpw, 128)
+        batch = engine.eval_batch(self.bpw)
         out = engine.evaluate(_Subnet(self.supernet, cfg), self.val_src, engine.Dist(device=self.device),
                               batch_size=batch, autocast=self.autocast)
         weights = self.supernet.extract(cfg)

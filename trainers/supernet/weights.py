@@ -1,7 +1,7 @@
 """The supernet: one set of tensors holding the weights of every configuration of a campaign's space.
 
-A subnet is the model ``build_model(cfg)`` defines: its module tree (a skeleton, built once per model shape and
-cached, with its parameters on the meta device and its own buffers) runs through ``torch.func.functional_call``
+A subnet is the model ``build_model(cfg)`` defines: its module tree (a skeleton, built per model shape, the last
+few kept, with its parameters on the meta device and its own buffers) runs through ``torch.func.functional_call``
 on tensors cut from the supernet's (trainers.supernet.layout: its branch, the leading entries of each part of
 each dim). Nothing here builds a layer: a subnet extracted (``extract``) is ``build_model(cfg)`` with weights
 copied in, so its cost, measurement and every report column apply to it unchanged.
@@ -10,6 +10,10 @@ Buffers (BatchNorm running statistics, RoPE tables) stay in each skeleton: a sub
 its own, recalibrated on training batches before it is scored (``recalibrate``), as Once-for-All does.
 """
 from __future__ import annotations
+
+import fnmatch
+import glob
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -39,46 +43,74 @@ def _skeleton(cfg: dict) -> nn.Module:
     return model
 
 
-class Supernet(nn.Module):
-    """configs: the resolved configurations (trials' configs) it serves. Its tensors are, part by part, the
-    widest layout over the configurations that are widest in some model key within each branch (the
-    skeletons of those only are built here: a space of thousands of shapes is not built up front; a
-    configuration outside them is checked when it runs, ``serves``). init: weights from ``build_model`` of
-    those configurations (the widest first), so a subnet starts as a model of its own would; a supernet about
-    to load trained weights skips it."""
+class NotServed(ValueError):
+    """A configuration the supernet holds no weights for (a tensor it lacks, or one too small)."""
 
-    def __init__(self, configs: list[dict], seed: int = 0, init: bool = True):
+
+SKELETONS = 16   # model shapes whose module trees are kept at once: the sandwich's few, each used every few updates
+
+
+class Supernet(nn.Module):
+    """configs: the configurations it serves (its tensors are then, part by part, the widest layout over the
+    configurations widest in some model key within each branch: ``widest``; the keys that split tensors are
+    those whose value differs between them); or, with ``varying`` given, a plan's ``covers``, configurations
+    whose tensors hold every configuration of its space (trainers.supernet.space), and the keys that split
+    tensors. A configuration is checked when its shape is first run (``serves``). init: weights from
+    ``build_model`` of the widest configurations (the widest first), so a subnet starts as a model of its own
+    would; a supernet about to load trained weights skips it.
+
+    Module trees are built per model shape when needed and kept for the SKELETONS shapes used last: scoring
+    or training thousands of shapes keeps memory flat (each tree holds about a megabyte of buffers and
+    modules, and takes 0.1-1 s to build: benchmarks/bench_supernet_memory.py)."""
+
+    def __init__(self, configs: list[dict], seed: int = 0, init: bool = True, varying: frozenset | None = None):
         super().__init__()
-        self.varying = varying(configs)
-        self._skeletons: dict[str, nn.Module] = {}
-        self._checked: set[str] = set()                             # model identities known to fit
-        self._plans: dict[str, list[tuple[str, str, tuple]]] = {}   # model identity -> [(name, key, layout)]
+        if varying is None:
+            self.varying, covers = _varying(configs), widest(configs)
+        else:
+            self.varying, covers = frozenset(varying), list(configs)
+        self._shapes: OrderedDict[str, tuple[nn.Module, list]] = OrderedDict()  # identity -> (skeleton, plan)
         self.layouts: dict[str, tuple] = {}                         # master key -> widest layout
-        widest_configs = widest(configs)
-        for cfg in widest_configs:
-            for _, key, layout in self._plan(cfg):
+        self.exempt: set[str] = set()                               # master keys without weight decay
+        for cfg in covers:
+            for _, key, layout in self._plan(cfg, check=False):
                 self.layouts[key] = widest_layout(self.layouts[key], layout) if key in self.layouts else layout
         self.masters = nn.ParameterDict({
             _safe(key): nn.Parameter(torch.zeros([sum(p) for p in layout])) for key, layout in self.layouts.items()})
         if init:
-            self._init(widest_configs, seed)
+            self._init(covers, seed)
 
-    # -- plans ----------------------------------------------------------------------------------------
-    def _plan(self, cfg: dict) -> list[tuple[str, str, tuple]]:
+    # -- model shapes ---------------------------------------------------------------------------------
+    def _shape(self, cfg: dict, check: bool = True) -> tuple[nn.Module, list]:
+        """(the subnet's module tree, its plan [(name, master key, layout)]), built when its shape was not
+        among the last SKELETONS used; a shape the supernet cannot run raises NotServed (``check``)."""
         ident = model_identity(cfg)
-        if ident not in self._plans:
-            skeleton = self.skeleton(cfg)
-            self._plans[ident] = [(name, master_key(name, cfg, self.varying), parts(skeleton, name, p.shape))
-                                  for name, p in skeleton.named_parameters()]
-        return self._plans[ident]
+        if ident in self._shapes:
+            self._shapes.move_to_end(ident)
+        else:
+            skeleton = _skeleton(cfg)
+            nwd = getattr(skeleton, "no_weight_decay", lambda: set())()
+            plan = []
+            for name, p in skeleton.named_parameters():
+                key = master_key(name, cfg, self.varying)
+                plan.append((name, key, parts(skeleton, name, p.shape)))
+                if p.ndim <= 1 or name.endswith(".bias") or any(fnmatch.fnmatch(name, pat) for pat in nwd):
+                    self.exempt.add(key)   # the stand-alone recipe's rule (timm's param_groups_weight_decay)
+            self._shapes[ident] = (skeleton, plan)
+            if len(self._shapes) > SKELETONS:
+                self._shapes.popitem(last=False)
+        skeleton, plan = self._shapes[ident]
+        if check and (why := self._why_not(plan)):
+            raise NotServed(f"supernet: expected a configuration of its space, given one it cannot run: {why}")
+        return skeleton, plan
+
+    def _plan(self, cfg: dict, check: bool = True) -> list[tuple[str, str, tuple]]:
+        return self._shape(cfg, check)[1]
 
     def skeleton(self, cfg: dict) -> nn.Module:
-        """The subnet's module tree (cached per model shape), on the supernet's device."""
-        ident = model_identity(cfg)
-        if ident not in self._skeletons:
-            self._skeletons[ident] = _skeleton(cfg)
-        skeleton = self._skeletons[ident]
-        masters = self._parameters.get("masters") or getattr(self, "_modules", {}).get("masters")
+        """The subnet's module tree, its buffers on the supernet's device."""
+        skeleton = self._shape(cfg)[0]
+        masters = self._modules.get("masters")
         device = next(iter(masters.values())).device if masters is not None and len(masters) else torch.device("cpu")
         for module in skeleton.modules():  # buffers only: the meta parameters stay where they are
             for key, buf in module._buffers.items():
@@ -88,20 +120,24 @@ class Supernet(nn.Module):
 
     def serves(self, cfg: dict) -> str | None:
         """Why this supernet cannot run ``cfg`` (a tensor it lacks or one too small), or None."""
-        for name, key, layout in self._plan(cfg):
+        return self._why_not(self._plan(cfg, check=False))
+
+    def _why_not(self, plan) -> str | None:
+        for name, key, layout in plan:
             if key not in self.layouts:
                 return f"{name}: no supernet tensor for it ({key})"
             if not fits(layout, self.layouts[key]):
                 return f"{name}: needs {layout}, the supernet holds {self.layouts[key]}"
         return None
 
+    def no_weight_decay(self) -> set[str]:
+        """The tensors a stand-alone model of any subnet exempts from weight decay (biases, 1-d tensors, the
+        names the model lists: positions, class token), by their names here (timm's optimizer reads them)."""
+        return {glob.escape(f"masters.{_safe(key)}") for key in self.exempt if key in self.layouts}
+
     # -- subnets --------------------------------------------------------------------------------------
     def params_for(self, cfg: dict) -> dict[str, torch.Tensor]:
         """name -> the subnet's parameter, cut from the supernet's tensors (gradients flow back to them)."""
-        why = self.serves(cfg) if model_identity(cfg) not in self._checked else None
-        if why:
-            raise ValueError(f"supernet: expected a configuration of its space, given one it cannot run: {why}")
-        self._checked.add(model_identity(cfg))
         return {name: cut(self.masters[_safe(key)], self.layouts[key], layout)
                 for name, key, layout in self._plan(cfg)}
 
@@ -184,6 +220,9 @@ def varying(configs: list[dict]) -> frozenset:
     keys = set().union(*(model_keys(c, "width") for c in configs))
     out = {k for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
     return frozenset(base_key(k) for k in out)
+
+
+_varying = varying   # Supernet.__init__ takes a parameter of that name
 
 
 def widest(configs: list[dict]) -> list[dict]:

@@ -1,10 +1,13 @@
 """One-shot search (a campaign file's ``supernet`` section, spaces.supernet): one weight-sharing supernet over the
 space, its subnets scored with the weights they inherit, the chosen ones retrained on their own.
 
-    plan        the candidates, the supernet's plan and the nested campaign that trains it
-    phases      launch and resume: train the supernet (or take a trained one), score, retrain
-    evaluation  subnets scored on Ray by a pool of actors, proposed by the campaign's searcher
-    retrain     which subnets train on their own, and the campaign they train in
+    plan        the space the supernet serves, its plan, the nested campaign that trains it, a supernet taken
+                from another campaign checked to serve this one
+    phases      launch and resume: train the supernet (or take a trained one), score, select, retrain
+    scorers     the Ray actors that score subnets on the device Ray gives them, the pool sized by the cluster
+    evaluation  subnets proposed by the campaign's searcher under its proposal rules, scored by the actors
+    retrain     which subnets train on their own (the chosen, a control sample of the space), and the
+                campaign they train in
 
 Every phase resumes: the supernet's training is a campaign of its own (<exp>/supernet/), the scores are
 recorded as they come (search.records.inherited), the retraining is the campaign's own Tune experiment.

@@ -1,15 +1,21 @@
-"""Scoring subnets on Ray: a pool of actors, each loading the supernet's checkpoint once
-(trainers.supernet.scoring.SubnetScorer) and scoring the batches of subnets the campaign's searcher proposes,
-as ``simulate`` drives a searcher over a table: no Tune trial per subnet, so thousands of subnets cost the driver
-no per-trial state.
+"""Scoring subnets on Ray: the campaign's searcher proposes, the campaign's proposal rules judge
+(search.searchers.ledger: invalid, infeasible, measured costs, duplicates), and a pool of actors
+(search.campaign.oneshot.scorers) scores the batches admitted, as ``simulate`` drives a searcher over a table:
+no Tune trial per subnet, so thousands of subnets cost the driver no per-trial state.
 
 The searcher (search.searchers.SEARCHERS: the ``search`` section's, over the space) learns each subnet's inherited
-top-1 with its counted cost, as it would a trial's; a subnet proposed again (its training identity and policy) is
-told its known result and not scored twice. Each batch is recorded once scored (search.records.inherited): a
-driver stopped here and resumed scores no recorded subnet again; the searcher built anew is told the recorded
-ones (``Searcher.tell_earlier``) before it proposes more. The selected subnets are then written as stand-alone
-checkpoints (``export_subnets``) by an actor of the same pool (``ScorerPool``): the supernet is not loaded again
-in one more process.
+top-1 with its cost, as it would a trial's. A subnet proposed again (its training identity and policy) is told
+its known result and not scored twice. A proposal whose cost breaks a constraint is never scored: it is recorded
+(search.records.proposals) and the searcher told. Measured costs (latency, throughput, memory: the campaign's
+objectives or constraints, spaces.measure) are measured once per measured key (model shape and policy) through
+the campaign's measurement path (search.campaign.measured) while the actors are idle: proposals wait for their
+measurement, then are judged on it, so measured metrics are objectives and constraints here as in a campaign of
+trials. A subnet the supernet cannot score (an error in its actor) is recorded as failed, and the scoring goes on.
+
+Each batch is recorded once scored (search.records.inherited): a driver stopped here and resumed scores no
+recorded subnet again; the searcher built anew is told the recorded ones (``Searcher.tell_earlier``) before it
+proposes more. The selected subnets are then written as stand-alone checkpoints (``export_subnets``) by an actor
+of the same pool: the supernet is not loaded again in one more process.
 """
 from __future__ import annotations
 
@@ -17,120 +23,210 @@ import logging
 
 import ray
 
+from qkvsearch.search.campaign.assemble import campaign_measurer, record_proposal
+from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
 from qkvsearch.search.records import inherited
+from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.search.searchers import make_searcher
 from qkvsearch.search.searchers.base import FINISHED, EarlierTrial
+from qkvsearch.search.searchers.ledger import Ledger
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
+from qkvsearch.search.searchers.proposals import _key
 from qkvsearch.spaces import base_config
 from qkvsearch.storage import exists
 
 log = logging.getLogger(__name__)
 BATCH = 8            # most subnets per actor call: the actor's time to score them dwarfs the call's
 MAX_PROPOSALS = 50   # proposals in a row that are known already before the searcher is taken as done
+CONTROL = "control"  # an evaluation's ``selected_for``: scored after the search, for the control sample
 
 
-class _Scorer:
-    """A Ray actor: one supernet loaded once, subnets scored one after another."""
+class Scoring:
+    """One campaign's scoring: its searcher, its ledger and its measurements, over the recorded evaluations."""
 
-    def __init__(self, plan: dict, checkpoint: str, cfg: dict, bn_batches: int, threads: int):
-        import torch
+    def __init__(self, spec, exp: str, scorers: ScorerPool, supernet_id: str, space: str):
+        self.spec, self.exp, self.scorers = spec, exp, scorers
+        self.supernet_id, self.space = supernet_id, space
+        self.base = base_config(spec)
+        self.records = inherited.read_evaluations(exp)
+        self.ledger = Ledger(spec.constraints, share_training=False)
+        self.measurer = campaign_measurer(spec, exp)
+        self.batches = inherited.batches_written(exp)
+        self.ids = _Ids(self.records)
+        for r in self.records:
+            self.ledger.earlier(r["subnet_id"], _subnet_key(r["config"]), _subnet_key(r["config"]), _outcome(r))
 
-        from qkvsearch.trainers.engine import load_state
-        from qkvsearch.trainers.supernet.scoring import SubnetScorer
-        from qkvsearch.trainers.supernet.training import SupernetPlan
+    # -- the search ----------------------------------------------------------------------------------------
+    def search(self) -> list[dict]:
+        """Score ``search.num_trials`` subnets (counting those recorded before); -> every evaluation."""
+        searched = [r for r in self.records if r.get("selected_for") != CONTROL]
+        target = self.spec.search.num_trials
+        if len(searched) >= target:
+            return self.records
+        searcher = make_searcher(self.spec.search.algorithm, spec_problem(self.spec))
+        for r in searched:
+            searcher.tell_earlier(EarlierTrial(inherited.subnet_identity(r["config"]), r["subnet_id"], r["keys"],
+                                               r.get("status", "completed"), r["metrics"], r["cost"]))
+        pool = self.scorers.get()
+        idle, pending, ready = list(pool), {}, []
+        done = False
+        while pending or ready or (not done and self._searched() < target):
+            claimed = self._searched() + sum(len(b) for _, b in pending.values()) + len(ready)
+            while not done and len(ready) < BATCH * len(pool) and claimed + self._waiting() < target:
+                got = self._propose(searcher)
+                if got is None:
+                    done = True
+                elif got:
+                    ready.append(got)
+                    claimed += 1
+            if not pending and not ready and self._waiting():
+                ready += self._measure_parked(searcher)   # every actor idle: the measurer has the device
+                continue
+            while idle and ready:
+                share = max(1, -(-len(ready) // len(idle)))
+                batch, ready = ready[:min(BATCH, share)], ready[min(BATCH, share):]
+                actor = idle.pop()
+                pending[actor.score.remote([t["config"] for t in batch])] = (actor, batch)
+            if not pending:
+                continue
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            actor, batch = pending.pop(ref)
+            idle.append(actor)
+            self._record(batch, ray.get(ref), searcher)
+            log.info(f"subnets scored: {self._searched()}/{target}")
+        return self.records
 
-        torch.set_num_threads(threads)
-        self.scorer = SubnetScorer(SupernetPlan.from_dict(plan), load_state(checkpoint), cfg, bn_batches)
+    def _searched(self) -> int:
+        return sum(1 for r in self.records if r.get("selected_for") != CONTROL)
 
-    def score(self, configs: list[dict]) -> list[dict]:
-        return [self.scorer.score(c) for c in configs]
+    def _waiting(self) -> int:
+        return len(self.ledger.parked(rules.MEASURING))
 
-    def export(self, configs: list[dict], paths: list[str], supernet_id: str) -> None:
-        """Each subnet as a stand-alone checkpoint (search.records.inherited.subnet_file)."""
-        import io
+    def _propose(self, searcher) -> dict | None | bool:
+        """The next proposal to score ({"subnet_id", "keys", "config", "cost"}), False when this proposal is
+        not to be scored (known, infeasible, invalid, or waiting for its measurement), None when the searcher is
+        done (finished, or MAX_PROPOSALS in a row known already)."""
+        for _ in range(MAX_PROPOSALS + len(self.records)):  # a grid proposes the recorded ones again
+            sid = self.ids()
+            keys = searcher.suggest(sid)
+            if keys is None or keys == FINISHED:
+                return None
+            trial = {**build_trial(self.base, keys), "keys": keys}
+            key = None if trial.get("invalid") else _subnet_key(trial["config"])
+            found, measure = None, self.measurer is not None and key is not None
+            if measure:
+                mkey = self.measurer.key(trial["config"])
+                found, trial = self.measurer.result(mkey), {**trial, "measured_key": mkey}
+            rec = self.ledger.propose(sid, trial, key, key, found=found, measure=measure)
+            got = self._dispatch(searcher, rec)
+            if got is not False or rec["kind"] == rules.MEASURING:
+                return got
+        return None
 
-        import torch
+    def _dispatch(self, searcher, rec: dict):
+        """What a judged proposal becomes here: the trial to score, or False (told the searcher now, or later)."""
+        sid, kind, trial = rec["id"], rec["kind"], rec["trial"]
+        if kind == rules.INVALID:
+            self.ledger.end(sid, {})
+            searcher.on_trial_complete(sid, None, error=True)
+        elif kind == rules.INFEASIBLE:
+            record_proposal(self.exp, self.spec.name, f"{sid}-infeasible", sid, trial, rec["error"])
+            searcher.tell_infeasible(sid, trial["cost"])
+        elif kind == rules.DUPLICATE:
+            searcher.constrain(sid, trial["cost"])
+            known = self.ledger.known(rec)
+            if known is not None:   # else it is told once its original is scored
+                self.ledger.end(sid, known)
+                searcher.on_trial_complete(sid, known.get("result"), error=known.get("result") is None)
+        elif kind == rules.MEASURE_ERROR:
+            searcher.constrain(sid, trial["cost"])
+            self._record([{"subnet_id": sid, **trial}], [{"error": trial[rules.MEASURE_ERROR]}], searcher)
+        elif kind == rules.NEW:
+            searcher.constrain(sid, trial["cost"])
+            return {"subnet_id": sid, **{k: v for k, v in trial.items() if k != "measured_key"}}
+        return False
 
-        from qkvsearch.storage import write_bytes
+    def _measure_parked(self, searcher) -> list[dict]:
+        """Measure every proposal waiting for its measurement (the actors are idle), then judge each on it."""
+        parked = self.ledger.parked(rules.MEASURING)
+        for rec in parked:
+            self.measurer.start(rec["measured"], rec["trial"]["config"], idle=True)
+        self.measurer.wait()
+        out = []
+        for rec in parked:
+            judged = self.ledger.measured(rec["id"], rec["id"], self.measurer.result(rec["measured"]))
+            got = self._dispatch(searcher, judged)
+            if got:
+                out.append(got)
+        return out
 
-        for cfg, path in zip(configs, paths):
-            buf = io.BytesIO()
-            torch.save({"model": self.scorer.extract(cfg), "config": cfg, "supernet": supernet_id}, buf)
-            write_bytes(path, buf.getvalue())
-
-
-class ScorerPool:
-    """Scorer actors over one trained supernet, started when first asked for (a resumed driver past the scoring
-    starts one only if it still has subnets to export) and killed on close (``with``): their CPUs go back before
-    the retraining's trials start."""
-
-    def __init__(self, spec, plan: dict, checkpoint: str, teacher_cfg: dict, size: int):
-        res = spec.resources
-        self._start = lambda: ray.remote(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)(_Scorer).remote(
-            plan, checkpoint, teacher_cfg, spec.supernet.bn_batches, max(1, int(res.cpus_per_worker)))
-        self.size = max(1, size)
-        self.actors: list = []
-
-    def get(self, n: int | None = None) -> list:
-        """The first ``n`` actors (default: the pool's size), started as needed."""
-        n = self.size if n is None else n
-        self.actors += [self._start() for _ in range(n - len(self.actors))]
-        return self.actors[:n]
-
-    def close(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
-        self.actors = []
-
-    def __enter__(self) -> ScorerPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def evaluate(spec, exp: str, scorers: ScorerPool, supernet_id: str, space: str) -> list[dict]:
-    """Score ``spec.search.num_trials`` subnets (counting those recorded before) on the pool's actors; -> every
-    evaluation."""
-    records = inherited.read_evaluations(exp)
-    known = {inherited.subnet_identity(r["config"]): r for r in records}
-    searcher = make_searcher(spec.search.algorithm, spec_problem(spec))
-    for r in records:
-        searcher.tell_earlier(EarlierTrial(inherited.subnet_identity(r["config"]), r["subnet_id"], r["keys"], "completed",
-                                           r["metrics"], r["cost"]))
-    target = spec.search.num_trials
-    if len(known) >= target:
-        return records
-    pool = scorers.get()
-    base, n_batch, idle, pending = base_config(spec), inherited.batches_written(exp), list(pool), {}
-    claimed = set(known)  # identities scored or being scored: none is proposed to an actor twice
-    ids = _Ids(records)
-    done = False
-    while pending or (not done and len(claimed) < target):
-        while idle and not done and len(claimed) < target:
-            share = -(-(target - len(claimed)) // len(pool))  # the rest spread over the actors
-            batch = _propose(searcher, base, known, claimed, min(BATCH, share), ids)
-            if not batch:
-                done = True
-                break
-            actor = idle.pop()
-            pending[actor.score.remote([t["config"] for t in batch])] = (actor, batch)
-        if not pending:
-            break
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        actor, batch = pending.pop(ready[0])
-        idle.append(actor)
+    def _record(self, batch: list[dict], results: list[dict], searcher) -> list[dict]:
+        """Write a scored batch (search.records.inherited) and tell the searcher; -> its evaluations."""
         scored = [{"subnet_id": t["subnet_id"], "keys": t["keys"], "config": t["config"], "cost": t["cost"],
-                   "metrics": m, "supernet": supernet_id, "space": space}
-                  for t, m in zip(batch, ray.get(ready[0]))]
-        inherited.write_batch(exp, n_batch, scored)
-        n_batch += 1
+                   "metrics": r.get("metrics", {}), "status": "failed" if "error" in r else "completed",
+                   **({"error": r["error"]} if "error" in r else {}),
+                   **({"measured_on": t["measured_on"]} if t.get("measured_on") else {}),
+                   **({"selected_for": t["selected_for"]} if t.get("selected_for") else {}),
+                   "supernet": self.supernet_id, "space": self.space}
+                  for t, r in zip(batch, results)]
+        inherited.write_batch(self.exp, self.batches, scored)
+        self.batches += 1
         for r in scored:
-            known[inherited.subnet_identity(r["config"])] = r
-            records.append(r)
-            searcher.on_trial_complete(r["subnet_id"], _result(r))
-        log.info(f"subnets scored: {len(known)}/{target}")
-    return records
+            self.records.append(r)
+            if r.get("status") == "failed":
+                log.warning(f"{r['subnet_id']} could not be scored: {r['error'].splitlines()[-1]}")
+            _, waiting = self.ledger.end(r["subnet_id"], _outcome(r))
+            if searcher is None:
+                continue
+            result = _result(r) if r["status"] == "completed" else None
+            searcher.on_trial_complete(r["subnet_id"], result, error=result is None)
+            for dup in waiting:
+                self.ledger.end(dup["id"], {})
+                searcher.on_trial_complete(dup["id"], result, error=result is None)
+        return scored
+
+    # -- after the search -------------------------------------------------------------------------------
+    def feasible(self, keys: dict, config: dict, cost: dict) -> bool:
+        """Whether a configuration drawn for the control sample meets the constraints, measured where a
+        constraint is on a measured cost (the actors are idle)."""
+        from qkvsearch.spaces.schema import violations
+
+        if violations(self.spec.constraints, cost) or self.measurer is None:
+            return not violations(self.spec.constraints, cost)
+        found = self._measured(config)
+        return not isinstance(found, str) and not violations(self.spec.constraints, {**cost, **found[0]})
+
+    def score_selected(self, selection: dict) -> list[dict]:
+        """Score the control subnets not scored yet (drawn from the space, most were not proposed); -> every
+        evaluation."""
+        by_keys = {inherited.keys_text(r["keys"]) for r in self.records}
+        todo = []
+        for keys in selection["control"]:
+            if inherited.keys_text(keys) not in by_keys:
+                by_keys.add(inherited.keys_text(keys))
+                trial = {**build_trial(self.base, keys), "keys": keys, "subnet_id": self.ids(), "selected_for": CONTROL}
+                if self.measurer is not None:
+                    found = self._measured(trial["config"])
+                    if not isinstance(found, str):
+                        trial = {**trial, "cost": {**trial["cost"], **found[0]}, "measured_on": found[1]}
+                todo.append(trial)
+        if todo:
+            pool = self.scorers.get()
+            refs = {}
+            for i, actor in enumerate(pool):
+                part = todo[i::len(pool)]
+                if part:
+                    refs[actor.score.remote([t["config"] for t in part])] = part
+            for ref, part in refs.items():
+                self._record(part, ray.get(ref), None)
+            log.info(f"control subnets scored: {len(todo)}")
+        return self.records
+
+    def _measured(self, config: dict):
+        key = self.measurer.key(config)
+        self.measurer.start(key, config, idle=True)
+        self.measurer.wait()
+        return self.measurer.result(key)
 
 
 def export_subnets(exp: str, scorers: ScorerPool, supernet_id: str, records: list[dict]) -> dict[str, str]:
@@ -156,26 +252,14 @@ class _Ids:
         return f"subnet_{self.next - 1:06d}"
 
 
-def _propose(searcher, base: dict, known: dict, claimed: set, n: int, ids: _Ids) -> list[dict]:
-    """Up to n new subnets ({"subnet_id", "keys", "config", "cost"}) from the searcher, each claimed; one
-    scored already is told its result at once, one being scored (or no model) is told it failed."""
-    out, repeats = [], 0
-    while len(out) < n and repeats < MAX_PROPOSALS + len(known):  # a grid proposes the recorded ones again
-        sid = ids()
-        keys = searcher.suggest(sid)
-        if keys is None or keys == FINISHED:
-            break
-        trial = build_trial(base, keys)
-        key = None if trial.get("invalid") else inherited.subnet_identity(trial["config"])
-        if key is None or key in claimed:
-            repeats += 1
-            searcher.on_trial_complete(sid, _result(known[key]) if key in known else None,
-                                       error=key not in known)
-            continue
-        claimed.add(key)
-        searcher.constrain(sid, trial["cost"])
-        out.append({"subnet_id": sid, "keys": keys, **trial})
-    return out
+def _subnet_key(config: dict) -> str:
+    """What the ledger knows a subnet by: its identity and policy (one scored per policy), as a digest."""
+    return _key(inherited.subnet_identity(config))
+
+
+def _outcome(record: dict) -> dict:
+    """An evaluation's outcome as the ledger keeps it: the result a searcher learns (None: it failed)."""
+    return {"result": _result(record) if record.get("status", "completed") == "completed" else None}
 
 
 def _result(record: dict) -> dict:

@@ -1,26 +1,34 @@
 """A one-shot campaign's driver, at launch and at every resume: each phase is done unless its records say it
 is done already.
 
-    1 supernet   the nested campaign <exp>/supernet trains it (one trial, a Ray Train DDP run); skipped with
-                 ``supernet.from`` (that campaign's trained supernet) or once it has ended
-    2 scoring    search.campaign.oneshot.evaluation, until search.num_trials subnets are scored
-    3 export     each selected subnet as a stand-alone checkpoint (search.records.inherited.subnet_file)
-    4 retrain    the selected subnets as the campaign's own trials (search.campaign.oneshot.retrain), the
+    1 supernet   the nested campaign <exp>/supernet trains it (one trial, a Ray Train DDP run) over the plan
+                 written beside it (plan.json); skipped with ``supernet.from`` (that campaign's trained
+                 supernet, checked to serve this space on the same data) or once it has ended
+    2 scoring    search.campaign.oneshot.evaluation, until search.num_trials subnets are proposed, each under
+                 the campaign's proposal rules (constraints and measured costs included)
+    3 selection  the chosen subnets (the inherited front, or the top_k) and the control sample, drawn from the
+                 space's feasible configurations (search.campaign.oneshot.retrain); the control subnets not
+                 scored yet are scored then
+    4 export     each selected subnet as a stand-alone checkpoint (search.records.inherited.subnet_file)
+    5 retrain    the selected subnets as the campaign's own trials (search.campaign.oneshot.retrain), FIFO, the
                  chosen ones from their exported weights with ``retrain_from: inherited``
 """
 from __future__ import annotations
 
 import logging
 
-from qkvsearch.search.campaign.oneshot.evaluation import ScorerPool, evaluate, export_subnets
+from qkvsearch.search.campaign.interrupts import CampaignInterrupted
+from qkvsearch.search.campaign.oneshot.evaluation import Scoring, export_subnets
 from qkvsearch.search.campaign.oneshot.plan import (
+    PLAN_FILE,
     SUPERNET_DIR,
-    candidates,
+    check_source,
     space_hash,
     supernet_plan,
     supernet_spec,
 )
 from qkvsearch.search.campaign.oneshot.retrain import init_weights, retrain_spec, selected_records, selection
+from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
 from qkvsearch.search.campaign.run import CampaignRun
 from qkvsearch.search.records.inherited import FIDELITY_STANDALONE, FIDELITY_SUPERNET
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder, read_campaign
@@ -29,26 +37,25 @@ from qkvsearch.spaces.errors import BadInput
 from qkvsearch.storage import exists, read_json, write_json
 
 log = logging.getLogger(__name__)
-PLAN_FILE = "plan.json"   # <exp>/supernet/plan.json: what the supernet was trained over (``supernet.from``)
 
 
 def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verbose=False, view=None) -> None:
     """Every phase of the one-shot campaign at ``exp`` (module docstring)."""
-    trials = candidates(spec)
     source = spec.supernet.source
     if source is None:
-        plan = supernet_plan(spec, trials)
         supernet_dir = f"{exp}/{SUPERNET_DIR}"
-        _train_supernet(spec, exp, supernet_dir, trials, plan, cluster, version, verbose)
+        plan = _train_supernet(spec, exp, supernet_dir, cluster, version, verbose)
     else:
         supernet_dir = f"{source}/{SUPERNET_DIR}"
-        plan = _trained_plan(supernet_dir, trials)
+        plan = trained_plan(supernet_dir, spec)
     checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
     log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
-    actors = max(1, int(cluster.cpus // max(spec.resources.cpus_per_worker, 1e-9)))
-    with ScorerPool(spec, plan, checkpoint, teacher_cfg, min(actors, 4 * max(1, concurrency or 1))) as scorers:
-        records = evaluate(spec, exp, scorers, supernet_id, space_hash(spec))
-        chosen = selection(spec, exp, records)
+    size = pool_size(spec.resources, cluster, concurrency)
+    with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
+        scoring = Scoring(spec, exp, scorers, supernet_id, space_hash(spec))
+        records = scoring.search()
+        chosen = selection(spec, exp, records, scoring.feasible)
+        records = scoring.score_selected(chosen)
         chosen_records, control_records = selected_records(records, chosen)
         files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
@@ -60,19 +67,28 @@ def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verb
         concurrency, restoring=restoring, verbose=verbose, view=view)
 
 
-def _train_supernet(spec, exp: str, supernet_dir: str, trials, plan: dict, cluster, version: str, verbose) -> None:
+def _train_supernet(spec, exp: str, supernet_dir: str, cluster, version: str, verbose) -> dict:
+    """Train the supernet unless trained; -> the plan it is trained over (the one written when it started: a
+    campaign resumed by a later version keeps its own)."""
     if exists(f"{supernet_dir}/{CAMPAIGN_FILE}"):
         sub_folder = CampaignFolder.open(supernet_dir)
+        plan = read_json(f"{supernet_dir}/{PLAN_FILE}")
         if sub_folder.campaign.ended:
-            return
+            return plan
         sub = sub_folder.campaign.spec
     else:
-        sub = supernet_spec(spec, exp, trials, plan)
+        plan = supernet_plan(spec)
+        sub = supernet_spec(spec, exp, plan)
         write_json(f"{supernet_dir}/{PLAN_FILE}", plan)
         sub_folder = CampaignFolder.create(supernet_dir, sub, version)
-    log.info(f"training the supernet over {len(trials)} configuration(s): {supernet_dir}")
-    CampaignRun(sub, supernet_dir, sub_folder, cluster, version, supernet=plan, describe={"fidelity": FIDELITY_SUPERNET}).fit(
-        1, restoring=exists(f"{supernet_dir}/tuner.pkl"), verbose=verbose)
+    log.info(f"training the supernet over the space: {supernet_dir}")
+    try:
+        CampaignRun(sub, supernet_dir, sub_folder, cluster, version, supernet=plan,
+                    describe={"fidelity": FIDELITY_SUPERNET}).fit(1, restoring=exists(f"{supernet_dir}/tuner.pkl"),
+                                                                   verbose=verbose)
+    except CampaignInterrupted as stop:  # what resumes is this campaign, not the nested one
+        raise CampaignInterrupted(exp, stop.signal_name, stop.trials) from None
+    return plan
 
 
 def _trained(supernet_dir: str) -> tuple[str, dict, str]:
@@ -86,16 +102,9 @@ def _trained(supernet_dir: str) -> tuple[str, dict, str]:
     return rec["checkpoint_path"], rec["config"], f"{supernet_dir}:{rec['trial_id']}@epoch{len(rec['epochs'])}"
 
 
-def _trained_plan(supernet_dir: str, trials) -> dict:
-    """``supernet.from``: that supernet's plan, checked to hold this campaign's widest configurations."""
-    from qkvsearch.trainers.supernet.weights import Supernet, widest
-
+def trained_plan(supernet_dir: str, spec) -> dict:
+    """``supernet.from``: that supernet's plan, checked to serve this campaign (plan.check_source)."""
     read_campaign(supernet_dir)  # CampaignFileError naming the file when it is no supernet campaign
     plan = read_json(f"{supernet_dir}/{PLAN_FILE}")
-    supernet = Supernet(plan["configs"], init=False)
-    for cfg in widest([t["config"] for t in trials]):
-        why = supernet.serves(cfg)
-        if why:
-            raise BadInput(f"supernet.from: expected a supernet whose space holds this campaign's, given "
-                           f"{supernet_dir}, which cannot run {cfg.get('embedding')} ({why})")
+    check_source(supernet_dir, plan, supernet_plan(spec))
     return plan

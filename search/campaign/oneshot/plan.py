@@ -1,93 +1,95 @@
-"""What a one-shot campaign derives from its spec, the same at launch and at every resume: its candidates
-(the space's configurations, resolved and costed once: search.searchers.problem), the supernet's plan
-(trainers.supernet.training.SupernetPlan), and the spec of the nested campaign that trains the supernet."""
+"""What a one-shot campaign derives from its spec, the same at launch and at every resume: the space its supernet
+serves (trainers.supernet.space.SubnetSpace: the whole space, its extremes computed), the supernet's plan
+(trainers.supernet.plan), the spec of the nested campaign that trains the supernet, and a trained supernet taken
+from another campaign (``supernet.from``), checked to serve this one."""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 
-from qkvsearch.search.records.inherited import subnet_identity
-from qkvsearch.search.searchers.problem import build_trial, candidate_configs
 from qkvsearch.spaces import base_config, load_campaign
-from qkvsearch.spaces.blocks import block_keys, split_block_key
-from qkvsearch.spaces.choices import FULL_PRECISION
-from qkvsearch.spaces.errors import SpecError
-from qkvsearch.spaces.keys import APPLIES_WHEN, QUANT_KEYS, identity
-from qkvsearch.spaces.supernet import BRANCH_KEYS
+from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.keys import QUANT_KEYS, names
 
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign whose one trial trains the supernet
+PLAN_FILE = "plan.json"     # <exp>/supernet/plan.json: what the supernet was trained over (``supernet.from``)
+# What a supernet's weights were trained on: a supernet taken from another campaign must share every one
+SAME_DATA = (*names("data"), "num_classes", "img_size", "in_chans")
 
 
 def candidates(spec) -> list[dict]:
-    """The trials ({"config", "cost", "keys": space keys}) of the space's candidates that make a model."""
+    """Every configuration of an enumerable space ({"config", "cost", "keys": space keys}), each subnet (and
+    policy) once, those no model can be made of left out: what a benchmark scores or checks in full."""
+    from qkvsearch.search.records.inherited import subnet_identity
+    from qkvsearch.search.searchers.problem import build_trial
+    from qkvsearch.spaces import dimensions
+
     base, out, seen = base_config(spec), [], set()
-    for keys in candidate_configs(spec):
+    for keys in dimensions.iterate(spec.space):
         trial = build_trial(base, keys)
-        if trial.get("invalid") or subnet_identity(trial["config"]) in seen:
-            continue
-        seen.add(subnet_identity(trial["config"]))  # a subnet under each policy
-        out.append({**trial, "keys": keys})
-    if not out:
-        raise SpecError(["space: expected configurations a model can be made of, given none"], spec.source)
+        if not trial.get("invalid") and subnet_identity(trial["config"]) not in seen:
+            seen.add(subnet_identity(trial["config"]))
+            out.append({**trial, "keys": keys})
     return out
 
 
-def branch_of(config: dict, varying: list[str]) -> str:
-    return json.dumps({k: config.get(k) for k in varying})
+def subnet_space(spec):
+    """The space a one-shot campaign's supernet serves (trainers.supernet.space.SubnetSpace)."""
+    from qkvsearch.trainers.supernet.space import SubnetSpace
+
+    return SubnetSpace(spec.space, base_config(spec))
 
 
-def full_precision(config: dict) -> dict:
-    """The config with every part of its quantization policy at full precision: what the supernet trains (a
-    policy changes no weight; a subnet is scored under its policy after extraction)."""
-    return {**config, **{k: FULL_PRECISION for k in QUANT_KEYS if k in config}}
+def supernet_plan(spec) -> dict:
+    """The plan a supernet over the spec's space is trained over (trainers.supernet.plan); made once per spec
+    in a process (its extremes take seconds to search; a launch checks it before Ray starts, then uses it)."""
+    return json.loads(_plan_text(json.dumps(spec.to_dict(), sort_keys=True, default=str)))
 
 
-def _trained(trials: list[dict]) -> list[dict]:
-    """One trial per configuration the supernet trains: the trials' configs at full precision, deduplicated."""
-    out, seen = [], set()
-    for t in trials:
-        cfg = full_precision(t["config"])
-        if identity(cfg) not in seen:
-            seen.add(identity(cfg))
-            out.append({**t, "config": cfg, "keys": {k: v for k, v in t["keys"].items() if k not in QUANT_KEYS}})
-    return out
+@lru_cache(maxsize=4)
+def _plan_text(spec_text: str) -> str:
+    from qkvsearch.trainers.supernet.plan import plan_dict
 
-
-def supernet_plan(spec, trials: list[dict]) -> dict:
-    """The plan a supernet of these trials is trained over (SupernetPlan.as_dict)."""
-    trials = _trained(trials)
-    configs = [t["config"] for t in trials]
-    varying = [k for k in BRANCH_KEYS if len({repr(c.get(k)) for c in configs}) > 1 and k not in _follow_blocks(configs)]
+    spec = load_campaign(json.loads(spec_text))
     s = spec.supernet
-    return {"configs": configs, "gmacs": [t["cost"]["gmacs"] for t in trials],
-            "branches": [branch_of(c, varying) for c in configs], "random_subnets": s.random_subnets,
-            "distill": s.distill}
+    return json.dumps(plan_dict(subnet_space(spec), random_subnets=s.random_subnets, distill=s.distill))
 
 
-def _follow_blocks(configs: list[dict]) -> set[str]:
-    """Keys whose value only follows a per-block key (code sharing is set when some block is F-SNE): with
-    embeddings drawn per block, a branch is the values of the keys drawn for the whole model, not 4^depth."""
-    per_block = {split_block_key(k)[0] for c in configs for k in block_keys(c)}
-    return {k for k, (on, _) in APPLIES_WHEN.items() if on in per_block}
-
-
-def teacher(plan: dict) -> int:
-    return max(range(len(plan["gmacs"])), key=lambda i: plan["gmacs"][i])
-
-
-def supernet_spec(spec, exp: str, trials: list[dict], plan: dict):
+def supernet_spec(spec, exp: str, plan: dict):
     """The nested campaign at <exp>/supernet: one trial, the teacher's configuration trained with the supernet's
     recipe on its own resources (``supernet.resources`` over the campaign's); its trial settings carry the plan
     (search.campaign.driver.TrialSettings.supernet), so it trains the supernet; every checkpoint kept (the
     supernet is what is searched)."""
     d = spec.to_dict()
-    for section in ("supernet", "stages", "constraints"):
+    for section in ("supernet", "stages", "constraints", "measure"):
         d.pop(section, None)
-    d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [_trained(trials)[teacher(plan)]["keys"]]},
+    teacher = {k: v for k, v in plan["teacher_keys"].items() if k not in QUANT_KEYS}   # trained in full precision
+    d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [teacher]} if teacher else {},
              train={**d["train"], **dict(spec.supernet.recipe)}, search={"algorithm": "grid"},
              scheduler={"type": "fifo"}, objectives=[{"metric": "top1", "mode": "max"}],
              checkpoints={"keep": "all"},
              resources={**d["resources"], **dict(spec.supernet.resources), "max_concurrent_trials": 1})
     return load_campaign(d)
+
+
+def check_source(source_dir: str, source_plan: dict, plan: dict) -> None:
+    """``supernet.from``: the trained supernet at ``source_dir`` (its plan) must have been trained on this
+    campaign's data, classes and image size, and hold every tensor of this campaign's space (its tensors
+    sized for this plan's covers, teacher and sandwich); BadInput naming the field otherwise."""
+    from qkvsearch.trainers.supernet.plan import SupernetPlan
+
+    theirs, ours = SupernetPlan.from_dict(source_plan), SupernetPlan.from_dict(plan)
+    differ = [k for k in SAME_DATA if theirs.teacher.get(k) != ours.teacher.get(k)]
+    if differ:
+        raise BadInput("supernet.from: expected a supernet trained on this campaign's data, classes and image size, "
+                       f"given {source_dir}, trained with " + ", ".join(
+                           f"{k} {theirs.teacher.get(k)!r} (this campaign: {ours.teacher.get(k)!r})" for k in differ))
+    supernet = theirs.supernet(init=False)
+    for cfg in (ours.teacher, ours.smallest, *(c for _, lg, sm in ours.sandwich for c in (lg, sm)), *ours.covers):
+        why = supernet.serves(cfg)
+        if why:
+            raise BadInput(f"supernet.from: expected a supernet whose space holds this campaign's, given "
+                           f"{source_dir}, which cannot run {cfg.get('embedding')} ({why})")
 
 
 def space_hash(spec) -> str:

@@ -1,15 +1,19 @@
-"""Which scored subnets train on their own, and the campaign they train in.
+"""Which subnets train on their own, and the campaign they train in.
 
-Chosen: the front of the campaign's objectives over the inherited scores (``retrain: front``), or the
-``top_k`` by non-dominated rank. Control: ``control`` subnets drawn at random (seeded) among the other scored
-ones. Chosen and control subnets train under the campaign's seed; the control ones also under the next seed,
-the noise floor against which the ranking is judged (search.analysis.fidelity). The selection is written once
-(search.records.inherited) so a resumed campaign retrains the same subnets. With ``retrain_from: inherited``
-the chosen subnets start from the weights they inherit (their exported checkpoints); the control subnets
-always start from scratch: they measure how well inherited accuracy predicts a subnet's own training.
+Chosen: the front of the campaign's objectives over the inherited scores of the feasible subnets scored
+(``retrain: front``), or the ``top_k`` by non-dominated rank. Control: ``control`` configurations drawn
+uniformly (seeded by the search's seed) from the space's feasible configurations, not from the scored ones: a
+random sample of the space is what rank agreement is honest on (search.analysis.fidelity), where the scored
+subnets are whatever the searcher chose to look at. Chosen and control subnets train under the campaign's
+seed; the control ones also under the next seed, the noise floor against which the ranking is judged. The
+selection is written once (search.records.inherited) so a resumed campaign retrains the same subnets. With
+``retrain_from: inherited`` the chosen subnets start from the weights they inherit (their exported
+checkpoints); the control subnets always start from scratch: they measure how well inherited accuracy predicts
+a subnet's own training.
 
-The retraining is an ordinary campaign (the trial path, MO-ASHA, records, trackers, report) whose space is the
-selected configurations as variants, searched as a grid.
+The retraining is an ordinary campaign (the trial path, records, trackers, report) whose space is the selected
+configurations as variants, searched as a grid, always FIFO: every retrained subnet trains its planned epochs,
+whatever the campaign's scheduler, so the rank figures are over finished trainings, not over survivors.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ran
 from qkvsearch.search.records import inherited
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill, identity
+from qkvsearch.spaces.schema import violations
+
+MAX_DRAWS_PER_CONTROL = 200   # draws per control subnet before the space is taken to hold no more feasible ones
 
 
 def _objective(record: dict, metric: str) -> float:
@@ -26,13 +33,16 @@ def _objective(record: dict, metric: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def select(spec, records: list[dict]) -> dict:
+def select(spec, records: list[dict], feasible=None) -> dict:
     """{"chosen": [space keys], "control": [space keys], "seed": the campaign's training seed, "retrain_from":
-    where the chosen ones' training starts (scratch | inherited)}."""
+    where the chosen ones' training starts (scratch | inherited)}. feasible(keys, config, cost) -> whether a
+    drawn configuration meets the constraints (measuring it where a constraint is on a measured cost); None:
+    its counted cost against the constraints."""
     records = list({inherited.subnet_identity(r["config"]): r for r in records}.values())  # one per subnet and policy
     metrics, modes = [o.metric for o in spec.objectives], [o.mode for o in spec.objectives]
     values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float)
-    ok = ~np.isnan(values).any(axis=1)
+    ok = ~np.isnan(values).any(axis=1) & np.array(
+        [not violations(spec.constraints, {**r["cost"], **r["metrics"]}) for r in records], dtype=bool)
     idx = np.flatnonzero(ok)
     s = spec.supernet
     if s.retrain == "front":
@@ -41,18 +51,52 @@ def select(spec, records: list[dict]) -> dict:
         ranks = nondominated_ranks(values[ok], modes)
         order = np.lexsort((-values[ok][:, 0] if modes[0] == "max" else values[ok][:, 0], ranks))
         chosen = idx[order[: s.top_k]].tolist()
-    others = [i for i in idx.tolist() if i not in set(chosen)]
-    rng = np.random.default_rng(spec.search.seed)
-    control = sorted(rng.choice(others, size=min(s.control, len(others)), replace=False).tolist()) if others else []
-    return {"chosen": [records[i]["keys"] for i in chosen], "control": [records[i]["keys"] for i in control],
+    chosen_keys = [records[i]["keys"] for i in chosen]
+    return {"chosen": chosen_keys, "control": control_sample(spec, chosen_keys, feasible),
             "seed": int(base_config(spec)["seed"]), "retrain_from": s.retrain_from}
 
 
-def selection(spec, exp: str, records: list[dict]) -> dict:
+def control_sample(spec, chosen: list[dict], feasible=None) -> list[dict]:
+    """``supernet.control`` space keys drawn uniformly from the space (seeded by the search's seed), each a
+    feasible configuration, none a chosen one, no two the same subnet."""
+    from qkvsearch.search.campaign.oneshot.plan import subnet_space
+
+    space = subnet_space(spec)
+    base = base_config(spec)
+    rng = np.random.default_rng([spec.search.seed, 1])
+    taken = {_subnet(base, keys) for keys in chosen}
+    out: list[dict] = []
+    for _ in range(MAX_DRAWS_PER_CONTROL * max(1, spec.supernet.control)):
+        if len(out) >= spec.supernet.control:
+            break
+        keys, _ = space.draw(rng)
+        subnet = _subnet(base, keys)
+        if subnet is None or subnet in taken:
+            continue
+        taken.add(subnet)
+        config, cost = _resolved(base, keys)
+        if (feasible(keys, config, cost) if feasible is not None else not violations(spec.constraints, cost)):
+            out.append(keys)
+    return out
+
+
+def _resolved(base: dict, keys: dict) -> tuple[dict, dict]:
+    from qkvsearch.search.searchers.problem import build_trial
+
+    trial = build_trial(base, keys)
+    return trial["config"], trial["cost"]
+
+
+def _subnet(base: dict, keys: dict) -> str | None:
+    config, cost = _resolved(base, keys)
+    return inherited.subnet_identity(config) if cost else None
+
+
+def selection(spec, exp: str, records: list[dict], feasible=None) -> dict:
     """The campaign's selection: the one written, else made now and written."""
     found = inherited.read_selection(exp)
     if found is None:
-        found = select(spec, records)
+        found = select(spec, records, feasible)
         inherited.write_selection(exp, found)
     return found
 
@@ -65,7 +109,8 @@ def retrain_spec(spec, chosen: dict):
     variants += [{**k, "seed": seed + 1} for k in chosen["control"]]
     d = spec.to_dict()
     d.pop("supernet")
-    d.update(space={"variants": variants}, search={"algorithm": "grid", "seed": spec.search.seed})
+    d.update(space={"variants": variants}, search={"algorithm": "grid", "seed": spec.search.seed},
+             scheduler={"type": "fifo"})
     return load_campaign(d)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from qkvsearch.search.campaign.oneshot.phases import PLAN_FILE, _trained_plan
+from qkvsearch.search.campaign.oneshot.phases import trained_plan
 from qkvsearch.search.campaign.oneshot.plan import (
+    PLAN_FILE,
     SUPERNET_DIR,
     candidates,
     supernet_plan,
     supernet_spec,
-    teacher,
 )
 from qkvsearch.search.campaign.oneshot.retrain import retrain_spec, select
 from qkvsearch.search.records.layout import CampaignFolder
@@ -40,14 +40,14 @@ def test_the_candidates_are_the_distinct_models_of_the_space(tmp_path):
 def test_the_supernet_trains_as_one_trial_of_the_teacher_with_its_own_recipe(tmp_path):
     spec = load_campaign(_spec(tmp_path))
     trials = candidates(spec)
-    plan = supernet_plan(spec, trials)
-    sub = supernet_spec(spec, str(tmp_path / "p"), trials, plan)
+    plan = supernet_plan(spec)
+    sub = supernet_spec(spec, str(tmp_path / "p"), plan)
     assert sub.storage.rstrip("/").endswith("p") and sub.name == SUPERNET_DIR
     (variant,) = sub.space.variants
-    assert dict(variant) == trials[teacher(plan)]["keys"]
-    assert trials[teacher(plan)]["cost"]["gmacs"] == max(t["cost"]["gmacs"] for t in trials)
+    largest = max(trials, key=lambda t: t["cost"]["gmacs"])
+    assert dict(variant) == largest["keys"] and identity(plan["teacher"]) == identity(largest["config"])
     assert sub.train.epochs == 3 and sub.train.lr == 1e-3 and not sub.supernet and not sub.constraints
-    assert len(set(plan["branches"])) == 3  # the embedding types: weights of their own each
+    assert len(plan["sandwich"]) == 3  # the embedding types: weights of their own each
     assert sub.resources.workers_per_trial == spec.resources.workers_per_trial == 1
 
 
@@ -55,7 +55,7 @@ def test_the_supernet_trains_on_its_own_resources_and_the_subnets_retrain_on_the
     spec = load_campaign({**_spec(tmp_path, resources={"workers_per_trial": 2, "cpus_per_worker": 0.5}),
                           "resources": {"workers_per_trial": 1, "cpus_per_worker": 1, "max_concurrent_trials": 2}})
     trials = candidates(spec)
-    sub = supernet_spec(spec, str(tmp_path / "p"), trials, supernet_plan(spec, trials))
+    sub = supernet_spec(spec, str(tmp_path / "p"), supernet_plan(spec))
     assert (sub.resources.workers_per_trial, sub.resources.cpus_per_worker) == (2, 0.5)
     assert sub.resources.max_concurrent_trials == 1
     retrain = retrain_spec(spec, {"chosen": [trials[0]["keys"]], "control": [], "seed": 5})
@@ -101,15 +101,57 @@ def test_the_selection_and_its_control_sample_are_disjoint_and_fixed_by_the_seed
     assert not retrain.supernet and retrain.search.algorithm == "grid"
 
 
+def _trained_elsewhere(tmp_path, name: str, spec: dict) -> str:
+    """A campaign folder holding a supernet's campaign and its plan, as a launch leaves them."""
+    other = load_campaign({**spec, "name": name})
+    folder = tmp_path / name / SUPERNET_DIR
+    plan = supernet_plan(other)
+    CampaignFolder.create(str(folder), supernet_spec(other, str(tmp_path / name), plan), "test")
+    write_json(str(folder / PLAN_FILE), plan)
+    return str(folder)
+
+
 def test_a_supernet_from_another_campaign_must_hold_this_space(tmp_path):
-    small = load_campaign({**_spec(tmp_path), "name": "small",
-                           "space": {"depth": 2, "embedding": "sne", "hidden_width": 0.5}})
-    trials = candidates(small)
-    folder = tmp_path / "small" / SUPERNET_DIR
-    CampaignFolder.create(str(folder), supernet_spec(small, str(tmp_path / "small"), trials,
-                                                     supernet_plan(small, trials)), "test")
-    write_json(str(folder / PLAN_FILE), supernet_plan(small, trials))
-    assert _trained_plan(str(folder), trials)["configs"] == [t["config"] for t in trials]
-    wider = candidates(load_campaign(_spec(tmp_path)))
+    small = _trained_elsewhere(tmp_path, "small", {**_spec(tmp_path),
+                                                   "space": {"depth": 2, "embedding": "sne", "hidden_width": 0.5}})
+    narrow = load_campaign({**_spec(tmp_path), "space": {"depth": 2, "embedding": "sne", "hidden_width": 0.25}})
+    assert trained_plan(small, narrow) == __import__("json").loads((tmp_path / "small" / SUPERNET_DIR / PLAN_FILE)
+                                                                   .read_text())
     with pytest.raises(BadInput, match="supernet.from: expected a supernet whose space holds this campaign's"):
-        _trained_plan(str(folder), wider)
+        trained_plan(small, load_campaign(_spec(tmp_path)))
+
+
+def test_a_supernet_from_a_campaign_on_other_data_is_refused_naming_what_differs(tmp_path):
+    source = _trained_elsewhere(tmp_path, "clutter", {**_spec(tmp_path), "data": {"dataset": "digits_clutter"}})
+    with pytest.raises(BadInput, match=r"supernet.from: expected a supernet trained on this campaign's data, .*"
+                                       r"dataset 'digits_clutter' \(this campaign: 'digits'\)"):
+        trained_plan(source, load_campaign(_spec(tmp_path)))
+    other_size = _trained_elsewhere(tmp_path, "px32", {**_spec(tmp_path), "model": {
+        "name": "xcit_nano_12_p8_224", "img_size": 32, "num_classes": 10}})
+    with pytest.raises(BadInput, match=r"img_size 32 \(this campaign: 16\)"):
+        trained_plan(other_size, load_campaign(_spec(tmp_path)))
+
+
+def test_the_retraining_runs_fifo_whatever_the_campaigns_scheduler(tmp_path):
+    """Rank agreement over survivors would say nothing of the ranking: every retrained subnet trains its planned
+    epochs (validate warns that the campaign's scheduler is not used: tests/spaces/test_supernet_section.py)."""
+    spec = load_campaign({**_spec(tmp_path), "scheduler": {"type": "moasha", "grace_epochs": 1}})
+    trials = candidates(spec)
+    retrain = retrain_spec(spec, {"chosen": [trials[0]["keys"]], "control": [trials[1]["keys"]], "seed": 5})
+    assert spec.scheduler.type == "moasha" and retrain.scheduler.type == "fifo"
+
+
+def test_with_constraints_nothing_infeasible_is_chosen_and_the_control_sample_is_drawn_among_feasible_ones(tmp_path):
+    every = candidates(load_campaign(_spec(tmp_path)))
+    limit = sorted(t["cost"]["gmacs"] for t in every)[len(every) // 2]
+    spec = load_campaign({**_spec(tmp_path, control=2, retrain="top_k", top_k=1),
+                          "constraints": {"gmacs": {"max": limit}}})
+    # scored by an earlier version, which scored infeasible subnets too: the best accuracy on the largest ones
+    records = [{"keys": t["keys"], "config": t["config"], "cost": t["cost"], "metrics": {"top1": 100 * t["cost"]["gmacs"]}}
+               for t in every]
+    chosen = select(spec, records)
+    by_keys = {repr(sorted(t["keys"].items())): t for t in every}
+    picked = [by_keys[repr(sorted(k.items()))] for k in chosen["chosen"] + chosen["control"]]
+    assert chosen["chosen"] and len(chosen["control"]) == 2
+    assert all(t["cost"]["gmacs"] <= limit for t in picked)
+    assert any(t["cost"]["gmacs"] > limit for t in every)   # there was something to leave out
