@@ -101,3 +101,18 @@ def test_students_are_drawn_from_the_whole_space():
     assert len({repr(sorted(c.items())) for c in drawn}) == len(drawn) >= 150
     for block in range(12):
         assert {c[f"embedding.{block}"] for c in drawn} == {"linear", "sne", "psne", "fsne"}
+
+
+def test_a_plan_an_earlier_version_wrote_reads_back_as_it_was_trained():
+    """A campaign stopped while its supernet trained (or a supernet taken with supernet.from) holds a plan of an
+    earlier version, its candidates listed (tests/fixtures/make_earlier_supernet_plan.py): it builds the same
+    tensors, draws the same students, and writes itself back unchanged."""
+    import json
+    from pathlib import Path
+
+    earlier = json.loads((Path(__file__).parents[1] / "fixtures" / "earlier" / "supernet_plan.json").read_text())
+    plan = SupernetPlan.from_dict(earlier["plan"])
+    assert plan.as_dict() == earlier["plan"]
+    tensors = {k: list(v.shape) for k, v in plan.supernet(init=False).state_dict().items()}
+    assert tensors == earlier["tensors"]
+    assert [plan.students(u, 0) for u in range(len(earlier["students"]))] == earlier["students"]
