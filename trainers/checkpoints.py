@@ -37,7 +37,6 @@ def epoch_checkpoint(run_dir: str, epoch: float) -> str | None:
     <storage>/<run name>, a path or a URI). A resumed run reports its restored epoch again without a
     checkpoint, though the checkpoint it resumed from is that epoch's."""
     from qkvsearch.storage import exists
-    from qkvsearch.trainers.engine import STATE_FILE
 
     path = _checkpoint_dir(run_dir, epoch)
     return path if exists(f"{path}/{STATE_FILE}") else None
@@ -61,7 +60,6 @@ class LocalRun:
         import pyarrow.fs as pafs
 
         from qkvsearch.storage import open_location
-        from qkvsearch.trainers.engine import STATE_FILE
 
         fs, root = open_location(self.run_dir)
         found = []
@@ -73,16 +71,12 @@ class LocalRun:
         return sorted(found)
 
     def restore(self) -> dict | None:
-        from qkvsearch.trainers.engine import load_state
-
         found = self._checkpoints()
         if not found:
             return None
         return load_state(f"{self.run_dir}/{found[-1][1].rsplit('/', 1)[-1]}")
 
     def report(self, metrics: dict, state_fn) -> None:
-        from qkvsearch.trainers.engine import save_state
-
         path = None
         if state_fn is not None:
             path = _checkpoint_dir(self.run_dir, metrics[EPOCH])
