@@ -14,6 +14,7 @@ import yaml
 from helpers.campaign_files import tree_digest, write_campaign
 
 from qkvsearch.search.cli import main
+from qkvsearch.search.searchers.state import VERSION as STATE_VERSION
 from qkvsearch.spaces import BadInput, SpecError, load_campaign
 
 LIMIT = 2000   # characters a refusal may print
@@ -457,5 +458,5 @@ def test_resume_refuses_what_it_cannot_resume_before_writing_anything(tmp_path, 
                                                                   "version": 99, "algorithm": "random"}))
     before = tree_digest(exp)
     code, out, err = _run(capsys, "resume", str(exp))
-    _refused(code, out, err, *(("tuner.pkl",) if damage == "no tuner.pkl" else ("version 99", "up to 1")))
+    _refused(code, out, err, *(("tuner.pkl",) if damage == "no tuner.pkl" else ("version 99", f"up to {STATE_VERSION}")))
     assert tree_digest(exp) == before  # the campaign file's ended_at and the records as they were
