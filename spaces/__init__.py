@@ -35,7 +35,8 @@ Trials: one variant (if any) x one value per active dimension. ``when: {key: val
 switches a dimension on only when the named space keys hold those values. hidden_width (sne/psne/
 fsne), code_size and code_sharing (fsne) get their embedding condition added automatically when the
 embedding may take other values; contradicting it is an error. ``per_block: true`` (embedding,
-hidden_width) draws a value per block, as the keys embedding.<i> and hidden_width.<i> (see spaces.dimensions).
+hidden_width, and the precisions quant_qkv, quant_proj, quant_mlp, quant_token_mlp) draws a value per block, as
+the keys embedding.<i>, hidden_width.<i>, quant_qkv.<i>, ... (see spaces.dimensions).
 
 Hidden widths: a positive int is absolute, a float in (0, 4] is a ratio of the token dim d, "match"
 raises the width until the model has the linear baseline's parameter count, "paper" (the default,

@@ -1,19 +1,23 @@
-"""Per-block keys: a block's own value of a key, ``embedding.3`` (block 3's embedding) and ``hidden_width.3``.
+"""Per-block keys: a block's own value of a key, ``embedding.3`` (block 3's embedding), ``hidden_width.3``, and
+the precision of a part of block 3 under a quantization policy (``quant_qkv.3``, ``quant_proj.3``, ...).
 
 A per-block key is a trial key of its own: one Parquet column (``config_embedding.3``, typed as its key), one
 Optuna parameter, one ehvi feature, one part of the trial's identity (spaces.keys.key_of gives its declaration:
-its key's). Blocks count from 0 in timm's ``blocks`` order. A block without one takes the config's value of the
-key, as do the sites outside ``blocks`` (XCiT's class attention); blocks past the config's depth have none
-(null). A space draws them with ``per_block: true`` (spaces.dimensions); keys.fill checks them.
+its key's; a precision's is part of the policy, left out of the training identity as its key is). Blocks count
+from 0 in timm's ``blocks`` order. A block without one takes the config's value of the key, as do the sites
+outside ``blocks`` (XCiT's class attention); blocks past the config's depth have none (null). A space draws them
+with ``per_block: true`` (spaces.dimensions); keys.fill checks them.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import lru_cache
 
 from qkvsearch.spaces.checks import MAX_BLOCKS, Bad
+from qkvsearch.spaces.choices import QUANT_PARTS
 
-PER_BLOCK_KEYS = ("embedding", "hidden_width")
+# the embedding and its width (they decide the model), and each part's precision (it decides the model as deployed)
+PER_BLOCK_KEYS = ("embedding", "hidden_width", *QUANT_PARTS)
 BLOCK_SEP = "."
 
 
@@ -44,9 +48,9 @@ def is_block_key_of(name, key: str) -> bool:
     return split is not None and split[0] == key
 
 
-def block_keys(cfg: Mapping) -> list[str]:
-    """The per-block keys ``cfg`` sets (not null), by key then block."""
-    found = [(s, k) for k in cfg if cfg[k] is not None and (s := split_block_key(k))]
+def block_keys(cfg: Mapping, of: Collection[str] | None = None) -> list[str]:
+    """The per-block keys ``cfg`` sets (not null), by key then block; ``of``: those of these keys only."""
+    found = [(s, k) for k in cfg if cfg[k] is not None and (s := split_block_key(k)) and (of is None or s[0] in of)]
     return [k for _, k in sorted(found)]
 
 
@@ -78,9 +82,10 @@ def check_blocks(out: dict, checks: Mapping, applies_when: Mapping, fail) -> Non
     """Check the per-block keys of a config in place: each value by its key's check (``checks``: key -> Check),
     null past the depth and where the block's embedding takes no width (``applies_when``: key -> (the key
     deciding it, its values)); "match" is a width solved for the whole model, never one block's. ``fail(key,
-    expected, given)`` makes the error raised (spaces.keys.fill's)."""
+    expected, given)`` makes the error raised (spaces.keys.fill's). Per-block keys of keys not in ``checks`` are
+    left as they are."""
     depth = out.get("depth")
-    for name in sorted(k for k in out if split_block_key(k)):
+    for name in sorted(k for k in out if (split := split_block_key(k)) and split[0] in checks):
         value, (base, block) = out[name], split_block_key(name)
         if value is None:
             continue

@@ -1,6 +1,7 @@
 """The values of the choice keys, one table each: ``embedding``, ``attention``, ``pos_embed``,
 ``patch_embed``, ``key``, the precisions of the quantization policy's keys (``quant_qkv``, ``quant_proj``,
-``quant_mlp``: one table for the three), and the model families that the ``model`` name decides.
+``quant_mlp``, ``quant_token_mlp``, and a block's own, ``quant_qkv.3``: one table for them all), and the model
+families that the ``model`` name decides.
 
 Each table maps a name to a ``Choice`` whose ``target`` names, as ``"module:Class"``, the trainers class
 that builds the choice and counts its parameters and MACs. The names are strings here and are resolved by
@@ -108,7 +109,8 @@ KEY_CHOICES: dict[str, Choice] = {
 }
 
 # The precision of a part of the network under a quantization policy (trainers.quantize): applied after training,
-# uniform over the blocks; the patch embedding and the head stay in the model's own precision.
+# the part's in every block but those given their own (quant_qkv.3: spaces.blocks); the patch embedding and the
+# head stay in the model's own precision.
 PRECISION_CHOICES: dict[str, Choice] = {
     "fp": Choice(_T + "quantize:FullPrecision", "the model's own precision (fp32; bf16 autocast on CUDA)"),
     "int8_weight_only": Choice(_T + "quantize:Int8WeightOnly", "int8 weights, one scale per output channel; "
@@ -124,14 +126,16 @@ QUANT_PARTS: dict[str, str] = {
                  "q, k, v)",
     "quant_proj": "the attention's output projection",
     "quant_mlp": "the MLP's linears (an MLP-Mixer's channel MLP)",
+    "quant_token_mlp": "the token-mixing MLP's linears (an MLP-Mixer's)",
 }
 
 VIT, XCIT, MIXER = "vit", "xcit", "mixer"
 _MIXER_WHY = "an MLP-Mixer mixes tokens by MLPs"
+_NO_TOKEN_MLP = Need("quant_token_mlp", ("fp",), "only an MLP-Mixer has token-mixing MLPs to quantize")
 FAMILIES: dict[str, Family] = {
-    VIT: Family(_T + "hosts:ViT", (), "a ViT or DeiT", "is a ViT or DeiT"),
+    VIT: Family(_T + "hosts:ViT", (), "a ViT or DeiT", "is a ViT or DeiT", needs=(_NO_TOKEN_MLP,)),
     XCIT: Family(_T + "hosts:XCiT", ("xcit",), "an XCiT",
-                 "keeps its cross-covariance attention, conv stem and Fourier positions"),
+                 "keeps its cross-covariance attention, conv stem and Fourier positions", needs=(_NO_TOKEN_MLP,)),
     MIXER: Family(_T + "hosts:Mixer", ("mixer_",), "an MLP-Mixer",
                   "is an MLP-Mixer: token-mixing MLPs, no attention, class token or positions",
                   needs=(Need("embedding", ("linear",), f"{_MIXER_WHY}: {_NO_QKV}"),

@@ -24,13 +24,14 @@ so a space never yields two trials that differ only in an ignored key. An explic
 embedding that admits an embedding the key does not apply to is an error, and so is a variant that
 sets such a key without setting a matching embedding.
 
-``per_block: true`` (spaces.blocks.PER_BLOCK_KEYS: embedding, hidden_width) draws a value per block: the
-dimension becomes one per block, ``embedding.0`` to ``embedding.<D-1>`` for the space's largest depth D,
-each with the entry's values; block i's is active only for depths above i (the space must set depth as a
-choice, a value or per variant). ``hidden_width.<i>`` follows block i's embedding (``embedding.<i>`` when
-the embedding is drawn per block, else ``embedding``). Where the embedding is drawn per block, a key that
-follows it (hidden_width for the blocks without their own, code_size, code_sharing) is drawn for every
-trial, and is null in a trial none of whose blocks takes it (spaces.keys.fill).
+``per_block: true`` (spaces.blocks.PER_BLOCK_KEYS: embedding, hidden_width, the precisions quant_qkv,
+quant_proj, quant_mlp, quant_token_mlp) draws a value per block: the dimension becomes one per block,
+``embedding.0`` to ``embedding.<D-1>`` for the space's largest depth D, each with the entry's values; block i's
+is active only for depths above i (the space must set depth as a choice, a value or per variant).
+``hidden_width.<i>`` follows block i's embedding (``embedding.<i>`` when the embedding is drawn per block, else
+``embedding``). Where the embedding is drawn per block, a key that follows it (hidden_width for the blocks
+without their own, code_size, code_sharing) is drawn for every trial, and is null in a trial none of whose
+blocks takes it (spaces.keys.fill).
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def _parse_dimension(key: str, entry, c: Collector, path: str) -> Dimension | No
     c.unknown_keys(path, entry, [*KINDS, "log", "when", "per_block"])
     if "per_block" in entry:
         if key not in PER_BLOCK_KEYS:
-            c.add(f"{path}.per_block", f"only {' and '.join(PER_BLOCK_KEYS)} take a value per block, given {key}")
+            c.add(f"{path}.per_block", f"only {', '.join(PER_BLOCK_KEYS)} take a value per block, given {key}")
         elif not isinstance(entry["per_block"], bool):
             c.expected(f"{path}.per_block", "true or false", entry["per_block"])
     kinds = [k for k in KINDS if k in entry]

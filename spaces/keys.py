@@ -61,6 +61,9 @@ from qkvsearch.spaces.choices import model_family as _family
 from qkvsearch.spaces.datasets import DATASET_INFO, DATASETS, count_class_folders
 from qkvsearch.spaces.errors import BadInput, hint, show
 
+# the quantization policy's keys and rules (spaces.policy), imported from here beside the keys they are part of
+from qkvsearch.spaces.policy import QUANT_KEYS, full_precision, is_policy_key, quant_policy  # noqa: F401
+
 EMBEDDINGS = tuple(EMBEDDING_CHOICES)  # the choice keys' values: spaces.choices, one table each
 ACTIVATIONS = ("relu", "gelu")          # the embedding's sigma (trainers.embeddings.make_activation)
 LR_SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "constant", "none")
@@ -170,7 +173,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="model"),
     _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
        section="model", report=True),
-    # quantization policy (the space sets them): one precision per part, uniform over the blocks
+    # quantization policy (the space sets them): one precision per part, the part's in every block without its own
+    # (quant_qkv.3: spaces.blocks)
     *(_k(key, "quant", one_of(*PRECISIONS), FULL_PRECISION,
          f"precision of {what}, applied after training: " + " | ".join(PRECISIONS), report=True)
       for key, what in QUANT_PARTS.items()),
@@ -222,8 +226,6 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="train"),
 )}
 
-QUANT_KEYS = tuple(QUANT_PARTS)   # the quantization policy's keys, one per part
-
 # The architecture keys (trainers.architecture): the macro shape, then the attention design.
 MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size")
 DESIGN_KEYS = ("attention", "attn_features", "attn_proj_len", "attn_landmarks", "pos_embed", "patch_embed",
@@ -269,9 +271,10 @@ def searchable_check(name) -> Check | None:
 
 
 def model_keys(cfg: Mapping, *extra: str) -> dict:
-    """The keys of ``cfg`` that decide its model: those of the model and embedding groups, its per-block keys,
-    and ``extra`` (e.g. "width")."""
-    return {k: cfg.get(k) for k in (*names(*MODEL_GROUPS), *extra)} | {k: cfg[k] for k in block_keys(cfg)}
+    """The keys of ``cfg`` that decide its model: those of the model and embedding groups and ``extra`` (e.g.
+    "width", or QUANT_KEYS for the model as deployed), with the per-block keys of each."""
+    keys = (*names(*MODEL_GROUPS), *extra)
+    return {k: cfg.get(k) for k in keys} | {k: cfg[k] for k in block_keys(cfg, keys)}
 
 
 BLOCK_CHECKS = {k: KEYS[k].check for k in PER_BLOCK_KEYS}   # a per-block key is checked as its key
@@ -335,8 +338,9 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
             WIDTH.check(out["width"])
         except Bad:
             raise config_error("width", WIDTH.check.expected, out["width"]) from None
-    if "embedding" in groups:
-        check_blocks(out, BLOCK_CHECKS, APPLIES_WHEN, config_error)
+    checks = {k: c for k, c in BLOCK_CHECKS.items() if KEYS[k].group in groups}   # the groups' per-block keys
+    if checks:
+        check_blocks(out, checks, APPLIES_WHEN, config_error)
     if "model" in groups and "embedding" in groups:
         check_combinations(out)
     if "data" in groups:
@@ -374,9 +378,15 @@ def _not_applicable(key: Key, out: Mapping, groups) -> str:
 
 def check_combinations(cfg: Mapping) -> None:
     """Model keys that cannot work together (rules needing the resolved shape: trainers.architecture)."""
-    unmet = unmet_need(cfg, model_family(cfg.get("model")))   # what the chosen attention or family cannot work with
+    family = model_family(cfg.get("model"))
+    unmet = unmet_need(cfg, family)   # what the chosen attention or family cannot work with
     if unmet:
         raise config_error(*unmet)
+    for name in block_keys(cfg):      # a block's own value, as its key's would be
+        key = split_block_key(name)[0]
+        unmet = unmet_need({**cfg, key: cfg[name]}, family)
+        if unmet and unmet[0] == key:
+            raise config_error(name, unmet[1], unmet[2])
     if cfg.get("hidden_width") == "match" and any(split_block_key(k)[0] == "embedding" for k in block_keys(cfg)):
         raise config_error("hidden_width", "a width of the blocks' own (an int, a ratio of d, or \"paper\") with per-block "
                                     "embeddings: \"match\" solves one width for one embedding", "match")
@@ -418,24 +428,15 @@ def flatten(section: str, values: Mapping) -> dict:
 def identity(config: Mapping, ignore: tuple[str, ...] = (), policy: bool = False) -> str:
     """What makes two resolved trials the same training: the config with null keys (those that do not
     apply to the trial) left out, and the solved ``width`` standing for the requested ``hidden_width``.
-    The quantization policy changes nothing in training: its keys are left out, unless ``policy`` (then
-    the trained model as deployed: a part in full precision is left out still, so a config without policy
-    keys and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``
-    groups the repeats of one configuration)."""
+    The quantization policy changes nothing in training: its keys (a block's own included) are left out,
+    unless ``policy`` (then the trained model as deployed, its policy as ``quant_policy`` gives it: a config
+    without policy keys and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too
+    (``("seed",)`` groups the repeats of one configuration)."""
     skip = {"hidden_width", *ignore}
-    return json.dumps({k: v for k, v in config.items() if v is not None and k not in skip
-                       and (k not in QUANT_KEYS or (policy and v != FULL_PRECISION))}, sort_keys=True)
-
-
-def quant_policy(config: Mapping) -> dict:
-    """The parts a config quantizes: quant key -> precision, the parts in full precision left out ({}: none)."""
-    return {k: config[k] for k in QUANT_KEYS if config.get(k) not in (None, FULL_PRECISION)}
-
-
-def full_precision(config: Mapping) -> dict:
-    """The config with every part of its quantization policy at full precision: the model it trains (a policy
-    changes no weight: it applies after training)."""
-    return {**config, **{k: FULL_PRECISION for k in QUANT_KEYS if k in config}}
+    kept = {k: v for k, v in config.items() if v is not None and k not in skip and not is_policy_key(k)}
+    if policy:
+        kept |= {k: v for k, v in quant_policy(config).items() if k not in skip}
+    return json.dumps(kept, sort_keys=True)
 
 
 def require_filled(cfg) -> dict:

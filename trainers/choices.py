@@ -56,7 +56,7 @@ POSITIONS = _registry("pos_embed")
 STEMS = _registry("patch_embed")
 KEY_TYPES = _registry("key")
 FAMILIES = Registry("model", {n: f.target for n, f in FAMILY_TABLE.items()})
-PRECISIONS = Registry("quant", {n: c.target for n, c in PRECISION_CHOICES.items()})   # quant_qkv, _proj, _mlp
+PRECISIONS = Registry("quant", {n: c.target for n, c in PRECISION_CHOICES.items()})   # every quant_* key
 
 
 def family_of(model: str) -> type:

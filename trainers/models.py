@@ -34,7 +34,7 @@ from torch import nn
 from qkvsearch.spaces.blocks import block_keys, split_block_key
 from qkvsearch.spaces.checks import PAPER_WIDTH
 from qkvsearch.spaces.errors import show
-from qkvsearch.spaces.keys import MODEL_GROUPS, ConfigError, fill
+from qkvsearch.spaces.keys import MODEL_GROUPS, ConfigError, fill, names
 from qkvsearch.trainers.architecture import Arch
 from qkvsearch.trainers.attention.manifold import KeyedQKV
 from qkvsearch.trainers.choices import EMBEDDINGS, family_of
@@ -68,7 +68,7 @@ class EmbeddingSpec:
     activation: str
     class_attn: bool                  # also embed class-attention blocks
     width: int | None = None          # the solved width, when the config carries it
-    blocks: tuple = ()                # per-block keys, as sorted (name, value) pairs (spaces.blocks.PER_BLOCK_KEYS)
+    blocks: tuple = ()                # per-block embedding keys, as sorted (name, value) pairs (spaces.blocks)
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> EmbeddingSpec:
@@ -76,7 +76,7 @@ class EmbeddingSpec:
         return cls(kind=cfg["embedding"], hidden_width=cfg["hidden_width"], code_size=cfg["code_size"],
                    code_sharing=cfg["code_sharing"], activation=cfg["activation"],
                    class_attn=cfg["embed_class_attn"], width=cfg.get("width"),
-                   blocks=tuple((k, cfg[k]) for k in block_keys(cfg)))
+                   blocks=tuple((k, cfg[k]) for k in block_keys(cfg, names("embedding"))))
 
     def at(self, block: int | None) -> EmbeddingSpec:
         """The embedding of one block's sites (None: a site outside ``blocks``): the block's own embedding and

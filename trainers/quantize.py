@@ -1,17 +1,22 @@
 """Post-training quantization of a trained model under a trial's quantization policy (torchao).
 
-A policy gives each part of the network a precision (spaces.keys ``quant_qkv``, ``quant_proj``, ``quant_mlp``;
-the choices: spaces.choices.PRECISION_CHOICES, one class each below), uniform over the blocks, class-attention
-blocks included:
+A policy gives each part of the network a precision (spaces.keys ``quant_qkv``, ``quant_proj``, ``quant_mlp``,
+``quant_token_mlp``; the choices: spaces.choices.PRECISION_CHOICES, one class each below), the part's in every
+block, class-attention blocks included, and a block of timm's ``blocks`` may have its own (``quant_qkv.3``:
+spaces.blocks; the class-attention blocks, outside ``blocks``, take the part's):
 
-    quant_qkv    the q/k/v embedding's linears: timm's fused ``qkv``, SNE / P-SNE / F-SNE layers, ClassAttn's q,
-                 k, v, the q and shared k/v heads of linformer_shared_kv
-    quant_proj   each attention's output projection ``proj``
-    quant_mlp    the linears of each block's MLP (``mlp``; an MLP-Mixer's ``mlp_channels``)
+    quant_qkv        the q/k/v embedding's linears: timm's fused ``qkv``, SNE / P-SNE / F-SNE layers, ClassAttn's
+                     q, k, v, the q and shared k/v projections of linformer_shared_kv(_heads)
+    quant_proj       each attention's output projection ``proj``
+    quant_mlp        the linears of each block's MLP (``mlp``; an MLP-Mixer's channel MLP ``mlp_channels``)
+    quant_token_mlp  an MLP-Mixer's token-mixing MLP (``mlp_tokens``): a part of its own, so that a policy
+                     written for ``quant_mlp`` before it existed quantizes what it did
 
 The patch embedding, the head, norms, convolutions (XCiT's LPI) and token-axis projections (Linformer's E, F)
 stay as trained. ``quantize_model`` swaps each quantized part's weights for torchao's int8 tensors in place
-(``quantize_`` with one config per precision and a ``filter_fn`` naming the part's linears).
+(``quantize_`` with one config per precision and a ``filter_fn`` naming the linears it holds). A policy key
+that reaches no linear of the model (a part it has not, in every block or in the block named) raises ConfigError
+naming the key.
 
 torchao quantizes ``nn.Linear``. Two embeddings compute otherwise, and are first given a form of plain linears
 that computes the same outputs in floating point (``linear_forms``; tests compare them):
@@ -34,16 +39,19 @@ import torch.nn.functional as F
 from timm.models.cait import ClassAttn
 from torch import nn
 
+from qkvsearch.spaces.blocks import block_value, split_block_key
 from qkvsearch.spaces.choices import FULL_PRECISION, QUANT_PARTS
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, quant_policy
 from qkvsearch.trainers.attention.manifold import KeyedQKV
 from qkvsearch.trainers.embeddings import FSNE, SNE
+from qkvsearch.trainers.models import block_of
 
 __all__ = ["FullPrecision", "Int8Dynamic", "Int8WeightOnly", "FSNELinears", "SNELinears", "linear_forms",
-           "part_linears", "quantize_model", "quantized_copy", "weights_bytes"]
+           "part_linears", "precisions", "quantize_model", "quantized_copy", "weights_bytes"]
 
-MLP_NAMES = ("mlp", "mlp_channels")   # a block's MLP (timm Block, XCiT blocks; an MLP-Mixer's channel MLP)
+# a block's MLPs by their name in timm: timm's Block and XCiT's blocks, an MLP-Mixer's channel and token MLPs
+MLP_PARTS = {"mlp": "quant_mlp", "mlp_channels": "quant_mlp", "mlp_tokens": "quant_token_mlp"}
 
 
 # ---------------------------------------------------------------------------------------------- precisions
@@ -162,8 +170,9 @@ def part_linears(model: nn.Module) -> dict[str, list[str]]:
         elif isinstance(qkv, nn.Module):
             out["quant_qkv"] += _linears(qkv, f"{path}.qkv")
         else:
-            if path.rpartition(".")[2] in MLP_NAMES:
-                out["quant_mlp"] += _linears(m, path)
+            part = MLP_PARTS.get(path.rpartition(".")[2])
+            if part is not None:
+                out[part] += _linears(m, path)
             continue
         if isinstance(getattr(m, "proj", None), nn.Linear):
             out["quant_proj"].append(f"{path}.proj")
@@ -182,22 +191,40 @@ def _precision(name: str, key: str) -> type:
         raise ConfigError(f"{key}: expected one of {', '.join(PRECISIONS)}, given {show(name)}") from None
 
 
+def precisions(parts: dict[str, list[str]], cfg: dict) -> dict[str, str]:
+    """linear name -> its precision under the config's policy: its block's own precision of its part where the
+    config gives one, else its part's (``parts``: ``part_linears``' answer)."""
+    return {fqn: block_value(cfg, key, block_of(fqn)) or FULL_PRECISION for key, fqns in parts.items()
+            for fqn in fqns}
+
+
+def _check_reached(policy: dict, parts: dict[str, list[str]], model_name) -> None:
+    """A policy key that quantizes (not fp) must name linears the model has: ConfigError naming it otherwise."""
+    for key, name in policy.items():
+        part, block = split_block_key(key) or (key, None)
+        if name == FULL_PRECISION or any(block is None or block_of(f) == block for f in parts[part]):
+            continue
+        where = "" if block is None else f" in block {block}"
+        raise ConfigError(f"{key}: expected {FULL_PRECISION} for model {model_name} (it has no {QUANT_PARTS[part]}"
+                          f"{where}), given {show(name)}")
+
+
 def quantize_model(model: nn.Module, cfg: dict, device=None) -> nn.Module:
-    """``model`` (trained, in eval use) quantized in place under the policy of the filled config ``cfg`` and
-    returned; unchanged when every part is ``fp``. device: where it runs (default: its weights' device), which
-    picks torchao's settings. A part the model does not have raises ConfigError naming its key."""
+    """``model`` (trained, in eval use) quantized in place under the policy of the filled config ``cfg`` (each
+    block's own precisions included) and returned; unchanged when every part is ``fp``. device: where it runs
+    (default: its weights' device), which picks torchao's settings. A policy key that reaches no part of the
+    model raises ConfigError naming it."""
     policy = quant_policy(cfg)
     if not policy:
         return model
     device = torch.device(device) if device is not None else next(model.parameters()).device
     linear_forms(model)
     parts = part_linears(model)
+    _check_reached(policy, parts, cfg.get("model"))
     chosen: dict[str, set[str]] = {}
-    for key, name in policy.items():
-        if not parts[key]:
-            raise ConfigError(f"{key}: expected {FULL_PRECISION} for model {cfg.get('model')} (it has no "
-                              f"{QUANT_PARTS[key]}), given {show(name)}")
-        chosen.setdefault(name, set()).update(parts[key])
+    for fqn, name in precisions(parts, cfg).items():
+        if name != FULL_PRECISION:
+            chosen.setdefault(name, set()).add(fqn)
     from torchao.quantization import quantize_
 
     for name, fqns in chosen.items():

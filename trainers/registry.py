@@ -29,7 +29,7 @@ def register_qkv_model(name: str) -> str:
         return reg
 
     def entrypoint(pretrained: bool = False, **kwargs):
-        from qkvsearch.spaces.blocks import split_block_key
+        from qkvsearch.spaces.blocks import base_key
         from qkvsearch.spaces.keys import DESIGN_KEYS, fill
         from qkvsearch.trainers.architecture import Arch
         from qkvsearch.trainers.models import (  # timm has finished importing by now
@@ -37,8 +37,8 @@ def register_qkv_model(name: str) -> str:
             create_host,
         )
 
-        embedding_keys = {k: kwargs.pop(k) for k in [*kwargs] if k in (*names("embedding"), "width")
-                          or split_block_key(k)}   # per-block keys too: timm.create_model(..., **{"embedding.0": "sne"})
+        embedding_keys = {k: kwargs.pop(k) for k in [*kwargs] if base_key(k) in (*names("embedding"), "width")}
+        # per-block keys too: timm.create_model(..., **{"embedding.0": "sne"})
         design = {k: kwargs.pop(k) for k in DESIGN_KEYS if k in kwargs}
         if pretrained or not design:
             model = timm.create_model(name, pretrained=pretrained, **kwargs)

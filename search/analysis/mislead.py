@@ -20,7 +20,7 @@ import pandas as pd
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.spaces.blocks import split_block_key
 from qkvsearch.spaces.choices import policy_text
-from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, names, quant_policy
+from qkvsearch.spaces.keys import MODEL_GROUPS, QUANT_KEYS, is_policy_key, names, quant_policy
 from qkvsearch.spaces.metrics import MEASURED, MEASURED_METRICS
 
 TITLE = "Where MACs mislead"
@@ -60,8 +60,9 @@ def distinct_models(trials: pd.DataFrame) -> pd.DataFrame:
     have = trials[trials["gmacs"].notna() & trials[measured].notna().any(axis=1)]
     first = have.astype({c: "string" for c in keys}).drop_duplicates(keys)
     label = first["trial_name"].astype(str).str.rsplit("-", n=1).str[0]
+    policy_keys = [k for c in trials if is_policy_key(k := c.removeprefix("config_"))]   # a block's own too
     policy = [policy_text(quant_policy({k: v if isinstance(v := row.get(f"config_{k}"), str) else None
-                                        for k in QUANT_KEYS})) for row in first.to_dict("records")]
+                                        for k in policy_keys})) for row in first.to_dict("records")]
     return pd.DataFrame({"model": label, "policy": policy, "gmacs": first["gmacs"].astype(float),
                          **{m: first[m].astype(float) for m in measured}}).reset_index(drop=True)
 

@@ -77,7 +77,7 @@ def trial_name(cfg: dict, trial_id: str) -> str:
         parts.append(f"h{cfg['width']}")
     if cfg.get("embedding") == "fsne":
         parts += [f"c{cfg['code_size']}", str(cfg["code_sharing"]).replace("_", "")]
-    parts += [f"{k.removeprefix('quant_')}.{PRECISION_CHOICES[v].tag}" for k, v in quant_policy(cfg).items()]
+    parts += [f"{k.removeprefix('quant_')}.{PRECISION_CHOICES[v].tag or v}" for k, v in quant_policy(cfg).items()]
     return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])
 
 

@@ -16,10 +16,10 @@ or one Tune may still restart (its end is not yet in the experiment state Tune s
 before that save restores the trial as running and runs it again). ``still_needed`` names the trials a
 later stage of the campaign may still need whole; they keep everything too.
 
-Quantization policies (spaces.keys QUANT_KEYS): where the space searches one, a completed trial that trained
-keeps at least its weights until the campaign has ended (``close``), since another policy of its configuration
-may still be proposed and is evaluated from them (search.campaign.policies). A completed trial on the front
-whose policy quantizes something also keeps its quantized weights, ready to deploy:
+Quantization policies (spaces.keys QUANT_KEYS, and a block's own precisions): where the space searches one, a
+completed trial that trained keeps at least its weights until the campaign has ended (``close``), since another
+policy of its configuration may still be proposed and is evaluated from them (search.campaign.policies). A
+completed trial on the front whose policy quantizes something also keeps its quantized weights, ready to deploy:
 ``qs_weights/<trial_id>.quantized.pt`` (``{"model": the quantized state_dict, "config", "format"}``; load it
 with torchao installed), made from its trainer's weights on the driver's CPU; it goes when the trial leaves
 the front.
@@ -46,7 +46,7 @@ from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.campaign.driver import TrialSettings, train_run_name
 from qkvsearch.search.records.layout import FINAL_STATUSES, WEIGHTS_DIR
 from qkvsearch.search.records.readers import read_trials
-from qkvsearch.spaces.keys import QUANT_KEYS, quant_policy
+from qkvsearch.spaces.keys import is_policy_key, quant_policy
 from qkvsearch.storage import exists, remove_tree, write_bytes
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class Retention:
             return {}
         trials, _ = collect(self.exp)
         records = {r["trial_id"]: r for r in read_trials(self.exp).records}
-        searched = set(self.spec.space.keys) & set(QUANT_KEYS)
+        searched = {k for k in self.spec.space.keys if is_policy_key(k)}   # a block's own precision too
         trainers = set() if closed or not searched else {
             t for t, r in records.items() if r.get("status") == "completed" and not r.get("trained_by")}
         plan = decide(trials, self.spec.objectives, self.spec.checkpoints.keep, restartable=restartable,

@@ -114,7 +114,7 @@ def test_a_space_of_twelve_blocks_is_counted_and_drawn_without_enumerating_it():
     ({"depth": {"int": [2, 4]}, "embedding": {"choice": ["linear", "sne"], "per_block": True}},
      "space.embedding.per_block", "given a depth range"),
     ({"depth": 3, "lr": {"float": [0.1, 0.2], "per_block": True}}, "space.lr.per_block",
-     "only embedding and hidden_width take a value per block"),
+     "only embedding, hidden_width, quant_qkv, quant_proj, quant_mlp, quant_token_mlp take a value per block"),
     ({"depth": 3, "embedding": {"choice": ["linear", "sne"], "per_block": "yes"}}, "space.embedding.per_block",
      "expected true or false"),
 ])
@@ -142,3 +142,40 @@ def test_a_per_block_key_is_one_typed_column_one_feature_and_one_label():
     assert len(set(groups)) == len(varying)
     assert block_text(configs[0], "embedding") == "sne+fsne+linear+linear"
     assert trial_name(configs[0], "t_00003").startswith("sne+fsne+linear+linear-")
+
+
+def test_a_blocks_own_precision_is_a_policy_key_drawn_like_any_per_block_key():
+    """quant_qkv.<i>: one dimension, Optuna parameter and ehvi feature per block, as embedding.<i>; part of the
+    policy, so the training identity leaves it out and the model as deployed (identity with the policy, the
+    measured key) keeps it; the block-less key is every block's default, and a block's own equal to it is no
+    other policy."""
+    from qkvsearch.search.campaign.measured import measured_key
+    from qkvsearch.spaces.keys import is_policy_key, quant_policy
+
+    spec = load_campaign(_spec({"depth": {"choice": [2, 3]}, "quant_mlp": {"choice": ["fp", "int8_dynamic"]},
+                                "quant_qkv": {"choice": ["fp", "int8_weight_only"], "per_block": True}}))
+    dims = {d.key: d for d in spec.space.dimensions}
+    assert list(dims) == ["depth", "quant_mlp", "quant_qkv.0", "quant_qkv.1", "quant_qkv.2"]
+    assert dict(dims["quant_qkv.2"].when) == {"depth": (3,)}
+    configs = list(iterate(spec.space))
+    assert count(spec.space) == len(configs) == 2 * (2 ** 2 + 2 ** 3)
+    filled = [fill({**base_config(spec), **c}) for c in configs]
+    assert len({identity(c) for c in filled}) == 2   # one training per depth
+    assert len({identity(c, policy=True) for c in filled}) == len({measured_key(c) for c in filled}) == len(configs)
+    assert all(is_policy_key(k) for k in ("quant_qkv", "quant_qkv.2", "quant_token_mlp.0"))
+    assert not any(is_policy_key(k) for k in ("embedding.0", "quant_qkv.x", "quant"))
+
+    drawn = suggest_config(spec, optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask())
+    params, dists = params_of(spec.space, drawn)
+    assert set(params) == set(drawn) and all(isinstance(dists[f"quant_qkv.{b}"],
+                                                        optuna.distributions.CategoricalDistribution)
+                                             for b in range(drawn["depth"]))
+    _, groups = encode(filled)   # depth, quant_mlp and a feature per block
+    assert len(set(groups)) == 5
+    columns = {name: typ for name, typ, _ in config_columns(filled)}
+    assert columns["config_quant_qkv.2"] == pa.string()
+
+    cfg = fill({**MODEL, "quant_qkv": "int8_dynamic", "quant_qkv.1": "fp", "quant_qkv.2": "int8_dynamic"})
+    assert quant_policy(cfg) == {"quant_qkv": "int8_dynamic", "quant_qkv.1": "fp"}   # block 2's is its part's
+    assert identity(cfg, policy=True) == identity({**cfg, "quant_qkv.2": None}, policy=True)
+    assert trial_name(cfg, "t_00007").startswith("linear-qkv.a8w8-qkv.1.fp-")

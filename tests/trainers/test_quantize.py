@@ -1,4 +1,5 @@
-"""Quantization policies (trainers.quantize, torchao): each precision quantizes exactly the parts it names, the
+"""Quantization policies (trainers.quantize, torchao): each precision quantizes exactly the parts it names, a
+block's own precision exactly that block's part, an MLP-Mixer's token-mixing MLPs as a part of their own, the
 plain-linear forms of SNE and F-SNE compute what the embeddings do, the counted size is what torch.save stores,
 a policy on a part the model lacks is refused naming its key, and the measured path measures the model as
 deployed."""
@@ -45,19 +46,77 @@ def _int8(model: nn.Module) -> dict[str, str]:
             for n, m in model.named_modules() if isinstance(m, nn.Linear) and isinstance(m.weight, Int8Tensor)}
 
 
-@pytest.mark.parametrize("key", QUANT_KEYS)
+# The parts of XCiT-N12 with SNE in its class attention too: 12 XCA blocks + 2 class-attention blocks (an SNE's
+# fc1 and its three fc2; the MLP's fc1 and fc2); an MLP-Mixer's token-mixing MLPs are the one part it lacks.
+XCIT_PARTS = {"quant_qkv": 12 * 4 + 2 * 4, "quant_proj": 14, "quant_mlp": 28}
+MIXER_ONLY = "quant_token_mlp"
+
+
+def test_every_part_is_tested_on_a_model_that_has_it():
+    assert set(QUANT_KEYS) == {*XCIT_PARTS, MIXER_ONLY}
+
+
+@pytest.mark.parametrize("key", XCIT_PARTS)
 @pytest.mark.parametrize("precision", ["int8_weight_only", "int8_dynamic"])
 def test_each_precision_quantizes_exactly_the_part_it_names(sne_model, key, precision):
     cfg = _config(embedding="sne", embed_class_attn=True, **{key: precision})
     model = quantize_model(copy.deepcopy(sne_model), cfg, "cpu")
     parts = part_linears(model)
-    expected = {"quant_qkv": 12 * 4 + 2 * 4, "quant_proj": 14, "quant_mlp": 28}[key]  # 12 XCA + 2 class-attn blocks
-    assert len(parts[key]) == expected
+    assert len(parts[key]) == XCIT_PARTS[key] and not parts[MIXER_ONLY]
     kind = "dynamic" if precision == "int8_dynamic" else "weight_only"
     assert _int8(model) == dict.fromkeys(parts[key], kind)  # the head, the other parts: untouched
     assert not any(isinstance(m, (SNE, GroupedLinear)) for m in model.modules())  # SNE in its linear form
     assert all(type(m.weight) is nn.Parameter for m in model.modules() if isinstance(m, nn.Conv2d))
     assert type(model.head.weight) is nn.Parameter and model.head.weight.dtype == torch.float32
+
+
+def _kinds(model: nn.Module) -> dict:
+    """(block, part) -> the set of int8 kinds of its linears ({None}: none quantized), read off the module tree:
+    block i of ``blocks`` or "cls" (XCiT's class attention); part qkv, proj, mlp, token_mlp by the path."""
+    out: dict = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Linear) or name == "head":
+            continue
+        site, index, *rest = name.split(".")
+        block = int(index) if site == "blocks" else "cls"
+        part = "token_mlp" if rest[0] == "mlp_tokens" else "mlp" if rest[0].startswith("mlp") else \
+            "proj" if rest[-1] == "proj" else "qkv"
+        kind = None if not isinstance(m.weight, Int8Tensor) else \
+            "dynamic" if m.weight.act_quant_kwargs is not None else "weight_only"
+        out.setdefault((block, part), set()).add(kind)
+    return out
+
+
+def test_a_blocks_own_precision_quantizes_exactly_that_blocks_part():
+    """The part's precision in every block without its own (class attention, outside ``blocks``, included); a
+    block's own where it has one: fp under a quantized part, or a precision under an fp part."""
+    torch.manual_seed(0)
+    cfg = _config(embedding="sne", embed_class_attn=True, depth=3, quant_qkv="int8_dynamic", **{
+        "quant_qkv.1": "fp", "quant_proj.0": "int8_weight_only", "quant_mlp.2": "int8_dynamic"})
+    model = quantize_model(build_model(cfg).eval(), cfg, "cpu")
+    expected = {0: {"qkv": "dynamic", "proj": "weight_only", "mlp": None},
+                1: {"qkv": None, "proj": None, "mlp": None},
+                2: {"qkv": "dynamic", "proj": None, "mlp": "dynamic"},
+                "cls": {"qkv": "dynamic", "proj": None, "mlp": None}}
+    assert _kinds(model) == {(b, part): {kind} for b, parts in expected.items() for part, kind in parts.items()}
+    assert all(type(model.blocks[b].attn.qkv) is SNELinears for b in range(3))   # every block's SNE in linear form
+
+
+def test_an_mlp_mixers_token_mixing_mlps_are_a_part_of_their_own():
+    """quant_token_mlp reaches the token-mixing MLPs (per block too); quant_mlp, the channel MLPs alone, as it did
+    before the part existed."""
+    torch.manual_seed(0)
+    mixer = {"model": "mixer_s16_224", "img_size": 32, "depth": 2, "embed_dim": 32, "patch_size": 4}   # 64 tokens
+    cfg = _config(**mixer, quant_token_mlp="int8_weight_only", **{"quant_token_mlp.0": "fp",
+                                                                  "quant_mlp.1": "int8_dynamic"})
+    model = quantize_model(build_model(cfg).eval(), cfg, "cpu")
+    assert _kinds(model) == {(0, "token_mlp"): {None}, (0, "mlp"): {None}, (1, "token_mlp"): {"weight_only"},
+                             (1, "mlp"): {"dynamic"}}
+    channels = _config(**mixer, quant_mlp="int8_dynamic")
+    both = {**channels, "quant_token_mlp": "int8_dynamic"}
+    fp = build_model(channels).eval()
+    assert weights_bytes(quantize_model(copy.deepcopy(fp), both, "cpu")) < \
+        weights_bytes(quantize_model(copy.deepcopy(fp), channels, "cpu")) < weights_bytes(fp)
 
 
 def test_the_plain_linear_forms_compute_what_the_embeddings_compute():
@@ -101,6 +160,13 @@ def test_the_counted_size_is_what_torch_save_stores(sne_model):
     ({"model": "vit_tiny_patch16_224", "key": "manifold", "quant_qkv": "int8_dynamic"},
      "quant_qkv: expected fp with key manifold"),
     ({"quant_mlp": "int4"}, 'quant_mlp: expected one of fp, int8_weight_only, int8_dynamic, given "int4"'),
+    ({"quant_token_mlp": "int8_dynamic"}, "quant_token_mlp: expected fp with model xcit_nano_12_p8_224 "),
+    ({"model": "vit_tiny_patch16_224", "quant_token_mlp.2": "int8_dynamic"},
+     "quant_token_mlp.2: expected fp with model vit_tiny_patch16_224 "),
+    ({"model": "mixer_s16_224", "img_size": 32, "quant_qkv.0": "int8_dynamic"},
+     "quant_qkv.0: expected fp with model mixer_s16_224"),
+    ({"depth": 2, "quant_mlp.2": "int8_dynamic"}, r"quant_mlp.2: expected null unless depth > 2"),
+    ({"quant_proj.1": "int4"}, 'quant_proj.1: expected one of fp, int8_weight_only, int8_dynamic, given "int4"'),
 ])
 def test_a_policy_on_a_part_the_model_lacks_is_refused_naming_it(keys, named):
     with pytest.raises(ConfigError, match=f"^{named}"):
@@ -115,6 +181,14 @@ def test_quantizing_a_part_that_is_not_there_names_it():
         quantize_model(model, {"model": "mixer_s16_224", "quant_proj": "int8_dynamic"}, "cpu")
     mixed = quantize_model(model, {"model": "mixer_s16_224", "quant_mlp": "int8_dynamic"}, "cpu")
     assert len(_int8(mixed)) == 2 * 8  # the channel MLP of every block; the token-mixing MLPs stay
+    vit = build_model(fill({"model": "vit_tiny_patch16_224", "img_size": 32, "num_classes": 10, "depth": 2,
+                            "epochs": 1}))
+    with pytest.raises(ConfigError, match=r"^quant_token_mlp: expected fp for model vit_tiny_patch16_224 \(it has "
+                                          r"no the token-mixing MLP's linears"):
+        quantize_model(vit, {"model": "vit_tiny_patch16_224", "quant_token_mlp": "int8_dynamic"}, "cpu")
+    with pytest.raises(ConfigError, match=r"^quant_qkv.5: expected fp for model vit_tiny_patch16_224 \(.* in "
+                                          r"block 5\)"):
+        quantize_model(vit, {"model": "vit_tiny_patch16_224", "quant_qkv.5": "int8_dynamic"}, "cpu")
 
 
 def test_the_measured_path_measures_the_model_as_deployed():
@@ -148,7 +222,7 @@ def test_each_precision_quantizes_on_cuda_and_computes_close_to_full_precision(s
     """The trial's device picks torchao's settings: on CUDA every part is quantized where the model runs, and its
     logits stay close to the fp model's."""
     device = torch.device("cuda")
-    cfg = _config(embedding="sne", embed_class_attn=True, **dict.fromkeys(QUANT_KEYS, precision))
+    cfg = _config(embedding="sne", embed_class_attn=True, **dict.fromkeys(XCIT_PARTS, precision))
     fp = copy.deepcopy(sne_model).to(device)
     model = quantize_model(copy.deepcopy(sne_model).to(device), cfg, device)
     kind = "dynamic" if precision == "int8_dynamic" else "weight_only"

@@ -179,6 +179,31 @@ def test_a_subnet_is_scored_under_its_quantization_policy_and_the_supernet_train
         assert 0.0 <= q["top1_q"] <= 100.0
 
 
+def test_a_subnet_is_scored_under_its_per_block_policy():
+    """A block's own precision (quant_mlp.1) is no branch and no weight of the supernet: one model is trained, and
+    a subnet is scored with exactly the parts its policy names quantized, block by block."""
+    from torchao.quantization import Int8Tensor
+
+    from qkvsearch.trainers.quantize import quantize_model, weights_bytes
+    from qkvsearch.trainers.supernet.scoring import SubnetScorer
+
+    spec = load_campaign(_spec({"quant_mlp": {"choice": ["fp", "int8_weight_only"], "per_block": True}}))
+    trials = {(t["config"]["quant_mlp.0"], t["config"]["quant_mlp.1"]): t["config"] for t in candidates(spec)}
+    assert len(trials) == 4   # one model under 2 x 2 block policies
+    plan = supernet_plan(spec)
+    assert len(plan["sandwich"]) == 1 and not any(k.startswith("quant_mlp.") for k in plan["teacher"])
+    state = {"model": SupernetPlan.from_dict(plan).supernet(seed=0).state_dict()}
+    fp, mixed = trials[("fp", "fp")], trials[("fp", "int8_weight_only")]
+    scorer = SubnetScorer(SupernetPlan.from_dict(plan), state, {**fp, "batch_size": 8}, bn_batches=1)
+    fp_score, mixed_score = scorer.score(fp), scorer.score(mixed)
+    assert fp_score["top1_q"] == fp_score["top1"] == mixed_score["top1"]   # one set of weights
+    model = build_model(mixed)
+    model.load_state_dict(scorer.extract(mixed))
+    served = quantize_model(model.eval(), mixed, "cpu")
+    int8 = {n for n, m in served.named_modules() if isinstance(m, torch.nn.Linear) and isinstance(m.weight, Int8Tensor)}
+    assert int8 == {"blocks.1.mlp.fc1", "blocks.1.mlp.fc2"}   # block 1's MLP alone
+    assert mixed_score["size_mb"] == weights_bytes(served) / 1e6 < fp_score["size_mb"]
+
 def test_a_subnets_score_does_not_depend_on_what_was_scored_before():
     """BatchNorm is recalibrated in train mode every time, not only at a skeleton's first use (its last forward
     leaves it in eval mode): each subnet scores the same first, after others, and again."""

@@ -36,7 +36,7 @@ import numpy as np
 from qkvsearch.spaces.blocks import block_keys, split_block_key
 from qkvsearch.spaces.draws import VARIANT, PickTrial, RandomTrial, options, space_data, space_of
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import APPLIES_WHEN, full_precision
+from qkvsearch.spaces.keys import APPLIES_WHEN, full_precision, is_policy_key
 from qkvsearch.spaces.schema import Space
 from qkvsearch.spaces.supernet import BRANCH_KEYS
 from qkvsearch.spaces.trials import suggest_keys
@@ -206,11 +206,12 @@ class SubnetSpace:
 
     def _block_variations(self) -> list[dict]:
         """Every option of each per-block dimension once (the others at their largest): the values blocks
-        take, for the keys that vary and the embeddings blocks hold."""
+        take, for the keys that vary and the embeddings blocks hold (a block's own precision changes no weight:
+        its options are the same model)."""
         out = []
         start = self._start(True)
         for name, opts in self.options.items():
-            if split_block_key(name):
+            if split_block_key(name) and not is_policy_key(name):
                 for i in range(len(opts)):
                     found = self.resolve(self.keys_of({**start, name: i}))
                     if found is not None:

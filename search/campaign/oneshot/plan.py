@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.errors import BadInput
-from qkvsearch.spaces.keys import QUANT_KEYS, names
+from qkvsearch.spaces.keys import is_policy_key, names
 
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign whose one trial trains the supernet
 PLAN_FILE = "plan.json"     # <exp>/supernet/plan.json: what the supernet was trained over (``supernet.from``)
@@ -63,7 +63,7 @@ def supernet_spec(spec, exp: str, plan: dict):
     d = spec.to_dict()
     for section in ("supernet", "stages", "constraints", "measure"):
         d.pop(section, None)
-    teacher = {k: v for k, v in plan["teacher_keys"].items() if k not in QUANT_KEYS}   # trained in full precision
+    teacher = {k: v for k, v in plan["teacher_keys"].items() if not is_policy_key(k)}   # trained in full precision
     d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [teacher]} if teacher else {},
              train={**d["train"], **dict(spec.supernet.recipe)}, search={"algorithm": "grid"},
              scheduler={"type": "fifo"}, objectives=[{"metric": "top1", "mode": "max"}],

@@ -224,3 +224,25 @@ def test_epochs_file_is_readable_csv_with_exact_numbers(tmp_path):
     assert table.column("lr").to_pylist() == [1e-300, None]
     assert str(table.column("val_loss").to_pylist()[0]) == "-0.0"
     assert table.column("a,b").to_pylist() == [2.5, None] and "note" in table.column_names
+
+
+def test_a_blocks_own_precision_survives_the_parquet_round_trip(tmp_path):
+    """A block's own precision (quant_qkv.1) is a column of its own, typed as its key, null where a record has none;
+    read back from trials.parquet, each trial's quantization policy is the one its record holds."""
+    from qkvsearch.spaces.keys import quant_policy
+
+    records = write_campaign(tmp_path, ["completed"] * 3)
+    policies = [{}, {"quant_qkv": "int8_dynamic", "quant_qkv.1": "fp", "quant_mlp.11": "int8_weight_only"},
+                {"quant_proj.0": "int8_dynamic"}]
+    for rec, policy in zip(records, policies):
+        rec["config"].update(policy)
+        write_record(tmp_path, rec)
+    table = pq.read_table(write_results(tmp_path)["trials"])
+    for name in ("config_quant_qkv.1", "config_quant_mlp.11", "config_quant_proj.0"):
+        assert table.schema.field(name).type == pa.string(), name
+    rows = table.to_pylist()
+    assert rows[0]["config_quant_qkv.1"] is None and rows[1]["config_quant_qkv.1"] == "fp"
+    back = [quant_policy({k.removeprefix("config_"): v for k, v in row.items() if k.startswith("config_")})
+            for row in rows]
+    assert back == [quant_policy(r["config"]) for r in records] == policies
+    assert [json.loads(row["config_json"]) for row in rows] == [r["config"] for r in records]
