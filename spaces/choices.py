@@ -37,6 +37,7 @@ class Choice:
     size_key: str | None = None         # attention: the key that sizes it (features, length, landmarks)
     needs: tuple[Need, ...] = ()        # what it cannot be combined with
     rotary: bool = False                # positions: rotate q and k inside the attention
+    projects_qkv: bool = True           # attention: it projects the tokens to q, k and v (FNet does not)
     tag: str = ""                       # precision: how trial names show it (fp: nothing)
 
 
@@ -83,10 +84,17 @@ ATTENTION_CHOICES: dict[str, Choice] = {
         size_key="attn_proj_len",
         needs=(Need("embedding", ("linear",), f"keys and values are one projection of one head: {_NO_QKV}"),
                Need("key", ("shared",), "its keys are its values: a key apart has no meaning"))),
+    "linformer_shared_kv_heads": Choice(
+        _T + "attention.linformer_shared_kv:LinformerSharedKVHeads",
+        "Linformer as Vision X-formers built it for RoPE: keys = values from one projection, a head per query "
+        "head, E = F",
+        size_key="attn_proj_len",
+        needs=(Need("embedding", ("linear",), f"keys and values are one projection: {_NO_QKV}"),
+               Need("key", ("shared",), "its keys are its values: a key apart has no meaning"))),
     "nystrom": Choice(_T + "attention.nystrom:Nystrom", "Nyström landmarks (Xiong et al.)",
                       size_key="attn_landmarks"),
     "fnet": Choice(_T + "attention.fnet:FNet", "Re(FFT2) over tokens and channels, no parameters (Lee-Thorp et "
-                                               "al.)",
+                                               "al.)", projects_qkv=False,
                    needs=(Need("embedding", ("linear",), f"FNet mixes tokens by Fourier transforms: {_NO_QKV}"),
                           Need("key", ("shared",), "FNet has no key"),
                           Need("pos_embed", UNROTATED, "RoPE rotates q and k, which FNet has not"),

@@ -75,6 +75,7 @@ KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
 PRECISIONS = tuple(PRECISION_CHOICES)
 # the size key of each attention that has one
 ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}
+QKV_ATTENTIONS = tuple(n for n, c in ATTENTION_CHOICES.items() if c.projects_qkv)   # those with q/k/v projections
 
 
 # ---------------------------------------------------------------------------------------------- the keys
@@ -136,6 +137,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        "MLP-Mixer: token-mixing MLP hidden width / d; null: timm's for the model", families=(MIXER,)),
     _k("patch_size", "model", integer(1, MAX_PIXELS).or_none(), None, "patch side; null: timm's for the model",
        unit="px"),
+    _k("qkv_bias", "model", FLAG.or_none(), None,
+       "a bias on the q, k and v projections (timm's qkv_bias); null: the model's own (timm's ViT/DeiT: true)",
+       families=(VIT,), applies_key="attention", applies_to=QKV_ATTENTIONS),
     # attention design (spaces.choices, trainers.architecture): ViT/DeiT only, except key and patch_embed
     _k("attention", "model", one_of(*ATTENTIONS), "softmax",
        "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True),
@@ -226,8 +230,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="train"),
 )}
 
-# The architecture keys (trainers.architecture): the macro shape, then the attention design.
-MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size")
+# The architecture keys (trainers.architecture): timm's constructor arguments (the macro shape and the q/k/v
+# bias), then the attention design.
+MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size", "qkv_bias")
 DESIGN_KEYS = ("attention", "attn_features", "attn_proj_len", "attn_landmarks", "pos_embed", "patch_embed",
                "key", "key_charts", "key_aggregation", "key_context")
 ARCHITECTURE_KEYS = MACRO_KEYS + DESIGN_KEYS

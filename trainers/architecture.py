@@ -2,11 +2,11 @@
 registered classes (trainers.choices), and the shape of a ViT stage those classes are built at.
 
 ``Arch.from_cfg(cfg)`` reads: attention (its size from the attention's size key), pos_embed, patch_embed,
-key with key_charts, key_aggregation, key_context, and the macro shape (depth, embed_dim, num_heads,
-mlp_ratio, token_mlp_ratio, patch_size; null = timm's default for the model). A family (trainers.hosts)
-turns them into timm's constructor arguments; ``vit_stage`` reads the stage's ``Shape`` off a ViT built
-with timm's own choices, and ``Arch.stage`` fits it to the architecture once each chosen class has
-checked it.
+key with key_charts, key_aggregation, key_context, and timm's constructor arguments (the macro shape: depth,
+embed_dim, num_heads, mlp_ratio, token_mlp_ratio, patch_size; and qkv_bias; null = timm's default for the
+model). A family (trainers.hosts) turns them into timm's constructor arguments; ``vit_stage`` reads the
+stage's ``Shape`` off a ViT built with timm's own choices, and ``Arch.stage`` fits it to the architecture once
+each chosen class has checked it.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ class Arch:
     mlp_ratio: float | None = None
     token_mlp_ratio: float | None = None
     patch_size: int | None = None
+    qkv_bias: bool | None = None        # timm's qkv_bias: the q/k/v projections' bias (its attention classes take it)
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> Arch:
@@ -60,7 +61,8 @@ class Arch:
                    **{k: cfg.get(k) for k in MACRO_KEYS})
 
     def macro(self) -> Arch:
-        """The macro shape alone: timm's model with the default choices (what the cost model counts once)."""
+        """timm's constructor arguments alone: timm's model with the default choices (what the cost model counts
+        once)."""
         return Arch(**{k: getattr(self, k) for k in MACRO_KEYS})
 
     def macro_kwargs(self) -> dict:

@@ -9,14 +9,23 @@ are not counted. ``summary_params(model, x)`` applies that rule with forward hoo
 device. ``paper_params(config)`` is the paper's printed count of the design the config is, at the
 paper's size (results/reference/vision_xformers_cifar10.csv, package data ``qkvsearch.reference``),
 or None. ``paper_figures(config)`` gives both, for ``qkvsearch cost``.
+
+A config is one of the paper's designs when it builds what the paper's code builds: its Linformer with one
+key/value head shared by the query heads (``linformer_shared_kv``) beside learned positions and one per query
+head (``linformer_shared_kv_heads``) beside RoPE, as its ViL.py and ViLRoPE.py set ``one_kv_head``; and q/k/v
+projections without a bias in its ViT, Linformer and Nystromformer, with one in its Performer (performer-pytorch's
+default then), as ``PAPER_QKV_BIAS`` says (``qkv_bias``; null is timm's own, a bias). FNet and the MLP-Mixer have
+no q/k/v projection.
 """
 from __future__ import annotations
 
 import csv
+import inspect
 from functools import cache
 from importlib import resources
 
 import torch
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from qkvsearch.spaces.choices import MIXER, VIT
@@ -30,13 +39,20 @@ PAPER_CSV = resources.files("qkvsearch.reference") / "vision_xformers_cifar10.cs
 
 # The paper's designs in trial keys: its model column (attention, or the MLP-Mixer family), stem, positions.
 PAPER_MODELS = {"softmax": "vit", "performer": "performer", "linformer_shared_kv": "linformer",
-                "nystrom": "nystrom", "fnet": "fnet"}
+                "linformer_shared_kv_heads": "linformer", "nystrom": "nystrom", "fnet": "fnet"}
+# Its Linformer's key/value heads by its positions: one shared head (ViL.py), one per query head (ViLRoPE.py).
+PAPER_LINFORMER = {"learned": "linformer_shared_kv", "rope1d": "linformer_shared_kv_heads"}
+# Whether its q/k/v projections have a bias, per attention (those with q/k/v projections).
+PAPER_QKV_BIAS = {"softmax": False, "performer": True, "linformer_shared_kv": False,
+                  "linformer_shared_kv_heads": False, "nystrom": False}
+TIMM_QKV_BIAS = inspect.signature(VisionTransformer).parameters["qkv_bias"].default   # what a null qkv_bias builds
 MIXER_MODEL = "mlp_mixer"
 PAPER_STEMS = {"linear": "linear", "conv_plain": "conv"}
 PAPER_POSITIONS = {"learned": "learned", "rope1d": "rope"}
 # Its CIFAR-10 size (its code): 32 px at patch 1 (1024 patches), d 128, depth 4, 10 classes; the X-formers
 # with 4 heads of 32 and an MLP of 256, Performer int(dh ln dh) = 110 features, Linformer k 64, Nystromformer
-# 64 landmarks, a q/k/v as the model's own; the MLP-Mixer with token-mixing 1024 and channel-mixing 128.
+# 64 landmarks, the q/k/v embedding as the model's own (linear); the MLP-Mixer with token-mixing 1024 and
+# channel-mixing 128.
 PAPER_SIZE = {"img_size": 32, "patch_size": 1, "embed_dim": 128, "depth": 4, "num_classes": 10, "in_chans": 3}
 XFORMER_SIZE = {"num_heads": 4, "mlp_ratio": 2.0, "embedding": "linear", "key": "shared",
                 "attn_features": 110, "attn_proj_len": 64, "attn_landmarks": 64}
@@ -88,8 +104,14 @@ def paper_row(config: dict) -> dict | None:
     if family == MIXER:
         name, pos, size = MIXER_MODEL, "none", MIXER_SIZE
     else:
-        name, pos = PAPER_MODELS.get(config.get("attention")), PAPER_POSITIONS.get(config.get("pos_embed"))
-        sized = ATTENTION_SIZE_KEY.get(config.get("attention"))
+        attention = config.get("attention")
+        name, pos = PAPER_MODELS.get(attention), PAPER_POSITIONS.get(config.get("pos_embed"))
+        if name == PAPER_MODELS["linformer_shared_kv"] and attention != PAPER_LINFORMER.get(config.get("pos_embed")):
+            return None
+        bias = TIMM_QKV_BIAS if config.get("qkv_bias") is None else config["qkv_bias"]
+        if attention in PAPER_QKV_BIAS and bias != PAPER_QKV_BIAS[attention]:
+            return None
+        sized = ATTENTION_SIZE_KEY.get(attention)
         size = {k: v for k, v in XFORMER_SIZE.items() if not k.startswith("attn_") or k == sized}
     stem = PAPER_STEMS.get(config.get("patch_embed"))
     if name is None or pos is None or stem is None or any(config.get(k) != v for k, v in size.items()):

@@ -12,7 +12,7 @@ from torch import nn
 
 from qkvsearch.trainers.attention.fft import fft_macs
 from qkvsearch.trainers.attention.linformer import Linformer
-from qkvsearch.trainers.attention.linformer_shared_kv import LinformerSharedKV
+from qkvsearch.trainers.attention.linformer_shared_kv import LinformerSharedKV, LinformerSharedKVHeads
 from qkvsearch.trainers.attention.nystrom import nystrom
 from qkvsearch.trainers.attention.performer import favor, gaussian_orthogonal
 from qkvsearch.trainers.attention.positions import Rope1d, SequenceRotation
@@ -117,6 +117,53 @@ def test_linformer_shared_kv_is_the_papers_linformer(rotary):
     ref = attn.proj(out.transpose(1, 2).reshape(2, n, d))
     with torch.no_grad():
         torch.testing.assert_close(attn(x), ref, atol=1e-5, rtol=1e-5)
+
+
+class _PaperViLRoPEAttention(nn.Module):
+    """lucidrains' LinformerSelfAttention as the paper's ViLRoPE.py builds it (share_kv=True, one_kv_head=False,
+    no bias on to_q and to_k), transcribed: keys and values are one projection d -> d; the keys are rotated in
+    their heads and merged back, the values taken before; one E (proj_k) projects both along the sequence."""
+
+    def __init__(self, dim: int, seq_len: int, k: int, heads: int):
+        super().__init__()
+        self.heads, self.k = heads, k
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_k = nn.Linear(dim, dim, bias=False)
+        self.proj_k = nn.Parameter(torch.zeros(seq_len, k))
+        self.to_out = nn.Linear(dim, dim)
+
+    def forward(self, x, rotary: bool):
+        b, n, d = x.shape
+        h, dh = self.heads, d // self.heads
+        queries, keys = self.to_q(x), self.to_k(x)
+        values = keys
+        if rotary:
+            q, k = (t.view(b, n, h, dh).transpose(1, 2) for t in (queries, keys))   # 'b n (h d) -> b h n d'
+            queries, keys = (_paper_rope(t).transpose(1, 2).reshape(b, n, d) for t in (q, k))
+        keys, values = (torch.einsum("bnd,nk->bkd", t, self.proj_k) for t in (keys, values))
+        queries = queries.reshape(b, n, h, -1).transpose(1, 2)
+        keys, values = (t.reshape(b, self.k, -1, dh).transpose(1, 2) for t in (keys, values))
+        attn = (torch.einsum("bhnd,bhkd->bhnk", queries, keys) * dh ** -0.5).softmax(dim=-1)
+        out = torch.einsum("bhnk,bhkd->bhnd", attn, values)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+@pytest.mark.parametrize("rotary", [False, True], ids=["learned", "rope1d"])
+def test_linformer_shared_kv_heads_is_the_papers_vil_rope_attention(rotary):
+    torch.manual_seed(0)
+    d, h, n, k = 32, 4, 17, 8
+    s = Shape(d, h, grid=(4, 4), prefix=1, size=k, rotary=rotary, qkv_bias=False)
+    attn = LinformerSharedKVHeads.layer(s, Rope1d if rotary else None)(d, h, qkv_bias=False).eval()
+    assert (attn.kv.in_features, attn.kv.out_features, attn.kv.bias, attn.q.bias) == (d, d, None, None)
+    assert attn.proj_kv.shape == (n, k)
+    ref = _PaperViLRoPEAttention(d, n, k, h).eval()
+    with torch.no_grad():
+        for theirs, ours in ((ref.to_q.weight, attn.q.weight), (ref.to_k.weight, attn.kv.weight),
+                             (ref.proj_k, attn.proj_kv), (ref.to_out.weight, attn.proj.weight),
+                             (ref.to_out.bias, attn.proj.bias)):
+            theirs.copy_(ours)
+        x = torch.randn(2, n, d)
+        torch.testing.assert_close(attn(x), ref(x, rotary), atol=1e-5, rtol=1e-5)
 
 
 def test_conv_plain_is_the_papers_stem():

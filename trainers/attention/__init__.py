@@ -4,8 +4,8 @@ trainers.choices name them (the names: spaces.choices).
 
 - ``shape``: ``Shape``, what a choice is built and counted at, and the ``Counted`` protocol.
 - ``base``: ``QKVAttention``, timm's Attention with the product of q, k, v chosen by a subclass.
-- ``softmax``, ``performer``, ``linformer``, ``linformer_shared_kv``, ``nystrom``, ``fnet``: the token
-  mixers (``attention``).
+- ``softmax``, ``performer``, ``linformer``, ``linformer_shared_kv`` (also linformer_shared_kv_heads),
+  ``nystrom``, ``fnet``: the token mixers (``attention``).
 - ``positions``: learned, rope, rope1d, none (``pos_embed``).
 - ``stems``: linear, conv, conv_plain (``patch_embed``).
 - ``manifold``: the shared and the manifold key (``key``).
