@@ -128,17 +128,20 @@ def digits_0to8(cfg):
     return (xt[keep_t], yt[keep_t]), (xv[keep_v], yv[keep_v])
 
 
-def digits_clutter(cfg):
+def digits_clutter(cfg, val_copies: int = CLUTTER_VAL_COPIES):
     """A harder task made from the digits, offline and deterministic: each image is a CLUTTER_SIDE^2 canvas holding
     one digit (8x8, scaled x2) at a random place among CLUTTER_PIECES pieces of other digits (4x4 crops, scaled
     x2), overlaid by maximum, the label the whole digit's. The digits split as ``digits`` does, and each side's
     clutter comes from its own side only; each training digit is drawn CLUTTER_COPIES times, each validation digit
-    CLUTTER_VAL_COPIES times, at other places among other pieces (1,800 validation images: the binomial noise of a
-    top-1 near 70 % is about 1.1 points, against 2.4 over the 360 digits alone). -> uint8 (N, 1, 32, 32)."""
+    ``val_copies`` times (the dataset's: CLUTTER_VAL_COPIES), at other places among other pieces (1,800 validation
+    images: the binomial noise of a top-1 near 70 % is about 1.1 points, against 2.4 over the 360 digits alone).
+    Image j of a side is a copy of that side's digit j mod n (n digits, the copies one after another); a larger
+    ``val_copies`` extends the dataset's validation split (its first CLUTTER_VAL_COPIES x n images are those).
+    -> uint8 (N, 1, 32, 32)."""
     images, labels = _digit_images()
     val = _stratified_pick(labels, cfg["val_fraction"], DIGITS_SPLIT_SEED)
     out = []
-    for side, copies, seed in ((~val, CLUTTER_COPIES, CLUTTER_SEED), (val, CLUTTER_VAL_COPIES, CLUTTER_SEED + 1)):
+    for side, copies, seed in ((~val, CLUTTER_COPIES, CLUTTER_SEED), (val, val_copies, CLUTTER_SEED + 1)):
         x, y = images[side][:, 0], labels[side]
         rng = np.random.default_rng(seed)
         idx = np.tile(np.arange(len(y)), copies)
