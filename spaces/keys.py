@@ -60,8 +60,6 @@ from qkvsearch.spaces.choices import (
 from qkvsearch.spaces.choices import model_family as _family
 from qkvsearch.spaces.datasets import DATASET_INFO, DATASETS, count_class_folders
 from qkvsearch.spaces.errors import BadInput, hint, show
-
-# the quantization policy's keys and rules (spaces.policy), imported from here beside the keys they are part of
 from qkvsearch.spaces.policy import QUANT_KEYS, full_precision, is_policy_key, quant_policy  # noqa: F401
 
 EMBEDDINGS = tuple(EMBEDDING_CHOICES)  # the choice keys' values: spaces.choices, one table each
@@ -397,8 +395,7 @@ def check_combinations(cfg: Mapping) -> None:
                                     "embeddings: \"match\" solves one width for one embedding", "match")
     if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") != "linear":
         raise config_error("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
-                                        "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)",
-                    True)
+                           "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)", True)
 
 
 def fill_from_dataset(cfg: dict) -> None:
@@ -433,10 +430,9 @@ def flatten(section: str, values: Mapping) -> dict:
 def identity(config: Mapping, ignore: tuple[str, ...] = (), policy: bool = False) -> str:
     """What makes two resolved trials the same training: the config with null keys (those that do not
     apply to the trial) left out, and the solved ``width`` standing for the requested ``hidden_width``.
-    The quantization policy changes nothing in training: its keys (a block's own included) are left out,
-    unless ``policy`` (then the trained model as deployed, its policy as ``quant_policy`` gives it: a config
-    without policy keys and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too
-    (``("seed",)`` groups the repeats of one configuration)."""
+    The quantization policy changes nothing in training: its keys (a block's own included) are left out, unless
+    ``policy`` (then the model as deployed, its policy as ``quant_policy`` gives it: a config without policy keys
+    and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``)."""
     skip = {"hidden_width", *ignore}
     kept = {k: v for k, v in config.items() if v is not None and k not in skip and not is_policy_key(k)}
     if policy:
