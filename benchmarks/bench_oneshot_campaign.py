@@ -1,27 +1,32 @@
-"""One-shot search against the default stand-alone search (ehvi under MO-ASHA) given the same compute: two real
-campaigns on local Ray over bench_oneshot.py's "capacity" space (126 configurations of a d <= 128 XCiT, 1-4
-blocks, on digits_clutter at 32 px), the same training recipe, objectives top-1 and GMACs.
+"""One-shot search against the default stand-alone search (ehvi under MO-ASHA): real campaigns on local Ray over
+the "capacity" space (bench_oneshot.py: 126 configurations of a d <= 128 XCiT, 1-4 blocks) on digits_clutter at
+32 px, the recipe of spaces/presets/oneshot-digits.yaml, objectives top-1 and GMACs, repeated over seeds.
 
-1. The one-shot campaign: the supernet (2 DDP workers, the sandwich rule, in-place distillation), every subnet
-   scored with its inherited weights, the inherited front retrained from scratch, and a control sample retrained
-   under two seeds. The control sample is the diagnostic (how well inherited accuracy ranks, beside the seed
-   noise): its compute is reported apart and not counted.
-2. The stand-alone campaign: ehvi with MO-ASHA, the tool's default for a space of ranges and several
-   objectives, given as many trials as the one-shot campaign's compute could pay for; its trials, in the order
-   they started, are counted until their compute reaches the one-shot campaign's.
+Per seed s (the search's and the training's):
+1. one-shot, retrained from scratch: the supernet (2 DDP workers, the sandwich rule, in-place distillation),
+   every subnet scored with its inherited weights, the 6 best by non-dominated rank of the inherited scores (the
+   preset's top_k; ``--top-k 0``: the whole inherited front) retrained from scratch, and the control
+   sample (drawn from the space, retrained under two seeds) that the rank figures are measured on;
+2. one-shot, trained on from inherited weights: the same supernet (``supernet.from``) and scoring, the chosen
+   subnets trained on from their inherited weights for a quarter of the epochs; no control sample of its own
+   (the first one's is counted in its compute too);
+3. stand-alone: ehvi with MO-ASHA, stopped once its ended trials spent twice the larger one-shot campaign's
+   compute; its trials, in the order they started, are counted up to a budget.
 
-Compute is counted two ways:
-- worker-seconds: each worker holds one CPU thread; a trial's are its epochs' seconds (training and validation)
-  times its workers; scoring's are its wall time times its Ray actors (actor start-up included);
-- training MACs: forward MACs x 3 (forward and backward) per image trained, forward MACs per image evaluated;
-  the supernet's update trains its teacher and students (trainers.supernet.training), each at its own MACs.
-The figures: the hypervolume of the one-shot campaign's retrained front over the stand-alone campaign's at equal
-worker-seconds (goal >= 1.0; reference: chance top-1 and the space's largest GMACs), Kendall's tau of inherited
-against stand-alone top-1 with its interval and noise floor (search.analysis.fidelity), subnets scored per
-minute, and each phase's wall time.
+Compute, counted two ways, everything a campaign ran included (the supernet, scoring, retraining and the
+control sample):
+- worker-seconds: a trial's epochs' seconds (training and validation) times its workers; scoring's wall time
+  times its actors (as many as the campaign's pool takes from its resources and this machine: scorers.pool_size);
+- training MACs: forward MACs x 3 per image trained (forward and backward), forward MACs per image evaluated; a
+  supernet update trains its teacher and students, each at its own MACs.
+The target: one-shot (either retraining) reaches the stand-alone search's hypervolume at half its compute, i.e.
+hypervolume(one-shot at X worker-seconds) / hypervolume(stand-alone at 2X) >= 1 (reference: chance top-1 and the
+space's largest GMACs). The table gives that ratio per seed and its median and range, beside the rank figures
+of the control sample (search.analysis.fidelity: tau, the GMACs proxy's tau, the noise floor).
 
-    python benchmarks/bench_oneshot_campaign.py [--epochs 16] [--steps 60] [--supernet-epochs 32]
-                                                [--supernet-lr 1e-3] [--control 8] [--storage DIR] [--analyse]
+    python benchmarks/bench_oneshot_campaign.py [--seeds 3] [--epochs 6] [--steps 10] [--supernet-epochs 12]
+                                                [--supernet-lr 1e-3] [--top-k 6] [--control 4] [--storage DIR]
+                                                [--analyse]
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -43,52 +49,75 @@ from bench_oneshot import SPACES, _ci, _f  # noqa: E402
 
 CHANCE_TOP1 = 10.0     # digits_clutter has 10 classes: the hypervolume counts what beats guessing
 OBJECTIVES = [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]
+BATCH = 64
+SIDES = ("one-shot, from scratch", "one-shot, from inherited (1/4 of the epochs)", "stand-alone at twice the compute")
 
 
-def common(args, storage: str, name: str) -> dict:
+def common(args, storage: str, name: str, seed: int) -> dict:
     return {"name": name, "model": {"name": "xcit_nano_12_p8_224", "img_size": 32, "num_classes": 10},
             "data": {"dataset": "digits_clutter", "val_fraction": 0.2},
-            "train": {"epochs": args.epochs, "batch_size": 64, "lr": 1e-3, "warmup_epochs": 1, "seed": 0,
-                      "max_steps_per_epoch": args.steps},
+            "train": {"epochs": args.epochs, "batch_size": BATCH, "lr": args.lr, "warmup_epochs": 1, "seed": seed,
+                      "max_steps_per_epoch": args.steps, "checkpoint_every": args.epochs},
             "space": SPACES["capacity"], "objectives": OBJECTIVES,
             "resources": {"workers_per_trial": 1, "cpus_per_worker": 1, "gpus_per_worker": 0,
                           "max_concurrent_trials": 2},
             "storage": storage}
 
 
-def oneshot_spec(args, storage: str) -> dict:
-    return {**common(args, storage, "bench-oneshot"),
-            "supernet": {"train": {"epochs": args.supernet_epochs, "lr": args.supernet_lr},
+def retrain(args) -> dict:
+    """Which scored subnets are retrained: the inherited front, or its k best by non-dominated rank (the preset's)."""
+    return {"retrain": "top_k", "top_k": args.top_k} if args.top_k else {"retrain": "front"}
+
+
+def oneshot_spec(args, storage: str, seed: int) -> dict:
+    return {**common(args, storage, f"oneshot-{seed}", seed),
+            "supernet": {"train": {"epochs": args.supernet_epochs, "lr": args.supernet_lr,
+                                   "max_steps_per_epoch": args.steps},
                          "resources": {"workers_per_trial": 2, "cpus_per_worker": 1},
-                         "random_subnets": 2, "distill": True, "retrain": "front", "control": args.control},
-            "search": {"algorithm": "grid", "seed": 0}}
+                         "random_subnets": 2, "distill": True, **retrain(args), "control": args.control},
+            "search": {"algorithm": "grid", "seed": seed}}
 
 
-def standalone_spec(args, storage: str, trials: int) -> dict:
-    return {**common(args, storage, "bench-standalone"), "search": {"algorithm": "ehvi", "num_trials": trials, "seed": 0},
-            "scheduler": {"type": "moasha"}}
+def inherited_spec(args, storage: str, seed: int) -> dict:
+    spec = common(args, storage, f"oneshot-inherited-{seed}", seed)
+    spec["train"] = {**spec["train"], "epochs": max(1, args.epochs // 4), "warmup_epochs": 0,
+                     "checkpoint_every": max(1, args.epochs // 4)}
+    return {**spec, "supernet": {"from": f"{storage}/oneshot-{seed}", **retrain(args), "control": 0,
+                                 "retrain_from": "inherited"},
+            "search": {"algorithm": "grid", "seed": seed}}
+
+
+def standalone_spec(args, storage: str, seed: int, trials: int) -> dict:
+    return {**common(args, storage, f"standalone-{seed}", seed),
+            "search": {"algorithm": "ehvi", "num_trials": trials, "seed": seed}, "scheduler": {"type": "moasha"}}
 
 
 def worker_seconds(record: dict, workers: int) -> float:
     return workers * sum(e.get("epoch_s", 0.0) for e in record["epochs"])
 
 
-def final_top1(record: dict) -> float:
-    return record["epochs"][-1]["top1"]
-
-
-def trial_macs(record: dict, steps: int, batch: int, val_images: int) -> float:
-    """Training MACs of a stand-alone trial: 3 x its forward MACs per image trained, 1 x per image evaluated."""
+def trial_macs(record: dict, val_images: int) -> float:
+    """Training MACs of a trial: 3 x its forward MACs per image trained, 1 x per image evaluated."""
     g = record["cost"]["gmacs"] * 1e9
-    return len(record["epochs"]) * g * (3 * steps * batch + val_images)
+    return sum(g * (3 * e.get("step_images", 0) + val_images) for e in _epoch_images(record))
 
 
-def supernet_macs(plan: dict, updates: int, seed: int, batch: int) -> float:
-    from qkvsearch.trainers.supernet.training import SupernetPlan
+def _epoch_images(record: dict) -> list[dict]:
+    out, step = [], 0.0
+    for e in record["epochs"]:
+        out.append({"step_images": (e.get("step", step) - step) * BATCH})
+        step = e.get("step", step)
+    return out
+
+
+def supernet_macs(plan: dict, updates: int, seed: int) -> float:
+    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.supernet.plan import SupernetPlan
 
     p = SupernetPlan.from_dict(plan)
-    per_update = [p.gmacs[p.teacher] + sum(p.gmacs[i] for i in p.students(u, seed)) for u in range(updates)]
-    return 3 * batch * 1e9 * float(np.sum(per_update))
+    teacher = model_cost(p.teacher)["gmacs"]
+    per_update = [teacher + sum(model_cost(c)["gmacs"] for c in p.students(u, seed)) for u in range(updates)]
+    return 3 * BATCH * 1e9 * float(np.sum(per_update))
 
 
 def front_hv(points: list[tuple[float, float]], reference) -> float:
@@ -97,93 +126,97 @@ def front_hv(points: list[tuple[float, float]], reference) -> float:
     return hypervolume(np.array(points, dtype=float).reshape(-1, 2), ["max", "min"], reference) if points else 0.0
 
 
-def run_oneshot(args, storage: str) -> dict:
-    from qkvsearch.search.analysis.report import build_report
+def _launch(spec: dict, analyse: bool) -> str:
     from qkvsearch.search.campaign.launch import launch
-    from qkvsearch.search.campaign.oneshot.phases import PLAN_FILE
-    from qkvsearch.search.campaign.oneshot.plan import SUPERNET_DIR
-    from qkvsearch.search.monitor.status import load_records
-    from qkvsearch.search.records import inherited
     from qkvsearch.spaces import load_campaign
 
-    exp = f"{storage}/{oneshot_spec(args, storage)['name']}"
-    if not args.analyse:
-        launch(load_campaign(oneshot_spec(args, storage)))
-    sup = load_records(f"{exp}/{SUPERNET_DIR}")[0]
-    with open(f"{exp}/{SUPERNET_DIR}/{PLAN_FILE}") as f:
-        plan = json.load(f)
+    exp = f"{spec['storage']}/{spec['name']}"
+    if not analyse:
+        launch(load_campaign(spec))
+    return exp
+
+
+def oneshot_compute(exp: str, spec: dict, seed: int, supernet_from: str | None = None) -> dict:
+    """A one-shot campaign's compute by phase, its retrained front and (with its own supernet) its fidelity."""
+    from qkvsearch.search.analysis.report import build_report
+    from qkvsearch.search.campaign.oneshot.plan import PLAN_FILE, SUPERNET_DIR
+    from qkvsearch.search.campaign.oneshot.scorers import pool_size
+    from qkvsearch.search.cluster.capacity import Cluster
+    from qkvsearch.search.monitor.status import load_records
+    from qkvsearch.search.records import inherited
+    from qkvsearch.search.records.layout import read_campaign
+    from qkvsearch.spaces import load_campaign
+
+    sup_dir = f"{supernet_from or exp}/{SUPERNET_DIR}"
+    sup = load_records(sup_dir)[0]
+    plan = json.loads(Path(f"{sup_dir}/{PLAN_FILE}").read_text())
     evaluations = inherited.read_evaluations(exp)
     selection = inherited.read_selection(exp)
     chosen = {inherited.keys_text(k) for k in selection["chosen"]}
     by_identity = {inherited.subnet_identity(e["config"], ignore=("seed",)): inherited.keys_text(e["keys"])
                    for e in evaluations}
     records = [r for r in load_records(exp) if r.get("status") != "duplicate"]
-    role = {r["trial_id"]: "chosen" if by_identity.get(inherited.subnet_identity(r["config"], ignore=("seed",)))
-            in chosen else "control" for r in records}
-    retrained = [r for r in records if role[r["trial_id"]] == "chosen"]
-    control = [r for r in records if role[r["trial_id"]] == "control"]
-    scoring_wall = max(e["evaluated_at"] for e in evaluations) - sup["ended_at"]
-    actors = 2
-    sup_updates = len(sup["epochs"]) * args.steps
+    retrained = [r for r in records if by_identity.get(inherited.subnet_identity(r["config"], ignore=("seed",)))
+                 in chosen]
+    control = [r for r in records if r not in retrained]
+    actors = pool_size(load_campaign(spec).resources, Cluster(float(os.cpu_count() or 1), 0.0, 2.0, None, True), 2)
+    # scoring starts as the supernet ends, or (a supernet taken from another campaign) as this campaign starts
+    start = read_campaign(exp)["created_at"] if supernet_from else sup["ended_at"]
+    scoring_wall = max(e["evaluated_at"] for e in evaluations) - start
     val = int(sup["epochs"][-1].get("val_images", 1800))
-    out = {
-        "exp": exp, "wall": max(r["ended_at"] for r in records) - sup["started_at"], "subnets": len(evaluations),
-        "scoring_wall": scoring_wall,
-        "supernet_wall": sup["ended_at"] - sup["started_at"],
-        "retrain_wall": max(r["ended_at"] for r in records) - min(r["started_at"] for r in records),
-        "ws": {"supernet": worker_seconds(sup, 2), "scoring": scoring_wall * actors,
-               "retrain": sum(worker_seconds(r, 1) for r in retrained)},
-        "control_ws": sum(worker_seconds(r, 1) for r in control),
-        "macs": {"supernet": supernet_macs(plan, sup_updates, 0, 64),
-                 "scoring": sum(e["cost"]["gmacs"] * 1e9 * (val + 2 * 64) for e in evaluations),
-                 "retrain": sum(trial_macs(r, args.steps, 64, val) for r in retrained)},
-        "front": [(final_top1(r), r["cost"]["gmacs"]) for r in retrained if r.get("status") == "completed"],
-        "inherited_front": [(e["metrics"]["top1"], e["cost"]["gmacs"]) for e in evaluations
-                            if inherited.keys_text(e["keys"]) in chosen],
-        "full_training_ws": float(np.mean([worker_seconds(r, 1) for r in records])),
-        "retrained": len(retrained), "control": len(control),
-    }
-    build_report(exp, static=False)
-    with open(f"{exp}/report/fidelity.json") as f:
-        out["fidelity"] = json.load(f)
+    out = {"ws": {"supernet": worker_seconds(sup, 2), "scoring": scoring_wall * actors,
+                  "retrain": sum(worker_seconds(r, 1) for r in retrained),
+                  "control": sum(worker_seconds(r, 1) for r in control)},
+           "macs": {"supernet": supernet_macs(plan, int(sup["epochs"][-1]["step"]), seed),
+                    "scoring": sum(e["cost"]["gmacs"] * 1e9 * (val + 2 * BATCH) for e in evaluations),
+                    "retrain": sum(trial_macs(r, val) for r in retrained),
+                    "control": sum(trial_macs(r, val) for r in control)},
+           "front": [(r["epochs"][-1]["top1"], r["cost"]["gmacs"]) for r in retrained if r.get("status") == "completed"],
+           "walls": {"supernet": sup["ended_at"] - sup["started_at"], "scoring": scoring_wall,
+                     "retrain": max(r["ended_at"] for r in records) - min(r["started_at"] for r in records)},
+           "subnets": len(evaluations), "trainings": len(retrained), "control_trainings": len(control)}
+    if supernet_from is None:
+        build_report(exp, static=False)
+        out["fidelity"] = json.loads(Path(f"{exp}/report/fidelity.json").read_text())
     return out
 
 
-def run_standalone(args, storage: str, budget_ws: float, full_training_ws: float) -> dict:
+def run_standalone(args, storage: str, seed: int, budget_ws: float, full_training_ws: float) -> dict:
+    """The stand-alone campaign, stopped (as Ctrl-C stops it) once its ended trials have spent ``budget_ws``;
+    -> its trials in the order they started (status, worker-seconds, MACs, final top-1, GMACs)."""
     from qkvsearch.search.campaign.interrupts import CampaignInterrupted
-    from qkvsearch.search.campaign.launch import launch
     from qkvsearch.search.monitor.status import load_records
-    from qkvsearch.spaces import load_campaign
 
-    # MO-ASHA stops most trials after 1 or 3 of 16 epochs: room for trials at a quarter of a full training's
-    # cost; the campaign is stopped (as Ctrl-C stops it) once its ended trials have spent the budget, and only
-    # the trials the budget pays for, in the order they started, are counted
-    spec = standalone_spec(args, storage, int(min(126, max(8, math.ceil(budget_ws / (0.25 * full_training_ws))))))
+    # MO-ASHA stops most trials after a rung or two: room for trials at a third of a full training's cost
+    spec = standalone_spec(args, storage, seed, int(min(126, max(8, math.ceil(budget_ws / (full_training_ws / 3))))))
     exp = f"{storage}/{spec['name']}"
     if not args.analyse:
         done = threading.Event()
         watcher = threading.Thread(target=_stop_when_spent, args=(exp, budget_ws, done), daemon=True)
         watcher.start()
         try:
-            launch(load_campaign(spec))
+            _launch(spec, False)
         except CampaignInterrupted:
             pass
         finally:
             done.set()
     records = [r for r in load_records(exp) if r.get("status") != "duplicate"]  # ordered by start
-    spent, counted = 0.0, []
-    for r in records:
-        if spent + worker_seconds(r, 1) > budget_ws:
-            break
-        spent += worker_seconds(r, 1)
-        counted.append(r)
-    wall = max(r["ended_at"] or r["started_at"] for r in records) - records[0]["started_at"]
     val = int(next((r["epochs"][-1].get("val_images") for r in records if r["epochs"]), 1800) or 1800)
-    return {"exp": exp, "wall": wall, "trials": len(records), "counted": len(counted), "ws": spent,
-            "all_ws": sum(worker_seconds(r, 1) for r in records),
-            "macs": sum(trial_macs(r, args.steps, 64, val) for r in counted),
-            "front": [(final_top1(r), r["cost"]["gmacs"]) for r in counted if r.get("status") == "completed"],
-            "all_front": [(final_top1(r), r["cost"]["gmacs"]) for r in records if r.get("status") == "completed"]}
+    return {"trials": [{"ws": worker_seconds(r, 1), "macs": trial_macs(r, val),
+                        "point": (r["epochs"][-1]["top1"], r["cost"]["gmacs"]) if r.get("status") == "completed"
+                        else None} for r in records]}
+
+
+def standalone_at(alone: dict, budget_ws: float) -> dict:
+    """The stand-alone campaign's trials its first ``budget_ws`` worker-seconds paid for."""
+    spent, macs, front = 0.0, 0.0, []
+    for t in alone["trials"]:
+        if spent + t["ws"] > budget_ws:
+            break
+        spent, macs = spent + t["ws"], macs + t["macs"]
+        if t["point"] is not None:
+            front.append(t["point"])
+    return {"ws": spent, "macs": macs, "front": front}
 
 
 def _stop_when_spent(exp: str, budget_ws: float, done: threading.Event) -> None:
@@ -202,68 +235,90 @@ def _stop_when_spent(exp: str, budget_ws: float, done: threading.Event) -> None:
             return
 
 
+def one_seed(args, storage: str, seed: int, reference) -> dict:
+    a = oneshot_spec(args, storage, seed)
+    one = oneshot_compute(_launch(a, args.analyse), a, seed)
+    b = inherited_spec(args, storage, seed)
+    two = oneshot_compute(_launch(b, args.analyse), b, seed, supernet_from=f"{storage}/oneshot-{seed}")
+    two["ws"] |= {"supernet": one["ws"]["supernet"], "control": one["ws"]["control"]}     # its supernet and
+    two["macs"] |= {"supernet": one["macs"]["supernet"], "control": one["macs"]["control"]}  # control: the first's
+    totals = [sum(one["ws"].values()), sum(two["ws"].values())]
+    full = statistics.mean(worker_seconds(r, 1) for r in _records(f"{storage}/oneshot-{seed}"))
+    alone = run_standalone(args, storage, seed, 2 * max(totals), full)
+    out = {"seed": seed, "fidelity": one["fidelity"], "sides": []}
+    for side, total in zip((one, two), totals):
+        twice, once = standalone_at(alone, 2 * total), standalone_at(alone, total)
+        hv, hv_alone = front_hv(side["front"], reference), front_hv(twice["front"], reference)
+        hv_equal = front_hv(once["front"], reference)   # the stand-alone search at the same compute
+        out["sides"].append({"ws": total, "macs": sum(side["macs"].values()), "hv": hv, "alone_ws": twice["ws"],
+                             "alone_macs": twice["macs"], "hv_alone": hv_alone,
+                             "ratio": hv / hv_alone if hv_alone else math.nan, "phases": side["ws"],
+                             "hv_equal": hv_equal, "ratio_equal": hv / hv_equal if hv_equal else math.nan,
+                             "walls": side["walls"], "trainings": side["trainings"]})
+    out["control_trainings"] = one["control_trainings"]
+    return out
+
+
+def _records(exp: str) -> list[dict]:
+    from qkvsearch.search.monitor.status import load_records
+
+    return [r for r in load_records(exp) if r.get("status") == "completed"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=16, help="epochs of a stand-alone training")
-    p.add_argument("--steps", type=int, default=60, help="updates per epoch")
-    p.add_argument("--supernet-epochs", type=int, default=32)
-    p.add_argument("--supernet-lr", type=float, default=1e-3,
-                   help="the stand-alone recipe's (at 2e-3 the supernet stayed at chance for 6 epochs of 32)")
-    p.add_argument("--control", type=int, default=8, help="control subnets, retrained under two seeds")
-    p.add_argument("--storage", default=None, help="where both campaigns are written (default: a temporary folder)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=6, help="epochs of a stand-alone training")
+    p.add_argument("--steps", type=int, default=10, help="updates per epoch")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--supernet-epochs", type=int, default=12)
+    p.add_argument("--supernet-lr", type=float, default=1e-3, help="at 2e-3 the supernet stays at chance")
+    p.add_argument("--top-k", type=int, default=6, help="subnets retrained: the k best of the inherited scores "
+                   "by non-dominated rank (0: the whole inherited front)")
+    p.add_argument("--control", type=int, default=4, help="control subnets, retrained under two seeds")
+    p.add_argument("--storage", default=None, help="where the campaigns are written (default: a temporary folder)")
     p.add_argument("--analyse", action="store_true", help="run nothing: the table of the campaigns in --storage")
     args = p.parse_args()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-
     if args.analyse and not args.storage:
-        p.error("--analyse: expected --storage, the folder both campaigns were written to")
+        p.error("--analyse: expected --storage, the folder the campaigns were written to")
+    from qkvsearch.search.campaign.oneshot.plan import candidates
+    from qkvsearch.spaces import load_campaign
+
     with tempfile.TemporaryDirectory() as tmp:
         storage = args.storage or tmp
-        one = run_oneshot(args, storage)
-        budget = sum(one["ws"].values())
-        alone = run_standalone(args, storage, budget, one["full_training_ws"])
-        from qkvsearch.search.campaign.oneshot.plan import candidates
-        from qkvsearch.spaces import load_campaign
-
-        largest = max(t["cost"]["gmacs"] for t in candidates(load_campaign(oneshot_spec(args, storage))))
+        largest = max(t["cost"]["gmacs"] for t in candidates(load_campaign(oneshot_spec(args, storage, 0))))
         reference = [CHANCE_TOP1, largest]
-        hv_one, hv_alone = front_hv(one["front"], reference), front_hv(alone["front"], reference)
-        f = one["fidelity"]
-        print("\n| measure | one-shot | stand-alone (ehvi, MO-ASHA) |")
-        print("|---|---|---|")
-        print(f"| worker-seconds counted | {budget:,.0f} (supernet {one['ws']['supernet']:,.0f}, scoring "
-              f"{one['ws']['scoring']:,.0f}, retraining {one['ws']['retrain']:,.0f}) | {alone['ws']:,.0f} "
-              f"({alone['counted']} of its {alone['trials']} trials; all {alone['all_ws']:,.0f}) |")
-        macs_one = sum(one["macs"].values())
-        print(f"| training MACs counted | {macs_one / 1e12:,.1f} T (supernet {one['macs']['supernet'] / 1e12:,.1f}, "
-              f"scoring {one['macs']['scoring'] / 1e12:,.2f}, retraining {one['macs']['retrain'] / 1e12:,.1f}) | "
-              f"{alone['macs'] / 1e12:,.1f} T |")
-        print(f"| front (top-1 %, GMACs) | {_front(one['front'])} | {_front(alone['front'])} |")
-        print(f"| hypervolume (reference: top-1 {CHANCE_TOP1}, {largest:.4f} GMACs) | {hv_one:.4f} | {hv_alone:.4f} |")
-        print(f"| hypervolume, one-shot over stand-alone (goal >= 1.0) | {hv_one / hv_alone if hv_alone else float('nan'):.3f} | |")
-        print(f"| stand-alone's whole campaign: hypervolume | | {front_hv(alone['all_front'], reference):.4f} |")
-        print(f"| inherited front (top-1 %, GMACs) | {_front(one['inherited_front'])} | |")
-        print(f"| Kendall tau, inherited vs stand-alone ({f['retrained']} subnets, {f['ranked_over']}) | "
-              f"{_f(f['kendall_tau'])} {_ci(f['kendall_tau_ci95'])} | |")
-        print(f"| noise floor: tau, seed 0 vs seed 1 ({f['noise_floor_pairs']} control subnets) | "
-              f"{_f(f['noise_floor_tau'])} {_ci(f['noise_floor_tau_ci95'])} | |")
-        print(f"| top-{f['top_k']} overlap | {_f(f['top_k_overlap'])} | |")
-        print(f"| subnets scored per minute ({one['subnets']} subnets) | {60 * one['subnets'] / one['scoring_wall']:.0f} | |")
-        print(f"| wall: supernet, scoring, retraining (chosen and control) | {one['supernet_wall']:.0f} s, "
-              f"{one['scoring_wall']:.0f} s, {one['retrain_wall']:.0f} s | |")
-        print(f"| wall: whole campaign | {one['wall']:.0f} s | {alone['wall']:.0f} s |")
-        print(f"| control sample (diagnostic, not counted) | {one['control']} trainings, "
-              f"{one['control_ws']:,.0f} worker-seconds | |")
+        seeds = [one_seed(args, storage, s, reference) for s in range(args.seeds)]
+    print_table(seeds, reference)
 
 
-def _front(points) -> str:
-    from qkvsearch.search.analysis.pareto import nondominated_mask
-
-    if not points:
-        return "none"
-    pts = np.array(points, dtype=float)
-    keep = pts[nondominated_mask(pts, ["max", "min"])]
-    return ", ".join(f"{t:.1f}/{g:.4f}" for t, g in sorted(map(tuple, keep), key=lambda x: x[1]))
+def print_table(seeds: list[dict], reference) -> None:
+    print(f"\nreference: top-1 {CHANCE_TOP1}, {reference[1]:.4f} GMACs; {len(seeds)} seeds\n")
+    print("| seed | side | worker-seconds | training MACs (T) | hypervolume | stand-alone at 2x: worker-seconds, "
+          "hypervolume | ratio (goal >= 1) | stand-alone at 1x: hypervolume, ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in seeds:
+        for name, side in zip(SIDES, s["sides"]):
+            print(f"| {s['seed']} | {name} | {side['ws']:,.0f} | {side['macs'] / 1e12:.1f} | {side['hv']:.4f} | "
+                  f"{side['alone_ws']:,.0f}, {side['hv_alone']:.4f} | {side['ratio']:.3f} | "
+                  f"{side['hv_equal']:.4f}, {side['ratio_equal']:.3f} |")
+    print("\n| side | ratio to stand-alone at 2x, median [min, max] over seeds | at 1x |\n|---|---|---|")
+    for i, name in enumerate(SIDES[:2]):
+        spread = []
+        for key in ("ratio", "ratio_equal"):
+            r = [s["sides"][i][key] for s in seeds]
+            spread.append(f"{statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]")
+        print(f"| {name} | {spread[0]} | {spread[1]} |")
+    print("\n| seed | Kendall tau, control (inherited vs stand-alone) | GMACs proxy tau | noise floor tau | "
+          "inherited vs proxy | phases (worker-seconds: supernet, scoring, retraining, control) |")
+    print("|---|---|---|---|---|---|")
+    for s in seeds:
+        f, ph = s["fidelity"], s["sides"][0]["phases"]
+        print(f"| {s['seed']} | {_f(f['control_kendall_tau'])} {_ci(f['control_kendall_tau_ci95'])} | "
+              f"{_f(f['proxy_gmacs_tau'])} {_ci(f['proxy_gmacs_tau_ci95'])} | {_f(f['noise_floor_tau'])} "
+              f"{_ci(f['noise_floor_tau_ci95'])} | {f['verdict_vs_proxy']} | {ph['supernet']:,.0f}, "
+              f"{ph['scoring']:,.0f}, {ph['retrain']:,.0f}, {ph['control']:,.0f} |")
 
 
 if __name__ == "__main__":
