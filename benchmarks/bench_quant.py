@@ -169,18 +169,14 @@ def rows_of(cfg: dict, run: Run, val: TensorSource, sources: np.ndarray, rounds:
     return rows
 
 
-def _dominates(u: dict, r: dict) -> bool:
-    a, b = (u["top1"], -u["latency_ms"], -u["size_mb"]), (r["top1"], -r["latency_ms"], -r["size_mb"])
-    return all(x >= y for x, y in zip(a, b)) and a != b
-
-
 def mark_front(rows: list[dict]) -> None:
     """Set each row's "front" (on the front of all rows over top-1 max, latency min, size min) and "beats" (no
     uniform row dominates it)."""
-    pts = np.array([[r["top1"], r["latency_ms"], r["size_mb"]] for r in rows])
-    uniform = [r for r in rows if r["kind"] == "uniform"]
-    for r, on in zip(rows, nondominated_mask(pts, ["max", "min", "min"])):
-        r["front"], r["beats"] = bool(on), not any(_dominates(u, r) for u in uniform)
+    directions = ["max", "min", "min"]
+    pts = np.array([[r["top1"], r["latency_ms"], r["size_mb"]] for r in rows])   # (rows, 3)
+    uniform = pts[[r["kind"] == "uniform" for r in rows]]                          # (uniform rows, 3)
+    for r, p, on in zip(rows, pts, nondominated_mask(pts, directions)):
+        r["front"], r["beats"] = bool(on), bool(nondominated_mask(np.vstack([uniform, p]), directions)[-1])
 
 
 def main(argv=None) -> None:
