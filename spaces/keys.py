@@ -82,6 +82,7 @@ GROUPS = ("model", "embedding", "quant", "data", "train")
 MODEL_GROUPS = ("model", "embedding")   # the keys that decide the model, hence its cost
 # quant: the quantization policy, applied after training (trainers.quantize): it decides the deployed model's
 # precision, hence its measured cost, size and top1_q, but neither the training nor the counted params and MACs.
+DEFAULT = "<the default>"   # Key.before of a key whose default is what configs meant before it existed
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,14 @@ class Key:
     families: tuple[str, ...] = ()    # model families it applies to (empty: all); else it is null
     report: bool = False            # a column of the report's trial tables
     required: bool = False
+    before: Any = DEFAULT           # what a config written before the key existed meant (spaces.upgrade)
 
     @property
     def arrow(self) -> str:
         return self.check.arrow
 
 
-def _k(name, group, check, default, doc, **kw) -> Key:
-    return Key(name, group, check, default, doc, **kw)
-
-
+_k = Key   # (name, group, check, default, doc, **the rest)
 KEYS: dict[str, Key] = {k.name: k for k in (
     # model (campaign section `model`)
     _k("model", "model", MODEL_NAME, None, "timm model: an XCiT, a ViT/DeiT with a fused qkv, or an MLP-Mixer",
@@ -320,7 +319,7 @@ def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
         if key.group not in groups:
             continue
         value = out.get(key.name)
-        unless = _not_applicable(key, out, groups)
+        unless = not_applicable(key, out, groups)
         if unless:
             if value is not None and not _follows_blocks(key, out):
                 raise config_error(key.name, f"null unless {unless}", value)
@@ -362,7 +361,7 @@ def _follows_blocks(key: Key, out: Mapping) -> bool:
     return any(split_block_key(k)[0] == key.applies_key for k in block_keys(out))
 
 
-def _not_applicable(key: Key, out: Mapping, groups) -> str:
+def not_applicable(key: Key, out: Mapping, groups=GROUPS) -> str:
     """Why ``key`` is null for this config ('' when it applies); reads keys filled before it."""
     family = model_family(out.get("model"))
     if key.families and family not in key.families:

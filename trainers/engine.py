@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.keys import model_keys, require_filled
 from qkvsearch.spaces.metrics import EPOCH
+from qkvsearch.spaces.upgrade import upgraded
 from qkvsearch.trainers import data as qdata
 from qkvsearch.trainers.checkpoints import STATE_FILE, STATE_FORMAT, load_state, save_state  # noqa: F401  (re-exported)
 from qkvsearch.trainers.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 @dataclass
 class Dist:
     """Where this rank runs. world_size > 1 needs an initialised torch.distributed process group."""
-
     rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -394,8 +394,8 @@ def evaluate(model, source, dist: Dist, *, batch_size: int, autocast=contextlib.
 
 
 def _check_same_model(saved: dict, cfg: dict):
-    keys = {*model_keys(saved), *model_keys(cfg)}
-    diff = {k: (saved.get(k), cfg.get(k)) for k in keys if saved.get(k) != cfg.get(k)}
+    saved = upgraded(saved)   # a checkpoint written before some keys existed: what it meant by their absence
+    diff = {k: (saved.get(k), cfg.get(k)) for k in {*model_keys(saved), *model_keys(cfg)} if saved.get(k) != cfg.get(k)}
     if diff:
         raise ValueError("checkpoint: expected the same model keys as the config, given checkpoint vs config "
                          + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in sorted(diff.items())))

@@ -44,6 +44,7 @@ from qkvsearch.spaces.choices import PRECISION_CHOICES
 from qkvsearch.spaces.keys import fill, identity, quant_policy
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.schema import violations
+from qkvsearch.spaces.upgrade import upgraded
 
 # Tune's time attribute is EPOCH: its iteration counter restarts at 1 when a trial is restored; the epoch does not.
 
@@ -169,10 +170,11 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
     """Tune function trainable (bound to `settings` with `tune.with_parameters`)."""
     from qkvsearch.trainers.loop import RunSettings, find_divergence, run_trainer
 
-    # A trial restored from a campaign launched before some keys were declared lacks them: their defaults.
-    # Its names were checked at launch: a trial whose Train workers build the model never imports timm here.
+    # A trial restored from a campaign launched before some keys were declared lacks them: the values they had
+    # before (spaces.upgrade). Its names were checked at launch: a trial whose Train workers build the model never
+    # imports timm here.
     with names_as_given():
-        cfg = fill(trial["config"])
+        cfg = fill(upgraded(trial["config"]))
     cost, measured = trial["cost"], {}
     if trial.get("duplicate_of"):
         _report_duplicate(settings, trial)

@@ -24,6 +24,7 @@ from qkvsearch.search.records.layout import (
     _parse_object,
 )
 from qkvsearch.spaces.metrics import EPOCH
+from qkvsearch.spaces.upgrade import upgraded
 from qkvsearch.storage import can_append, list_files, open_location, read_many
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,10 @@ def _parse_record(data: bytes) -> tuple[dict | None, str | None]:
     rec, problem = _parse_object(data)
     if problem is None:
         problem = _record_problem(rec)
-    return (rec, None) if problem is None else (None, problem)
+    if problem is not None:
+        return None, problem
+    rec["config"] = upgraded(rec["config"])   # written before some keys existed: what it meant by their absence
+    return rec, None
 
 
 def _record_problem(rec: dict) -> str | None:

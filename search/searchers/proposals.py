@@ -50,6 +50,7 @@ from qkvsearch.search.searchers.base import FINISHED, Searcher
 from qkvsearch.search.searchers.ledger import Ledger
 from qkvsearch.search.searchers.outcomes import outcome_of_result
 from qkvsearch.spaces.keys import identity, quant_policy
+from qkvsearch.spaces.upgrade import upgraded
 
 log = logging.getLogger(__name__)
 
@@ -257,13 +258,13 @@ def _ledger_of(state: dict) -> dict:
     identity, an evaluator per variant, outcomes by both, proposals waiting for a measurement or a training,
     live trials and their costs), identities as saved then (text before they were digests: ``_key``), and
     before policies existed no variants (every trial trained its configuration in full precision)."""
-    first = {_key(k): t for k, t in state["first"].items()}
-    outcomes = {_key(k): o for k, o in state["outcomes"].items()}
+    first = {_saved_key(k): t for k, t in state["first"].items()}
+    outcomes = {_saved_key(k): o for k, o in state["outcomes"].items()}
     variants = {_variant_key(v): t for v, t in (state.get("variants") or {}).items()} \
         or {_variant(k, {}): t for k, t in first.items()}
     variant_outcomes = {_variant_key(v): o for v, o in (state.get("variant_outcomes") or {}).items()} \
         or {_variant(k, {}): o for k, o in outcomes.items()}
-    warm = {_key(k) for k in state["warm"]}
+    warm = {_saved_key(k) for k in state["warm"]}
     live, costs = set(state["live"]), dict(state.get("costs", {}))
     records: dict[str, dict] = {}
 
@@ -284,10 +285,10 @@ def _ledger_of(state: dict) -> dict:
         if tid not in records:
             add(tid, rules.NEW, key, _variant(key, {}), outcome=outcomes.get(key))
     for parked, trial in state.get("for_trainer", []):
-        key = _key(identity(trial["config"]))
+        key = _key(identity(upgraded(trial["config"])))
         add(parked, rules.WAITING, key, _variant(key, trial["config"]), trial=trial)
     for parked, mkey, trial in state["waiting"]:
-        key = _key(identity(trial["config"]))
+        key = _key(identity(upgraded(trial["config"])))
         add(parked, rules.MEASURING, key, _variant(key, trial["config"]), trial=trial, measured=mkey)
     for tid in live - set(records):  # live trials that train nothing of their own (duplicates, invalid ones)
         add(tid, rules.DUPLICATE, None, None)
@@ -317,12 +318,19 @@ def _key(identity_text: str) -> str:
     return hashlib.blake2b(identity_text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+def _saved_key(saved: str) -> str:
+    """An identity a state saved as text (before digests): read as today's config of that training (keys added
+    since as they were before: spaces.upgrade), then its digest. Digests came after every key an identity holds
+    today existed (quantization keys are not in it), so a digest is today's."""
+    return _key(identity(upgraded(json.loads(saved)))) if saved.startswith("{") else saved
+
+
 def _variant_key(variant: str) -> str:
     """A saved variant (an identity, then its policy as JSON) with its identity as a digest."""
     if not variant.startswith("{"):
         return variant
     _, end = json.JSONDecoder().raw_decode(variant)
-    return _key(variant[:end]) + variant[end:]
+    return _saved_key(variant[:end]) + variant[end:]
 
 
 def _variant(key: str, config: dict) -> str:

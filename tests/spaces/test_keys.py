@@ -67,7 +67,7 @@ def test_defaults_are_filled_once_and_input_is_not_mutated():
     cfg = fill(given)
     assert given == MODEL
     for key in KEYS.values():
-        if keys._not_applicable(key, cfg, keys.GROUPS):   # e.g. attention on an XCiT: null
+        if keys.not_applicable(key, cfg, keys.GROUPS):   # e.g. attention on an XCiT: null
             assert cfg[key.name] is None, key.name
         elif key.default is not None and key.name not in given:
             assert cfg[key.name] == key.default, key.name

@@ -14,6 +14,7 @@ from qkvsearch.search.records import readers
 from qkvsearch.search.records.epochs_csv import epochs_csv
 from qkvsearch.search.records.layout import EPOCHS_SUFFIX, CampaignFileError
 from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.upgrade import upgraded
 
 # Documented fixed types (RESULTS_SCHEMA.md); spot-check the ones a reader relies on.
 EXPECTED_TRIAL_TYPES = {
@@ -49,7 +50,7 @@ def test_collect_one_row_per_trial_with_documented_types(tmp_path):
         requested = rec["config"]["hidden_width"]
         assert row["config_hidden_width"] == (None if requested is None else
                                               requested if isinstance(requested, str) else json.dumps(requested))
-        assert json.loads(row["config_json"]) == rec["config"]
+        assert json.loads(row["config_json"]) == upgraded(rec["config"])   # keys it lacks: as they were before
         if rec["epochs"]:
             tops = [e["top1"] for e in rec["epochs"]]
             assert row["final_top1"] == tops[-1]
@@ -245,4 +246,4 @@ def test_a_blocks_own_precision_survives_the_parquet_round_trip(tmp_path):
     back = [quant_policy({k.removeprefix("config_"): v for k, v in row.items() if k.startswith("config_")})
             for row in rows]
     assert back == [quant_policy(r["config"]) for r in records] == policies
-    assert [json.loads(row["config_json"]) for row in rows] == [r["config"] for r in records]
+    assert [json.loads(row["config_json"]) for row in rows] == [upgraded(r["config"]) for r in records]
