@@ -1,10 +1,11 @@
 """Trials: built once in the campaign's driver (search.searchers.problem.build_trial), run in their own
 process (`run_trial`).
 
-A trial is the dict Tune holds as the trial's config: ``{"config": resolved trial config, "cost": cost}``,
-or ``{"config": the raw config, "cost": {}, "invalid": message}`` when no model can be made of it. A
-trial whose configuration was trained already in the campaign (same `identity`) also carries
-``"duplicate_of": <trial id>`` and, when that trial has ended, ``"known": its outcome``: it trains nothing.
+A trial is the dict Tune holds as the trial's config: ``{"config": resolved trial config, "cost": cost,
+"kind": its proposal's kind}`` (search.searchers.ledger), or ``{"config": the raw config, "cost": {},
+"invalid": message}`` when no model can be made of it; what each kind runs is ``RUNS``. A trial whose
+configuration was trained already in the campaign (same `identity`) also carries ``"duplicate_of": <trial id>``
+and, when that trial has ended, ``"known": its outcome``: it trains nothing.
 The trial process checks the cost constraints before anything trains, runs the training through
 `trainers.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
 diverged) into a final report that the recorder and the searchers understand. A trial of several workers
@@ -38,6 +39,7 @@ from qkvsearch.search.records.layout import (
     STATUS_KEY,
 )
 from qkvsearch.search.records.readers import read_trials
+from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.spaces.blocks import block_text
 from qkvsearch.spaces.checks import names_as_given
 from qkvsearch.spaces.choices import PRECISION_CHOICES
@@ -167,31 +169,55 @@ def _report_to_tune(epochs_planned: int, measured: dict, run_dir: str):
 
 
 def run_trial(trial: dict, settings: TrialSettings) -> None:
-    """Tune function trainable (bound to `settings` with `tune.with_parameters`)."""
-    from qkvsearch.trainers.loop import RunSettings, find_divergence, run_trainer
-
+    """Tune function trainable (bound to `settings` with `tune.with_parameters`): what the trial's kind runs."""
     # A trial restored from a campaign launched before some keys were declared lacks them: the values they had
     # before (spaces.upgrade). Its names were checked at launch: a trial whose Train workers build the model never
     # imports timm here.
     with names_as_given():
         cfg = fill(upgraded(trial["config"]))
+    RUNS[trial_kind(trial)](trial, cfg, settings)
+
+
+# A trial saved by a campaign from before trials carried their ledger kind holds one of these keys instead.
+SAVED_KIND_KEYS = (("duplicate_of", rules.DUPLICATE), ("trained_by", rules.POLICY), ("invalid", rules.INVALID),
+                   ("measure_error", rules.MEASURE_ERROR))
+
+
+def trial_kind(trial: dict) -> str:
+    """The ledger's kind of a trial Tune runs (search.searchers.ledger: new, policy, duplicate, invalid or
+    measure_error); a trial saved before trials carried it is told by the key it held then."""
+    if "kind" in trial:
+        return trial["kind"]
+    return next((kind for key, kind in SAVED_KIND_KEYS if trial.get(key)), rules.NEW)
+
+
+def _run_duplicate(trial: dict, cfg: dict, settings: TrialSettings) -> None:
+    _report_duplicate(settings, trial)
+
+
+def _run_policy(trial: dict, cfg: dict, settings: TrialSettings) -> None:
+    """Another policy of a configuration trained: quantize its weights (seconds)."""
+    try:
+        run_policy(trial, cfg, settings.objectives, settings.experiment, settings.workers,
+                   int(settings.cpus_per_worker))
+    except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
+        tune.report(_terminal_report(settings, "failed", error_text(exc), {}))
+
+
+def _run_invalid(trial: dict, cfg: dict, settings: TrialSettings) -> None:
+    tune.report(_terminal_report(settings, "infeasible", trial["invalid"], {}))
+
+
+def _run_measure_error(trial: dict, cfg: dict, settings: TrialSettings) -> None:
+    tune.report(_terminal_report(settings, "failed", trial["measure_error"], {}))
+
+
+def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
+    """A trial of its own: check its constraints (measuring first where it was proposed before the driver
+    measured), then train it; the ways it can end without a usable score end it as a result."""
+    from qkvsearch.trainers.loop import RunSettings, find_divergence, run_trainer
+
     cost, measured = trial["cost"], {}
-    if trial.get("duplicate_of"):
-        _report_duplicate(settings, trial)
-        return
-    if trial.get("trained_by"):  # another policy of a configuration trained: quantize its weights (seconds)
-        try:
-            run_policy(trial, cfg, settings.objectives, settings.experiment, settings.workers,
-                       int(settings.cpus_per_worker))
-        except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
-            tune.report(_terminal_report(settings, "failed", error_text(exc), measured))
-        return
-    if trial.get("invalid"):
-        tune.report(_terminal_report(settings, "infeasible", trial["invalid"], measured))
-        return
-    if trial.get("measure_error"):
-        tune.report(_terminal_report(settings, "failed", trial["measure_error"], measured))
-        return
     broken = violations(settings.constraints, cost)
     if not broken and settings.measure.metrics and not trial.get("measured_on"):
         measured, broken = _measured(settings, cfg, cost)  # proposed before the driver measured (an older campaign)
@@ -226,6 +252,11 @@ def run_trial(trial: dict, settings: TrialSettings) -> None:
             tune.report(_terminal_report(settings, "diverged", str(diverged), measured))
         else:
             tune.report(_terminal_report(settings, "failed", error_text(exc), measured))
+
+
+# What a trial of each kind runs in its process (the kinds a proposal becomes a trial as: search.searchers.ledger).
+RUNS = {rules.NEW: _train, rules.POLICY: _run_policy, rules.DUPLICATE: _run_duplicate, rules.INVALID: _run_invalid,
+        rules.MEASURE_ERROR: _run_measure_error}
 
 
 def _measured(settings: TrialSettings, cfg: dict, cost: dict) -> tuple[dict | None, list[str]]:
