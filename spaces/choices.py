@@ -39,6 +39,9 @@ class Choice:
     rotary: bool = False                # positions: rotate q and k inside the attention
     projects_qkv: bool = True           # attention: it projects the tokens to q, k and v (FNet does not)
     tag: str = ""                       # precision: how trial names show it (fp: nothing)
+    hidden: bool = False                # embedding: a hidden layer (hidden_width sizes it; trial names show it)
+    codes: bool = False                 # embedding: trainable codes (code_size, code_sharing; trial names show them)
+    paper_width: float | None = None    # embedding: the paper's hidden width as a fraction of d (Table 1)
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,16 @@ class Family:
     needs: tuple[Need, ...] = ()
 
 
+# An embedding is a row here and its class (trainers.embeddings: how it is built, counted, quantized and laid out
+# in the supernet); every rule about embeddings reads their facts from the rows (``embeddings_with``).
 EMBEDDING_CHOICES: dict[str, Choice] = {
     "linear": Choice(_T + "embeddings:Linear", "the model's own fused nn.Linear (XCiT, timm ViT)"),
-    "sne": Choice(_T + "embeddings:SNE", "separate non-linear embedding: one 2-layer MLP each for q, k, v"),
-    "psne": Choice(_T + "embeddings:PSNE", "partially-shared: separate first layers, one shared second layer"),
-    "fsne": Choice(_T + "embeddings:FSNE", "fully-shared: one MLP for q, k, v told apart by trainable codes"),
+    "sne": Choice(_T + "embeddings:SNE", "separate non-linear embedding: one 2-layer MLP each for q, k, v",
+                  hidden=True, paper_width=0.5),
+    "psne": Choice(_T + "embeddings:PSNE", "partially-shared: separate first layers, one shared second layer",
+                   hidden=True, paper_width=0.75),
+    "fsne": Choice(_T + "embeddings:FSNE", "fully-shared: one MLP for q, k, v told apart by trainable codes",
+                   hidden=True, codes=True, paper_width=1.0),
 }
 
 POSITION_CHOICES: dict[str, Choice] = {
@@ -165,6 +173,11 @@ def model_family(model: Any, registered_prefix: str) -> str:
         return VIT
     name = model.removeprefix(registered_prefix)
     return next((f for f, fam in FAMILIES.items() if fam.prefixes and name.startswith(fam.prefixes)), VIT)
+
+
+def embeddings_with(fact: str) -> tuple[str, ...]:
+    """The embeddings whose row has ``fact`` ("hidden", "codes"): those the keys of that fact apply to."""
+    return tuple(n for n, c in EMBEDDING_CHOICES.items() if getattr(c, fact))
 
 
 def sized_by(key: str) -> tuple[str, ...]:

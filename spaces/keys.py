@@ -54,6 +54,7 @@ from qkvsearch.spaces.choices import (
     STEM_CHOICES,
     VIT,
     XCIT,
+    embeddings_with,
     sized_by,
     unmet_need,
 )
@@ -165,11 +166,11 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        report=True),
     _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
        "requested hidden width h: int, ratio of the token dim d, match (baseline params), paper (Table 1)",
-       applies_to=("sne", "psne", "fsne"), report=True),
-    _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features", applies_to=("fsne",),
+       applies_to=embeddings_with("hidden"), report=True),
+    _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features", applies_to=embeddings_with("codes"),
        report=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
-       "F-SNE codes: one set for the network, or one per block", applies_to=("fsne",), report=True),
+       "F-SNE codes: one set for the network, or one per block", applies_to=embeddings_with("codes"), report=True),
     _k("embed_class_attn", "embedding", FLAG, False, "also embed XCiT's class-attention blocks",
        section="model"),
     _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
@@ -392,7 +393,7 @@ def check_combinations(cfg: Mapping) -> None:
     if cfg.get("hidden_width") == "match" and any(split_block_key(k)[0] == "embedding" for k in block_keys(cfg)):
         raise config_error("hidden_width", "a width of the blocks' own (an int, a ratio of d, or \"paper\") with per-block "
                                     "embeddings: \"match\" solves one width for one embedding", "match")
-    if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") != "linear":
+    if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") in embeddings_with("hidden"):
         raise config_error("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
                            "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)", True)
 

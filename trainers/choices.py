@@ -18,7 +18,7 @@ from qkvsearch.spaces.keys import ConfigError
 from qkvsearch.spaces.keys import model_family as _family
 
 __all__ = ["EMBEDDINGS", "FAMILIES", "KEY_TYPES", "MIXERS", "POSITIONS", "PRECISIONS", "STEMS", "Registry",
-           "family_of"]
+           "embedding_classes", "family_of"]
 
 
 def _load(target: str) -> type:
@@ -62,3 +62,8 @@ PRECISIONS = Registry("quant", {n: c.target for n, c in PRECISION_CHOICES.items(
 def family_of(model: str) -> type:
     """The host class (trainers.hosts) of a timm model name's family."""
     return FAMILIES[_family(model)]
+
+
+def embedding_classes() -> tuple[type, ...]:
+    """Every q/k/v embedding's class (the modules a model's embeddings are instances of)."""
+    return tuple(EMBEDDINGS[name] for name in EMBEDDINGS)

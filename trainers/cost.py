@@ -39,8 +39,8 @@ from qkvsearch.trainers.architecture import Arch
 from qkvsearch.trainers.attention.fft import flop_counter
 from qkvsearch.trainers.attention.manifold import ManifoldKey
 from qkvsearch.trainers.attention.shape import Shape
-from qkvsearch.trainers.choices import EMBEDDINGS, family_of
-from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, Linear
+from qkvsearch.trainers.choices import EMBEDDINGS, embedding_classes, family_of
+from qkvsearch.trainers.embeddings import Linear
 from qkvsearch.trainers.models import (
     EmbeddingSpec,
     ModelConfig,
@@ -158,7 +158,7 @@ def model_cost(cfg: dict) -> dict:
     n = emb.code_size or 0
     embed_params = codes_params(emb, sites)
     for s, own, width in site_embeddings(emb, sites, base.params):   # each site by its block's embedding
-        if own.kind == "linear":
+        if not own.row.hidden:
             embed_params += s.linear_params
             continue
         tokens = base.tokens[s.path]
@@ -197,9 +197,9 @@ def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
     """The q/k/v embedding modules of a built model (for linear: the host's own projections)."""
     keys = [m for m in model.modules() if isinstance(m, ManifoldKey)]
     keys += [p for m in model.modules() if hasattr(m, "qkv_projections") for p in m.qkv_projections()]
-    out = [m for m in model.modules() if isinstance(m, (SNE, PSNE, FSNE))]
+    out = [m for m in model.modules() if isinstance(m, embedding_classes())]
     for s in find_sites(model):   # the host's projections still in place: the sites a linear embedding keeps
-        if s.class_attn and not spec.emb.class_attn or spec.emb.at(site_block(s)).kind != "linear":
+        if s.class_attn and not spec.emb.class_attn or spec.emb.at(site_block(s)).row.hidden:
             continue
         attn = model.get_submodule(s.path)
         out += [attn.q, attn.k, attn.v] if s.class_attn else [attn.qkv.qv if s.parts == 2 else attn.qkv]

@@ -12,9 +12,11 @@ psne       ``σ(X Wq1) Ws2``                               second layer Ws2 (h×
 fsne       ``σ((X ⊕ Cq) Ws1) Ws2``, Ws1: (d+n)×h           both layers; codes Cq, Ck, Cv ∈ R^(1×n)
 =========  =============================================  ==========================================
 
-Each kind is one class (the registry ``trainers.choices.EMBEDDINGS``) that builds itself (``build``) and
-counts one module's parameters (without codes: shared codes count once, per-block codes per module) and
-its MACs over N tokens at batch 1, as the module computes them (F-SNE in its factored form).
+Each kind is one class (the registry ``trainers.choices.EMBEDDINGS``; its facts on its row, spaces.choices) that
+builds itself (``build``), counts one module's parameters (without codes: shared codes count once, per-block
+codes per module) and its MACs over N tokens at batch 1, as the module computes them (F-SNE in its factored
+form), gives its form of plain linears for quantization (``linear_form``: trainers.embedding_forms) and the
+parts its parameters hold end to end for the supernet's slicing (``tensor_parts``).
 ``parts``: 3 embeds ``[q | k | v]``; 2 embeds ``[q | v]`` (the key is computed apart, see
 trainers.attention.manifold).
 
@@ -98,6 +100,17 @@ class SNE(nn.Module):
     def build(cls, dim, hidden, dim_out=None, activation=DEFAULT_ACTIVATION, code_size=0, codes=None, parts=3):
         return cls(dim, hidden, dim_out, activation, parts)
 
+    def linear_form(self) -> nn.Module:
+        """Its form of plain linears for quantization: the grouped second layer as one Linear per part."""
+        from qkvsearch.trainers.embedding_forms import SNELinears
+
+        return SNELinears(self)
+
+    def tensor_parts(self, child: str, leaf: str, shape) -> dict[int, tuple[int, ...]]:
+        """dim -> the sizes of the parts lying end to end along it in parameter ``child.leaf`` (the supernet's
+        slicing, trainers.supernet.layout): fc1's rows [Wq1; Wk1; Wv1], (G h, d) and (G h,)."""
+        return {0: (shape[0] // self.parts,) * self.parts} if child == "fc1" else {}
+
     @classmethod
     def params(cls, dim, hidden, dim_out=None, code_size=0, parts=3) -> int:
         o = dim if dim_out is None else dim_out
@@ -139,6 +152,10 @@ class PSNE(nn.Module):
         return cls(dim, hidden, dim_out, activation, parts)
 
     macs = classmethod(SNE.macs.__func__)   # SNE's products: one shared second-layer weight, the same matmuls
+    tensor_parts = SNE.tensor_parts          # fc1 as SNE's
+
+    def linear_form(self) -> nn.Module:
+        return self   # linears alone
 
     @classmethod
     def params(cls, dim, hidden, dim_out=None, code_size=0, parts=3) -> int:
@@ -213,6 +230,17 @@ class FSNE(nn.Module):
               codes=None, parts=3):
         return cls(dim, hidden, code_size, dim_out, activation, codes, parts)
 
+    def linear_form(self) -> nn.Module:
+        """Its form of plain linears for quantization: the first layer's token part a Linear, its code part a
+        constant."""
+        from qkvsearch.trainers.embedding_forms import FSNELinears
+
+        return FSNELinears(self)
+
+    def tensor_parts(self, child: str, leaf: str, shape) -> dict[int, tuple[int, ...]]:
+        """fc1's weight (h, d + n): the tokens' columns, then the codes'."""
+        return {1: (shape[1] - self.code_size, self.code_size)} if (child, leaf) == ("fc1", "weight") else {}
+
     @classmethod
     def params(cls, dim, hidden, dim_out=None, code_size=0, parts=3) -> int:
         """Without the codes (network-wide codes count once: trainers.models.codes_params)."""
@@ -229,6 +257,12 @@ class FSNE(nn.Module):
 class Linear(nn.Linear):
     """``linear``: the model's own fused projection (d -> parts·d_out with bias), which stays timm's
     ``nn.Linear`` in a model; this class only builds and counts one like it."""
+
+    def linear_form(self) -> nn.Module:
+        return self
+
+    def tensor_parts(self, child: str, leaf: str, shape) -> dict[int, tuple[int, ...]]:
+        return {}
 
     @classmethod
     def build(cls, dim, hidden=0, dim_out=None, activation=DEFAULT_ACTIVATION, code_size=0, codes=None, parts=3):

@@ -33,6 +33,7 @@ from torch import nn
 
 from qkvsearch.spaces.blocks import block_keys, split_block_key
 from qkvsearch.spaces.checks import PAPER_WIDTH
+from qkvsearch.spaces.choices import EMBEDDING_CHOICES, Choice
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import MODEL_GROUPS, ConfigError, fill, names
 from qkvsearch.trainers.architecture import Arch
@@ -49,8 +50,6 @@ __all__ = [
     "build_model",
     "find_sites",
 ]
-
-PAPER_WIDTH_RATIO = {"sne": 0.5, "psne": 0.75, "fsne": 1.0}  # Table 1: h as a fraction of d
 
 
 def _bad(field: str, expected: str, given: Any) -> ConfigError:
@@ -77,6 +76,11 @@ class EmbeddingSpec:
                    code_sharing=cfg["code_sharing"], activation=cfg["activation"],
                    class_attn=cfg["embed_class_attn"], width=cfg.get("width"),
                    blocks=tuple((k, cfg[k]) for k in block_keys(cfg, names("embedding"))))
+
+    @property
+    def row(self) -> Choice:
+        """The embedding's facts (spaces.choices): a hidden layer, codes, the paper's width."""
+        return EMBEDDING_CHOICES[self.kind]
 
     def at(self, block: int | None) -> EmbeddingSpec:
         """The embedding of one block's sites (None: a site outside ``blocks``): the block's own embedding and
@@ -199,13 +203,13 @@ def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int)
     "match": params(h) = host_params - Σ linear + Σ (a_s·h + b_s) + codes is affine in h; the result
     is the largest integer h with params(h) <= host_params (closed form, no search).
     """
-    if emb.kind == "linear":
+    if not emb.row.hidden:
         return 0
     if emb.width is not None:
         return emb.width
     d, w = sites[0].dim, emb.hidden_width
     if w == PAPER_WIDTH:
-        w = PAPER_WIDTH_RATIO[emb.kind]
+        w = emb.row.paper_width   # Table 1: h as a fraction of d
     if isinstance(w, float):
         h = round(w * d)
         if h < 1:
@@ -226,7 +230,7 @@ def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int)
 def codes_params(emb: EmbeddingSpec, sites: tuple[Site, ...]) -> int:
     """Code parameters of the whole network: 3·n once (shared) or per F-SNE site (per_block); 0 without an
     F-SNE site. (2·n with a manifold key: codes for q and v only.)"""
-    fsne = [s for s in sites if emb.at(site_block(s)).kind == "fsne"]
+    fsne = [s for s in sites if emb.at(site_block(s)).row.codes]
     if not fsne:
         return 0
     return fsne[0].parts * emb.code_size * (1 if emb.code_sharing == "shared" else len(fsne))
@@ -297,12 +301,12 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
                             activation=emb.activation, embed_class_attn=emb.class_attn, **dict(emb.blocks))
     codes = None
     for site, own, width in site_embeddings(emb, sites, host_params):
-        if own.kind == "linear":
+        if not own.row.hidden:
             continue
         attn = model.get_submodule(site.path)
         ref = attn.k.weight if site.class_attn else (attn.qkv.qv if site.parts == 2 else attn.qkv).weight
         with torch.device(ref.device):
-            if own.kind == "fsne" and (codes is None or emb.code_sharing == "per_block"):
+            if own.row.codes and (codes is None or emb.code_sharing == "per_block"):
                 codes = make_codes(emb.code_size, site.parts)  # (3, n); one Parameter for every shared site
             new = EMBEDDINGS[own.kind].build(site.dim, width, site.dim_out, emb.activation, emb.code_size, codes,
                                              site.parts).to(ref.dtype)

@@ -18,13 +18,9 @@ stay as trained. ``quantize_model`` swaps each quantized part's weights for torc
 that reaches no linear of the model (a part it has not, in every block or in the block named) raises ConfigError
 naming the key.
 
-torchao quantizes ``nn.Linear``. Two embeddings compute otherwise, and are first given a form of plain linears
-that computes the same outputs in floating point (``linear_forms``; tests compare them):
-- SNE's second layers are one ``GroupedLinear`` (a batched matmul of the three (h, d_out) weights): three
-  ``nn.Linear(h, d_out)``, one per q, k, v (``SNELinears``);
-- F-SNE's first layer is sliced in its forward (tokens ``W[:, :d]``, codes ``W[:, d:]``): the token part becomes
-  ``nn.Linear(d, h)`` and the code part, a constant once trained, the (parts, h) buffer ``codes_h``
-  (``FSNELinears``).
+torchao quantizes ``nn.Linear``. An embedding that computes otherwise (SNE's grouped second layers, F-SNE's sliced
+first layer) is first given its class's form of plain linears, which computes the same outputs in floating point
+(``linear_forms``; trainers.embedding_forms; tests compare them).
 The manifold key's charts are batched matmuls too: a policy on its q/k/v is refused by spaces.choices.
 
 ``weights_bytes``: the bytes of a model's state_dict as stored (torch.save writes each distinct storage once; a
@@ -35,7 +31,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from timm.models.cait import ClassAttn
 from torch import nn
 
@@ -44,7 +39,8 @@ from qkvsearch.spaces.choices import FULL_PRECISION, QUANT_PARTS
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, quant_policy
 from qkvsearch.trainers.attention.manifold import KeyedQKV
-from qkvsearch.trainers.embeddings import FSNE, SNE
+from qkvsearch.trainers.choices import embedding_classes
+from qkvsearch.trainers.embedding_forms import FSNELinears, SNELinears  # noqa: F401  (re-exported)
 from qkvsearch.trainers.models import block_of
 
 __all__ = ["FullPrecision", "Int8Dynamic", "Int8WeightOnly", "FSNELinears", "SNELinears", "linear_forms",
@@ -93,58 +89,15 @@ class Int8Dynamic(FullPrecision):
 # ---------------------------------------------------------------------------------------------- linear forms
 
 
-class SNELinears(nn.Module):
-    """SNE with its grouped second layer as one ``nn.Linear(h, d_out)`` per part: the same [q | k | v]."""
-
-    def __init__(self, sne: SNE):
-        super().__init__()
-        self.parts, self.hidden, self.dim_out = sne.parts, sne.hidden, sne.dim_out
-        self.fc1, self.act = sne.fc1, sne.act
-        self.fc2 = nn.ModuleList()
-        for p in range(sne.parts):
-            layer = nn.Linear(sne.hidden, sne.dim_out, device=sne.fc2.weight.device, dtype=sne.fc2.weight.dtype)
-            with torch.no_grad():
-                layer.weight.copy_(sne.fc2.weight[p].T)  # GroupedLinear's (h, d_out) -> Linear's (d_out, h)
-                layer.bias.copy_(sne.fc2.bias[p])
-            self.fc2.append(layer)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        hid = self.act(self.fc1(x)).view(B, N, self.parts, self.hidden)  # (B, N, 3, h)
-        return torch.cat([fc(hid[:, :, p]) for p, fc in enumerate(self.fc2)], dim=-1)  # (B, N, [q | k | v])
-
-
-class FSNELinears(nn.Module):
-    """F-SNE with its first layer split: ``nn.Linear(d, h)`` on the tokens and the codes' projection
-    ``C · Ws1[d:]`` (parts, h), fixed once trained, as a buffer; the second layer as it is."""
-
-    def __init__(self, fsne: FSNE):
-        super().__init__()
-        self.parts, self.dim_out = fsne.parts, fsne.dim_out
-        w = fsne.fc1.weight
-        self.fc1 = nn.Linear(fsne.dim, fsne.hidden, device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            self.fc1.weight.copy_(w[:, : fsne.dim])          # (h, d): the tokens' columns
-            self.fc1.bias.copy_(fsne.fc1.bias)
-            self.register_buffer("codes_h", F.linear(fsne.codes, w[:, fsne.dim:]).detach().clone())  # (3, h)
-        self.act, self.fc2 = fsne.act, fsne.fc2
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        hid = self.act(self.fc1(x).unsqueeze(2) + self.codes_h)  # (B, N, 3, h)
-        return self.fc2(hid).reshape(B, N, self.parts * self.dim_out)  # (B, N, [q | k | v])
-
-
-LINEAR_FORMS: dict[type, type] = {SNE: SNELinears, FSNE: FSNELinears}   # embeddings that are not linears alone
-
-
 def linear_forms(model: nn.Module) -> nn.Module:
-    """Replace, in place, every embedding of LINEAR_FORMS by its form of plain linears (same outputs in fp)."""
+    """Replace, in place, every q/k/v embedding by its form of plain linears (its class's ``linear_form``: the
+    same outputs in fp; an embedding of linears alone is its own)."""
+    kinds = embedding_classes()
     for path, module in list(model.named_modules()):
-        form = LINEAR_FORMS.get(type(module))
-        if form is not None:
+        form = module.linear_form() if isinstance(module, kinds) else module
+        if form is not module:
             parent, _, leaf = path.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, leaf, form(module))
+            setattr(model.get_submodule(parent) if parent else model, leaf, form)
     return model
 
 

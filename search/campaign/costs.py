@@ -19,6 +19,7 @@ import logging
 
 from qkvsearch.spaces import SpecError, base_config, dimensions
 from qkvsearch.spaces.blocks import split_block_key
+from qkvsearch.spaces.choices import EMBEDDING_CHOICES
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.keys import (
     ARCHITECTURE_KEYS,
@@ -225,7 +226,7 @@ def format_table(rows: list[dict], as_csv: bool = False) -> str:
               + (f"{'params':>9} {'rule':>9} {'paper':>9}  " if paper else "") + f"{'feasible':<9} architecture")
     lines = [header, "-" * len(header)]
     for r in rows:
-        width = "-" if r["embedding"] == "linear" else f"{r['width']} ({r['hidden_width']})"
+        width = f"{r['width']} ({r['hidden_width']})" if EMBEDDING_CHOICES[r["embedding"]].hidden else "-"
         counts = " ".join(f"{'-' if r[k] is None else f'{r[k]:,}':>9}"
                           for k in ("params", "params_rule", "params_paper")) + "  " if paper else ""
         lines.append(f"{r['model']:<24} {r['embedding']:<9} {width:>15} {r['code_size'] or '-':>5} "

@@ -42,7 +42,7 @@ from qkvsearch.search.records.readers import read_trials
 from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.spaces.blocks import block_text
 from qkvsearch.spaces.checks import names_as_given
-from qkvsearch.spaces.choices import PRECISION_CHOICES
+from qkvsearch.spaces.choices import EMBEDDING_CHOICES, PRECISION_CHOICES
 from qkvsearch.spaces.keys import fill, identity, quant_policy
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.schema import violations
@@ -78,7 +78,7 @@ def trial_name(cfg: dict, trial_id: str) -> str:
     parts = [block_text(cfg, "embedding")]
     if cfg.get("width"):
         parts.append(f"h{cfg['width']}")
-    if cfg.get("embedding") == "fsne":
+    if getattr(EMBEDDING_CHOICES.get(cfg.get("embedding")), "codes", False):   # its codes, as its row says
         parts += [f"c{cfg['code_size']}", str(cfg["code_sharing"]).replace("_", "")]
     parts += [f"{k.removeprefix('quant_')}.{PRECISION_CHOICES[v].tag or v}" for k, v in quant_policy(cfg).items()]
     return "-".join(parts + [trial_id.rsplit("_", 1)[-1]])

@@ -56,17 +56,16 @@ def _branch_value(cfg: dict, key: str, block: int | None):
 
 def parts(model: nn.Module, name: str, shape: torch.Size) -> tuple[tuple[int, ...], ...]:
     """(per dim) the sizes of the parts that lie end to end along it in parameter ``name`` of ``model``."""
-    from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE
+    from qkvsearch.trainers.choices import embedding_classes
 
     out = [(s,) for s in shape]
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner) if owner else model
     parent_path, _, child = owner.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
-    if isinstance(parent, (SNE, PSNE)) and child == "fc1":                  # [Wq1; Wk1; Wv1]: (G h, d), (G h,)
-        out[0] = _equal(shape[0], parent.parts)
-    elif isinstance(parent, FSNE) and child == "fc1" and leaf == "weight":  # (h, d + n): tokens, then codes
-        out[1] = (shape[1] - parent.code_size, parent.code_size)
+    if isinstance(parent, embedding_classes()):                             # each embedding's own layout
+        for dim, sizes in parent.tensor_parts(child, leaf, shape).items():
+            out[dim] = sizes
     elif isinstance(module, nn.Linear) and child in ("qkv", "qv"):          # fused: (G d, d), (G d,)
         groups = module.out_features // module.in_features
         if groups * module.in_features == module.out_features and groups > 1:

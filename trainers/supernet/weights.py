@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from qkvsearch.spaces.blocks import base_key, block_key, block_keys, is_block_key_of, split_block_key
+from qkvsearch.spaces.choices import EMBEDDING_CHOICES
 from qkvsearch.spaces.keys import identity, model_keys
 from qkvsearch.trainers.supernet.layout import cut, fits, master_key, parts, place
 from qkvsearch.trainers.supernet.layout import widest as widest_layout
@@ -272,15 +273,16 @@ def _block_covers(configs: list[dict], picks: list[dict]) -> list[dict]:
         plain = {k: v for k, v in pick.items() if not split_block_key(k)} | {"depth": depth or pick.get("depth")}
         codes = {"code_size": code_size, "code_sharing": pick.get("code_sharing") or sharing}
         for kind in kinds:
-            plain |= codes if kind == "fsne" else dict.fromkeys(codes)   # F-SNE's keys, null for the others
+            row = EMBEDDING_CHOICES[kind]
+            plain |= codes if row.codes else dict.fromkeys(codes)   # the code keys, null for an embedding without
             width = {"embedding": kind, "hidden_width": None, "width": 0}
-            if kind != "linear":
+            if row.hidden:
                 solved = {w: model_cost({**plain, "embedding": kind, "hidden_width": w, "width": None})["width"]
                           for w in requested}
                 hw = max(solved, key=lambda w: solved[w])
                 width = {"embedding": kind, "hidden_width": hw, "width": solved[hw]}
             other = next((k for k in kinds if k != kind), kind)
-            shared = kind == "fsne" and plain.get("code_sharing") == "shared"
+            shared = row.codes and plain.get("code_sharing") == "shared"
             for first in range(plain["depth"] or 1) if shared else (0,):
                 out.append({**plain, **width, **{block_key("embedding", b): other for b in range(first)}})
     return out
