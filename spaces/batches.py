@@ -1,5 +1,5 @@
 """How a trial's global batch is split over its workers and accumulation steps (the train keys batch_size,
-batch_per_worker, mixup and cutmix together)."""
+batch_per_worker, mixup and cutmix together), and the batch it is evaluated at."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -22,3 +22,8 @@ def batch_plan(cfg: Mapping, world_size: int) -> tuple[int, int]:
     if (cfg["mixup"] > 0 or cfg["cutmix"] > 0) and bpw % 2:
         raise config_error("batch_per_worker", "an even number when mixup or cutmix is on (timm Mixup pairs images)", bpw)
     return bpw, batch // (world_size * bpw)
+
+
+def eval_batch(batch_per_worker: int) -> int:
+    """Images per evaluation batch: no gradients are kept, so twice the training batch, and at least 128."""
+    return max(2 * batch_per_worker, 128)

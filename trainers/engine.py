@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qkvsearch.spaces.batches import batch_plan
+from qkvsearch.spaces.batches import batch_plan, eval_batch
 from qkvsearch.spaces.keys import model_keys, require_filled
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.upgrade import upgraded
@@ -305,11 +305,6 @@ def epoch_peak_memory(device: torch.device) -> dict:
 # for the device: on CUDA a read per update keeps the GPU idle while the host queues the next step.
 CHECK_EVERY = {"cuda": 25}
 CHECK_EVERY_DEFAULT = 1  # CPU: the read is free, and a NaN is caught before any update applies it
-
-
-def eval_batch(batch_per_worker: int) -> int:
-    """Images per evaluation batch: no gradients are kept, so twice the training batch, and at least 128."""
-    return max(2 * batch_per_worker, 128)
 
 
 def train_one_epoch(run: Run) -> dict:

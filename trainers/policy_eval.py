@@ -9,10 +9,10 @@ import io
 
 import torch
 
-from qkvsearch.spaces.batches import batch_plan
+from qkvsearch.spaces.batches import batch_plan, eval_batch
 from qkvsearch.storage import read_bytes
 from qkvsearch.trainers import data as qdata
-from qkvsearch.trainers.engine import Dist, autocast_context, eval_batch, evaluate, load_state
+from qkvsearch.trainers.engine import Dist, autocast_context, evaluate, load_state
 from qkvsearch.trainers.quantize import quantize_model
 
 __all__ = ["evaluate_policy", "trained_weights"]
@@ -29,7 +29,7 @@ def trained_weights(path: str) -> dict:
 def evaluate_policy(cfg: dict, weights: dict, device, workers: int = 1) -> dict:
     """{"top1", "top5", "val_loss"} of the filled config's model with trained ``weights`` (another trial's,
     of the same training identity), quantized under the config's policy, over the validation split on
-    ``device``, at the evaluation batch its training used (trainers.engine.eval_batch)."""
+    ``device``, at the evaluation batch its training used (spaces.batches.eval_batch)."""
     from qkvsearch.trainers import build_model
 
     device = torch.device(device)

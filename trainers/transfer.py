@@ -82,6 +82,7 @@ def ood_evaluation(cfg: dict, checkpoint: str, ood_sets: list[dict], kind: str) 
     """The model of a filled config with the weights at ``checkpoint``, on its dataset's test split (the
     in-distribution) and each OOD set ({"name", "format", "path"}): {"top1", "per_set": {name: metrics},
     **the metrics' means over the sets}, percent."""
+    from qkvsearch.spaces.batches import eval_batch
     from qkvsearch.trainers import build_model
     from qkvsearch.trainers.data import check_dataset, load_data
     from qkvsearch.trainers.data_sources import ood_source
@@ -91,7 +92,7 @@ def ood_evaluation(cfg: dict, checkpoint: str, ood_sets: list[dict], kind: str) 
     model = build_model(cfg)
     model.load_state_dict(read_weights(checkpoint))
     model.to(device).eval()
-    batch = max(2 * cfg["batch_size"], 128)
+    batch = eval_batch(cfg["batch_size"])   # one process scores the whole split: the global batch's rule
     _, id_source = load_data(cfg)
     id_scores, correct = _score_source(model, id_source, device, kind, batch)
     per_set = {}

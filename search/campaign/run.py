@@ -35,6 +35,7 @@ from qkvsearch.search.campaign.recording import TrialRecorder
 from qkvsearch.search.campaign.retention import retention_callback
 from qkvsearch.search.campaign.tracking import study_storage, tracking_callbacks
 from qkvsearch.search.campaign.tune_settings import applied as tune_settings_applied
+from qkvsearch.search.campaign.tune_settings import environment
 from qkvsearch.search.cluster.capacity import Cluster
 from qkvsearch.search.cluster.local_ray import TRIAL_SLOT
 from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY, TRAIN_RUNS_DIR
@@ -236,17 +237,8 @@ os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
 def _tune_environment(verbose: bool):
     """Tune's console output while it runs the campaign: its tables with --verbose, else nothing (its newer
     output prints an experiment header at any verbosity; its older reporter prints nothing at verbosity 0)."""
-    settings = {} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"}
-    before = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
+    with environment({} if verbose else {"RAY_AIR_NEW_OUTPUT": "0"}):
         yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _early_stages(spec, exp: str, settings: TrialSettings) -> list:

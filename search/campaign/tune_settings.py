@@ -69,15 +69,24 @@ def applied():
     is put back after) and, with Tune's loggers off, their missing files not reported. Under
     QKVSEARCH_TUNE_DEFAULTS=1: nothing."""
     env = tune_env()
-    before = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
     analysis, dropping = logging.getLogger(ANALYSIS_LOGGER), _DropMissingMetrics()
     if env.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS") == "1":
         analysis.addFilter(dropping)
     try:
-        yield
+        with environment(env):
+            yield
     finally:
         analysis.removeFilter(dropping)
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]):
+    """``env`` in the process environment for as long as the block runs; what was there before is put back."""
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -85,4 +94,4 @@ def applied():
                 os.environ[key] = value
 
 
-__all__ = ["DEFAULTS_ENV", "TUNE_ENV", "applied", "tune_defaults", "tune_env"]
+__all__ = ["DEFAULTS_ENV", "TUNE_ENV", "applied", "environment", "tune_defaults", "tune_env"]
