@@ -125,7 +125,7 @@ def default_settings(curves: Curves) -> list[Setting]:
 
 def build_scheduler(setting: Setting, curves: Curves):
     """The scheduler a campaign builds for this setting (search.scheduling.tune_schedulers.make_scheduler)."""
-    from qkvsearch.search.scheduling.tune_schedulers import make_scheduler
+    from qkvsearch.search.scheduling.tune_schedulers import SCHEDULERS, make_scheduler
 
     if setting.type == "fifo":
         return make_scheduler("fifo", max_t=curves.max_t)
@@ -146,7 +146,10 @@ def build_scheduler(setting: Setting, curves: Curves):
                            f"objectives for asha, given {', '.join(curves.metrics)}")
         mode = modes.get(metric) or ("min" if metric.endswith("loss") else "max")
         return make_scheduler("asha", metric=metric, mode=mode, **common)
-    return make_scheduler("moasha", metrics=curves.metrics, modes=curves.directions, shares=setting.shares, **common)
+    if setting.type not in SCHEDULERS:
+        raise BadInput(f"schedulers: expected one of {', '.join(SCHEDULERS)}, given {setting.label}")
+    return make_scheduler(setting.type, metrics=curves.metrics, modes=curves.directions, shares=setting.shares,
+                          **common)
 
 
 # ---------------------------------------------------------------------------------------- simulation

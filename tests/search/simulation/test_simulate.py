@@ -11,7 +11,7 @@ from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.cli import main
 from qkvsearch.search.scheduling.tune_schedulers import MOASHAScheduler
 from qkvsearch.search.simulation.curves import curves_from_frame, load_source
-from qkvsearch.search.simulation.replay import Setting, compare, default_settings, simulate
+from qkvsearch.search.simulation.replay import Setting, build_scheduler, compare, default_settings, simulate
 from qkvsearch.spaces.errors import BadInput
 
 TWO = [("top1", "max"), ("params_m", "min")]
@@ -83,6 +83,8 @@ def test_schedulers_are_the_campaigns_own_classes_and_stop_early():
     assert [equal.bracket_of(f"sim_{k:05d}") for k in range(6)] == [0, 1, 0, 1, 0, 1]
     fifo = simulate(curves, Setting("fifo"), concurrency=4, seed=0)
     assert fifo.complete == len(curves) and fifo.final_hv == pytest.approx(curves.grid_hv)
+    with pytest.raises(BadInput, match="expected one of fifo, asha, moasha, given pbt"):
+        build_scheduler(Setting("pbt"), curves)   # a type the campaign cannot build is not simulated as another
 
 
 @pytest.mark.timeout(120)  # about a second (benchmarks/bench_search.py times it)
