@@ -12,20 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 from timm.layers import Attention, PatchEmbed
 from torch import nn
 
 from qkvsearch.spaces.choices import POSITION_CHOICES
 from qkvsearch.spaces.keys import ATTENTION_SIZE_KEY, KEYS, MACRO_KEYS, ConfigError
-from qkvsearch.trainers.attention.manifold import KeyedQKV, ManifoldKey
 from qkvsearch.trainers.attention.positions import Learned
 from qkvsearch.trainers.attention.shape import Shape
 from qkvsearch.trainers.attention.softmax import Softmax
 from qkvsearch.trainers.attention.stems import LinearStem
 from qkvsearch.trainers.choices import KEY_TYPES, MIXERS, POSITIONS, STEMS
 
-__all__ = ["Arch", "add_manifold_keys", "vit_stage"]
+__all__ = ["Arch", "install_key", "vit_stage"]
 
 # the declared defaults: timm's own choices (nothing is passed to timm), also where a key does not apply
 DEFAULTS = {k: KEYS[k].default for k in ("attention", "pos_embed", "patch_embed", "key")}
@@ -137,15 +135,7 @@ def vit_stage(host: nn.Module) -> Shape:
     return replace(s, plain=plain and pos is not None and pos.numel() == Learned.params(s))
 
 
-def add_manifold_keys(model: nn.Module, arch: Arch) -> None:
-    """Put a manifold key into every fused-qkv self-attention: qkv -> KeyedQKV(Linear(d, 2d), key)."""
-    if arch.key_class is not ManifoldKey:
-        return
-    for _path, m in list(model.named_modules()):
-        qkv = getattr(m, "qkv", None)
-        if isinstance(qkv, nn.Linear) and qkv.out_features == 3 * qkv.in_features:
-            d = qkv.in_features
-            with torch.device(qkv.weight.device):
-                qv = nn.Linear(d, 2 * d, bias=qkv.bias is not None)
-                key = ManifoldKey(d, arch.key_charts, arch.key_aggregation, arch.key_context)
-            m.qkv = KeyedQKV(qv.to(qkv.weight.dtype), key.to(qkv.weight.dtype))
+def install_key(model: nn.Module, arch: Arch) -> None:
+    """Put the config's key design into a built host's fused-qkv attentions: its class installs itself
+    (trainers.attention.manifold: the shared key puts nothing, a manifold key one per attention)."""
+    arch.key_class.install(model, arch)

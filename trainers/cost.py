@@ -37,9 +37,8 @@ from torch import nn
 from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers.architecture import Arch
 from qkvsearch.trainers.attention.fft import flop_counter
-from qkvsearch.trainers.attention.manifold import ManifoldKey
 from qkvsearch.trainers.attention.shape import Shape
-from qkvsearch.trainers.choices import EMBEDDINGS, embedding_classes, family_of
+from qkvsearch.trainers.choices import EMBEDDINGS, KEY_TYPES, MIXERS, embedding_classes, family_of
 from qkvsearch.trainers.embeddings import Linear
 from qkvsearch.trainers.models import (
     EmbeddingSpec,
@@ -195,8 +194,8 @@ def resolve_trial(cfg: dict) -> tuple[dict, dict]:
 
 def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
     """The q/k/v embedding modules of a built model (for linear: the host's own projections)."""
-    keys = [m for m in model.modules() if isinstance(m, ManifoldKey)]
-    keys += [p for m in model.modules() if hasattr(m, "qkv_projections") for p in m.qkv_projections()]
+    keys = [m for m in model.modules() if isinstance(m, tuple(KEY_TYPES.values()))]   # keys of their own
+    keys += [p for m in model.modules() if isinstance(m, tuple(MIXERS.values())) for p in m.qkv_projections()]
     out = [m for m in model.modules() if isinstance(m, embedding_classes())]
     for s in find_sites(model):   # the host's projections still in place: the sites a linear embedding keeps
         if s.class_attn and not spec.emb.class_attn or spec.emb.at(site_block(s)).row.hidden:

@@ -10,7 +10,7 @@ model with the architecture keys, and what of it the registered classes replace.
   ``depth`` is its ``num_blocks``, ``mlp_ratio`` its channel-mixing and ``token_mlp_ratio`` its
   token-mixing hidden width over d (timm's ``mlp_ratio=(tokens, channels)``). A stem other than
   ``linear`` replaces timm's ``stem`` (then timm's initialisation runs again over the whole model).
-Every family then puts the manifold keys into the fused-qkv attentions (``add_manifold_keys``).
+Every family then puts the manifold keys into the fused-qkv attentions (``install_key``).
 
 ``substitutions(arch, stage, blocks)``: for the cost model (trainers.cost), the registered classes whose
 counts replace those of timm's default choices in the counted default model: (default class, chosen
@@ -30,7 +30,7 @@ from torch import nn
 
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import ConfigError
-from qkvsearch.trainers.architecture import Arch, add_manifold_keys, vit_stage
+from qkvsearch.trainers.architecture import Arch, install_key, vit_stage
 from qkvsearch.trainers.attention.positions import Learned
 from qkvsearch.trainers.attention.shape import Shape
 from qkvsearch.trainers.attention.softmax import Softmax
@@ -67,7 +67,7 @@ class Host:
     @classmethod
     def create(cls, model: str, arch: Arch, kwargs: dict) -> nn.Module:
         host = timm_model(model, {**kwargs, **cls.timm_kwargs(arch)}, arch.num_heads)
-        add_manifold_keys(host, arch)
+        install_key(host, arch)
         return host
 
     @classmethod
@@ -109,7 +109,7 @@ class ViT(Host):
             s = cls.stage(cls.read_stage(probe), arch, model)
             kwargs.update(arch.vit_kwargs(s))
         host = timm_model(model, kwargs, arch.num_heads)
-        add_manifold_keys(host, arch)
+        install_key(host, arch)
         return host
 
     @classmethod

@@ -39,7 +39,7 @@ from qkvsearch.spaces.choices import FULL_PRECISION, QUANT_PARTS
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, quant_policy
 from qkvsearch.trainers.attention.manifold import KeyedQKV
-from qkvsearch.trainers.choices import embedding_classes
+from qkvsearch.trainers.choices import MIXERS, embedding_classes
 from qkvsearch.trainers.embedding_forms import FSNELinears, SNELinears  # noqa: F401  (re-exported)
 from qkvsearch.trainers.models import block_of
 
@@ -113,9 +113,10 @@ def part_linears(model: nn.Module) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {k: [] for k in QUANT_KEYS}
     for path, m in model.named_modules():
         qkv = getattr(m, "qkv", None)
-        if hasattr(m, "qkv_projections"):                   # linformer_shared_kv: q and the shared k/v head
+        own = m.qkv_projections() if isinstance(m, tuple(MIXERS.values())) else []
+        if own:                                             # linformer_shared_kv: q and the shared k/v head
             names = {id(p): n for n, p in m.named_modules()}
-            out["quant_qkv"] += [f"{path}.{names[id(p)]}" for p in m.qkv_projections()]
+            out["quant_qkv"] += [f"{path}.{names[id(p)]}" for p in own]
         elif isinstance(m, ClassAttn):                      # timm's class attention: q, k, v apart
             out["quant_qkv"] += [f"{path}.{n}" for n in ("q", "k", "v")]
         elif isinstance(qkv, KeyedQKV):                     # a manifold key: q/v embedding only (key refused)

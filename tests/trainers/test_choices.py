@@ -56,6 +56,9 @@ def test_each_registry_holds_exactly_the_names_spaces_checks(key):
         assert isinstance(registry[name], type), name
     with pytest.raises(ValueError, match=f'^{key}: expected one of .*given "nope"'):
         registry["nope"]
+    declared = {"attention": ("layer", "qkv_projections"), "key": ("build", "install"),   # what the model and its
+                "embedding": ("build", "linear_form", "tensor_parts")}.get(key, ())          # cost call on a class
+    assert all(callable(getattr(registry[name], m, None)) for name in registry for m in declared), key
 
 
 def test_the_model_families_resolve_and_are_told_by_name():

@@ -62,6 +62,12 @@ class QKVAttention(Attention, Counted):
     def init_mixer(self, device=None, dtype=None) -> None:
         """Parameters and buffers the product adds (after qkv and proj, so the draws keep their order)."""
 
+    def qkv_projections(self) -> list[torch.nn.Module]:
+        """Its q/k/v projections other than a fused ``qkv`` (which the model's sites, embeddings and keys hold):
+        counted as its model's q/k/v embedding and quantized as ``quant_qkv``. Every token mixer declares it
+        (tests/trainers/test_choices.py); none here."""
+        return []
+
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None,
             is_causal: bool = False) -> torch.Tensor:
         raise NotImplementedError

@@ -21,6 +21,10 @@ class FNet(nn.Module, Counted):
         super().__init__()
         self.dim = dim
 
+    def qkv_projections(self) -> list[nn.Module]:
+        """No q, k or v: it mixes tokens by Fourier transforms."""
+        return []
+
     def forward(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
         return torch.fft.fft2(x.float(), dim=(-2, -1)).real.type_as(x)
 

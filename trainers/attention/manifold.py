@@ -51,6 +51,10 @@ class SharedKey(Counted):
     def build(cls, s: Shape) -> None:
         return None
 
+    @classmethod
+    def install(cls, model: nn.Module, arch) -> None:
+        """Put this key into a built host's attentions (architecture.Arch ``arch``): nothing to put."""
+
 
 class ManifoldKey(nn.Module, Counted):
     parts: ClassVar[int] = 2   # the embedding makes [q | v]; this module the key
@@ -98,6 +102,18 @@ class ManifoldKey(nn.Module, Counted):
     @classmethod
     def build(cls, s: Shape) -> ManifoldKey:
         return cls(s.dim, s.charts, s.aggregation, s.context)
+
+    @classmethod
+    def install(cls, model: nn.Module, arch) -> None:
+        """Put a manifold key into every fused-qkv self-attention: qkv -> KeyedQKV(Linear(d, 2d), key)."""
+        for _path, m in list(model.named_modules()):
+            qkv = getattr(m, "qkv", None)
+            if isinstance(qkv, nn.Linear) and qkv.out_features == 3 * qkv.in_features:
+                d = qkv.in_features
+                with torch.device(qkv.weight.device):
+                    qv = nn.Linear(d, 2 * d, bias=qkv.bias is not None)
+                    key = cls(d, arch.key_charts, arch.key_aggregation, arch.key_context)
+                m.qkv = KeyedQKV(qv.to(qkv.weight.dtype), key.to(qkv.weight.dtype))
 
     @classmethod
     def params(cls, s: Shape) -> int:
