@@ -29,7 +29,8 @@ measured against the subnets retrained on their own, beside the retraining's own
               top-1 carries the inherited one) or are too few
           hv_inherited, hv_standalone: the chosen subnets' hypervolume on the campaign's objectives (its fixed
               reference, search.analysis.hv_reference), with inherited and with standalone top-1
-A figure that needs more points than there are is null, and the section says why.
+A figure that needs more points than there are is null, and the section says why. The section's plots are drawn
+from the subnets.parquet rows (search.analysis.oneshot_figures).
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from qkvsearch.search.analysis.figures import figures_html
+from qkvsearch.search.analysis.oneshot_figures import oneshot_figures
 from qkvsearch.search.analysis.pareto import hypervolume
 from qkvsearch.search.analysis.results import config_columns
 from qkvsearch.search.records import inherited
@@ -222,11 +225,13 @@ def measure(df: pd.DataFrame, objectives, reference) -> dict:
     return out
 
 
-def fidelity_report(exp: str, out: str, campaign, trials: pa.Table, report_md: str, reference) -> dict[str, str]:
+def fidelity_report(exp: str, out: str, campaign, trials: pa.Table, report_md: str,
+                    reference) -> tuple[dict[str, str], dict[str, dict]]:
     """The one-shot part of a campaign's report (none for another campaign): subnets.parquet, fidelity.json,
-    and the section appended to report.md and pareto.html."""
+    and the section appended to report.md and pareto.html, its figures after the page's own (plotly.js is
+    inlined there already). -> ({name: written path}, the section's figures by name, for the static export)."""
     if not getattr(campaign.spec, "supernet", None):
-        return {}
+        return {}, {}
     df = subnet_table(exp, trials)
     figures = measure(df, campaign.objectives, reference)
     sink = io.BytesIO()
@@ -235,14 +240,16 @@ def fidelity_report(exp: str, out: str, campaign, trials: pa.Table, report_md: s
     write_bytes(paths["subnets"], sink.getvalue())
     write_json(paths["fidelity"], figures)
     lines = section_lines(figures)
+    plots = oneshot_figures(df, campaign.objectives, lines[1], campaign.spec.space.keys)
     write_bytes(report_md, read_bytes(report_md) + ("\n## One-shot fidelity\n\n" + "\n".join(f"- {line}" for line in lines)
                                                     + "\n").encode("utf-8"))
     page = f"{report_md.rsplit('/', 1)[0]}/pareto.html"
     head, sep, tail = read_bytes(page).rpartition(b"</body>")
     if sep:
         items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-        write_bytes(page, head + f"<h2>One-shot fidelity</h2><ul>{items}</ul>".encode() + sep + tail)
-    return paths
+        divs = "".join(f"<div class='fig'>{div}</div>" for div in figures_html(plots, plotlyjs=False))
+        write_bytes(page, head + f"<h2>One-shot fidelity</h2><ul>{items}</ul>{divs}".encode() + sep + tail)
+    return paths, plots
 
 
 def _fig(v, fmt: str = ".2f") -> str:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from qkvsearch.search.analysis.front import FrontInfo, rows
+from qkvsearch.search.analysis.markers import BASELINE, baseline_marker, shared_note, spread, title_note
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.storage import loads_json
 
@@ -87,15 +88,15 @@ def hover_texts(info: FrontInfo) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- parts
-def _color(emb: str, order: list[str]) -> str:
+def embed_color(emb: str, order: list[str]) -> str:
     return EMBED_COLORS.get(emb) or EXTRA_COLORS[order.index(emb) % len(EXTRA_COLORS)]
 
 
-def _title(metric: str) -> str:
+def axis_title(metric: str) -> str:
     return AXIS_TITLES.get(metric, metric)
 
 
-def _numbers(values) -> dict | list:
+def numbers(values) -> dict | list:
     """(n,) numbers (Series, array) -> plotly.js typed array: float64, base64, missing -> NaN (a gap)."""
     if isinstance(values, pd.Series):
         values = values.to_numpy(dtype="float64", na_value=np.nan)
@@ -113,7 +114,7 @@ def _template() -> dict:
     return pio.templates["plotly_white"].to_plotly_json()
 
 
-def _layout(title: str, height: int, **axes) -> dict:
+def figure_layout(title: str, height: int, **axes) -> dict:
     """Layout with the report's template; ``axes``: xaxis=..., yaxis=... axis titles, or a scene."""
     out = {"template": _template(), "title": {"text": title}, "height": height}
     for name, value in axes.items():
@@ -121,27 +122,45 @@ def _layout(title: str, height: int, **axes) -> dict:
     return out
 
 
-def _scatter_traces(df: pd.DataFrame, groups: dict, xcol: str, ycol: str, zcol: str | None = None) -> list[dict]:
-    """One trace per (embedding, status) of ``groups`` ({(emb, status): row positions}, sorted):
-    colour = embedding, symbol = status; rows missing a coordinate are left out."""
+def placed(df: pd.DataFrame, axes: dict[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Where a figure draws each row of ``df`` (its "hover" column the rows' texts): ({axis: (n,) float64, NaN
+    where missing; "shared": (n,) how many other rows share the row's point}, with x moved apart where points
+    coincide (search.analysis.markers), and each row's hover text, noting the points drawn side by side)."""
+    coords = {a: df[c].to_numpy(dtype="float64", na_value=np.nan) for a, c in axes.items()}
+    coords["x"], shared = spread([coords["x"], *(v for a, v in coords.items() if a != "x")])
+    hover = df["hover"].tolist()
+    for i in np.flatnonzero(shared):
+        hover[i] += shared_note(int(shared[i]))
+    coords["shared"] = shared
+    return coords, hover
+
+
+def _scatter_traces(df: pd.DataFrame, groups: dict, coords: dict[str, np.ndarray], hover: list[str]) -> list[dict]:
+    """One trace per (embedding, status) of ``groups`` ({(emb, status): row positions}, sorted) at ``coords``
+    (placed): colour = embedding, symbol = status, the baseline's own marker; rows missing a coordinate are left
+    out."""
     traces = []
     embeds = sorted(df["embedding"].unique())
-    axes = {"x": xcol, "y": ycol, **({"z": zcol} if zcol else {})}
-    coords = {a: df[c].to_numpy(dtype="float64", na_value=np.nan) for a, c in axes.items()}
-    present = np.logical_and.reduce([~np.isnan(v) for v in coords.values()])  # (n,)
-    hover, ids = df["hover"].to_numpy(dtype=object), df["trial_id"].to_numpy(dtype=object)
+    axes = {a: v for a, v in coords.items() if a in ("x", "y", "z")}
+    three_d = "z" in axes
+    present = np.logical_and.reduce([~np.isnan(v) for v in axes.values()])  # (n,)
+    hover, ids = np.asarray(hover, dtype=object), df["trial_id"].to_numpy(dtype=object)
     for (emb, status), at in groups.items():
         at = at[present[at]]
         if at.size == 0:
             continue
         symbol = STATUS_SYMBOLS.get(status, "circle")
-        if zcol is not None and symbol not in SYMBOLS_3D:
+        if three_d and symbol not in SYMBOLS_3D:
             symbol = "diamond"  # 3-D markers have fewer symbols
-        marker = {"color": _color(emb, embeds), "symbol": symbol, "size": 7 if zcol is None else 4, "opacity": 0.85}
-        trace = {"type": "scatter" if zcol is None else "scatter3d", "name": f"{emb} · {status}", "legendgroup": emb,
+        marker = {"color": embed_color(emb, embeds), "symbol": symbol, "size": 4 if three_d else 7, "opacity": 0.85}
+        name = f"{emb} · {status}"
+        if emb == BASELINE:
+            marker |= baseline_marker(status == "completed", three_d)
+            name = f"{emb} (baseline) · {status}"
+        trace = {"type": "scatter3d" if three_d else "scatter", "name": name, "legendgroup": emb,
                  "mode": "markers", "marker": marker, "hovertext": hover[at].tolist(), "hoverinfo": "text",
                  "customdata": ids[at].tolist()}
-        traces.append(trace | {a: _numbers(v[at]) for a, v in coords.items()})
+        traces.append(trace | {a: numbers(v[at]) for a, v in axes.items()})
     return traces
 
 
@@ -156,38 +175,43 @@ def _pair_figure(info: FrontInfo, groups, j: int, paper: pd.DataFrame | None) ->
     """objectives[0] (y) against objectives[j] (x): all trials, the full front, the 2-D staircase."""
     df, metrics, dirs = info.trials, info.metrics, info.directions
     xcol, ycol = info.columns[j], info.columns[0]
-    data = _scatter_traces(df, groups, xcol, ycol)
-    front = rows(df, df["on_front"], [xcol, ycol, "hover", "trial_id"])
-    data.append({"type": "scatter", "x": _numbers(front[xcol]), "y": _numbers(front[ycol]), "mode": "markers",
-                 "name": "Pareto front (all objectives)",
+    coords, hover = placed(df, {"x": xcol, "y": ycol})
+    data = _scatter_traces(df, groups, coords, hover)
+    front = np.flatnonzero(info.on_front)  # ringed where drawn
+    data.append({"type": "scatter", "x": numbers(coords["x"][front]), "y": numbers(coords["y"][front]),
+                 "mode": "markers", "name": "Pareto front (all objectives)",
                  "marker": {"size": 14, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
-                 "hovertext": front["hover"].tolist(), "hoverinfo": "text", "customdata": front["trial_id"].tolist()})
+                 "hovertext": [hover[i] for i in front], "hoverinfo": "text",
+                 "customdata": df["trial_id"].to_numpy(dtype=object)[front].tolist()})
     stair = info.pair_fronts[j]
     shape = "hv" if dirs[0] == "max" and dirs[j] == "min" else "linear"
-    data.append({"type": "scatter", "x": _numbers(stair[xcol]), "y": _numbers(stair[ycol]), "mode": "lines",
+    data.append({"type": "scatter", "x": numbers(stair[xcol]), "y": numbers(stair[ycol]), "mode": "lines",
                  "line": {"color": "black", "width": 1.5, "shape": shape},
                  "name": f"front in this plane ({metrics[0]} vs {metrics[j]})", "hoverinfo": "skip"})
     if paper is not None and metrics[j] in paper and metrics[0] in paper:
         p = paper.dropna(subset=[metrics[j], metrics[0]])
-        data.append({"type": "scatter", "x": _numbers(p[metrics[j]]), "y": _numbers(p[metrics[0]]), "mode": "markers",
+        data.append({"type": "scatter", "x": numbers(p[metrics[j]]), "y": numbers(p[metrics[0]]), "mode": "markers",
                      "name": "paper (ImageNet-1k)",
                      "marker": {"symbol": "star", "size": 12, "color": "#ff7f0e", "line": {"color": "black", "width": 1}},
                      "hovertext": p["label"].tolist(), "hoverinfo": "text+x+y"})
-    layout = _layout(f"{metrics[0]} vs {metrics[j]}", 560, xaxis=_title(metrics[j]), yaxis=_title(metrics[0]))
-    layout["legend"] = {"font": {"size": 10}}
-    return {"data": data, "layout": layout}
+    out = figure_layout(f"{metrics[0]} vs {metrics[j]}" + title_note(coords["shared"]), 560,
+                        xaxis=axis_title(metrics[j]), yaxis=axis_title(metrics[0]))
+    out["legend"] = {"font": {"size": 10}}
+    return {"data": data, "layout": out}
 
 
 def _figure_3d(info: FrontInfo, groups) -> dict:
     df, metrics, cols = info.trials, info.metrics, info.columns
-    data = _scatter_traces(df, groups, cols[1], cols[2], cols[0])
-    front = rows(df, df["on_front"], [*cols[:3], "hover"])
-    data.append({"type": "scatter3d", "x": _numbers(front[cols[1]]), "y": _numbers(front[cols[2]]),
-                 "z": _numbers(front[cols[0]]), "mode": "markers", "name": "Pareto front",
+    coords, hover = placed(df, {"x": cols[1], "y": cols[2], "z": cols[0]})
+    data = _scatter_traces(df, groups, coords, hover)
+    front = np.flatnonzero(info.on_front)
+    data.append({"type": "scatter3d", **{a: numbers(coords[a][front]) for a in "xyz"}, "mode": "markers",
+                 "name": "Pareto front",
                  "marker": {"size": 7, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 3}},
-                 "hovertext": front["hover"].tolist(), "hoverinfo": "text"})
-    scene = {f"{a}axis": {"title": {"text": _title(m)}} for a, m in zip("xyz", (metrics[1], metrics[2], metrics[0]))}
-    return {"data": data, "layout": _layout(f"{metrics[0]} vs {metrics[1]} and {metrics[2]}", 650, scene=scene)}
+                 "hovertext": [hover[i] for i in front], "hoverinfo": "text"})
+    scene = {f"{a}axis": {"title": {"text": axis_title(m)}} for a, m in zip("xyz", (metrics[1], metrics[2], metrics[0]))}
+    title = f"{metrics[0]} vs {metrics[1]} and {metrics[2]}" + title_note(coords["shared"])
+    return {"data": data, "layout": figure_layout(title, 650, scene=scene)}
 
 
 def _curves_figure(info: FrontInfo, epochs: pa.Table, metric: str = "top1") -> dict:
@@ -201,23 +225,23 @@ def _curves_figure(info: FrontInfo, epochs: pa.Table, metric: str = "top1") -> d
         embeds = sorted(df["embedding"].unique())
         emb_of = dict(zip(front["trial_id"], front["embedding"]))
         for tid, g in sub.groupby("trial_id", sort=True):
-            data.append({"type": "scatter", "x": _numbers(g[EPOCH]), "y": _numbers(g[metric]), "mode": "lines+markers",
-                         "name": str(g["trial_name"].iloc[0]), "line": {"color": _color(emb_of[tid], embeds)},
+            data.append({"type": "scatter", "x": numbers(g[EPOCH]), "y": numbers(g[metric]), "mode": "lines+markers",
+                         "name": str(g["trial_name"].iloc[0]), "line": {"color": embed_color(emb_of[tid], embeds)},
                          "marker": {"size": 4}})
-    layout = _layout(f"Learning curves of the front ({metric} per epoch)", 480, xaxis="epoch", yaxis=_title(metric))
-    return {"data": data, "layout": layout}
+    out = figure_layout(f"Learning curves of the front ({metric} per epoch)", 480, xaxis="epoch", yaxis=axis_title(metric))
+    return {"data": data, "layout": out}
 
 
 def _hv_figure(info: FrontInfo) -> dict:
     hv, ref = info.hypervolume, info.reference
-    trace = {"type": "scatter", "x": _numbers(np.arange(1, len(hv) + 1)), "y": _numbers(hv["hypervolume"]),
+    trace = {"type": "scatter", "x": numbers(np.arange(1, len(hv) + 1)), "y": numbers(hv["hypervolume"]),
              "mode": "lines", "line": {"shape": "hv"}, "name": "hypervolume",
              "customdata": hv["ended_at"].astype(str).tolist(),
              "hovertemplate": "trial %{x} (ended %{customdata})<br>HV %{y:.4g}<extra></extra>"}
     ref_txt = ", ".join(f"{m}={r:.4g}" for m, r in zip(info.metrics, ref)) if ref is not None else "n/a"
-    layout = _layout(f"Hypervolume over completed trials (reference: {ref_txt})", 420,
-                     xaxis="trials finished (completion order)", yaxis="hypervolume")
-    return {"data": [trace], "layout": layout}
+    out = figure_layout(f"Hypervolume over completed trials (reference: {ref_txt})", 420,
+                        xaxis="trials finished (completion order)", yaxis="hypervolume")
+    return {"data": [trace], "layout": out}
 
 
 def figures(info: FrontInfo, epochs: pa.Table, paper: pd.DataFrame | None) -> dict[str, dict]:
@@ -234,10 +258,11 @@ def figures(info: FrontInfo, epochs: pa.Table, paper: pd.DataFrame | None) -> di
     return out
 
 
-def figures_html(figs: dict[str, dict]) -> list[str]:
-    """Each figure as a <div>; plotly.js inlined once, in the first, so that the page loads offline.
-    The dicts are already in plotly.js form: no validation pass."""
+def figures_html(figs: dict[str, dict], plotlyjs: bool = True) -> list[str]:
+    """Each figure as a <div>; plotly.js inlined once, in the first, so that the page loads offline
+    (``plotlyjs=False``: figures placed further down a page whose first figure inlined it). The dicts are
+    already in plotly.js form: no validation pass."""
     import plotly.io as pio
 
-    return [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), default_width="100%", validate=False)
-            for i, fig in enumerate(figs.values())]
+    return [pio.to_html(fig, full_html=False, include_plotlyjs=plotlyjs and i == 0, default_width="100%",
+                        validate=False) for i, fig in enumerate(figs.values())]

@@ -58,7 +58,7 @@ def objective_columns(trials: pa.Table, objectives) -> tuple[list[str], list[str
         metric, mode = (obj or {}).get("metric"), (obj or {}).get("mode")
         if mode not in ("min", "max"):
             raise ValueError(f"objectives[{i}].mode: expected 'min' or 'max', given {mode!r}")
-        col = metric if metric in trials.column_names and not str(metric).startswith(CONFIG_PREFIX) else f"final_{metric}"
+        col = metric_column(trials.column_names, metric)
         if col not in trials.column_names:
             raise ValueError(f"objectives[{i}].metric: expected a reported metric or a cost column "
                              f"(e.g. top1, gmacs, params_m), given {metric!r}")
@@ -68,6 +68,11 @@ def objective_columns(trials: pa.Table, objectives) -> tuple[list[str], list[str
     if not metrics:
         raise ValueError("objectives: expected at least one objective, given none")
     return metrics, cols, dirs
+
+
+def metric_column(columns, metric) -> str:
+    """The trial column of a metric (module docstring): its own when ``columns`` hold one, else final_<metric>."""
+    return metric if metric in columns and not str(metric).startswith(CONFIG_PREFIX) else f"final_{metric}"
 
 
 def rows(df: pd.DataFrame, mask, columns: list[str]) -> pd.DataFrame:

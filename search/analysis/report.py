@@ -7,7 +7,8 @@ trials.parquet / epochs.parquet and, when a static exporter works here, png/svg 
 Everything shown is recomputed from the collected tables (search.analysis.results). Objectives come from
 the campaign spec (``spec.objectives``; when it names none, the spec loader's default: top1 max). The front
 is computed once (search.analysis.front.front_info: objective columns, front masks, hypervolume); the
-figures (search.analysis.figures) and the tables here render from that one FrontInfo. Only trials whose
+figures (search.analysis.figures) and the tables here render from that one FrontInfo, the tables' columns laid
+out by search.analysis.columns (the searched keys first, fixed settings folded into one line). Only trials whose
 status is in ``front_statuses`` (default: completed) form the front; the others are drawn but never on it.
 A running campaign is reported as far as it has got. Nothing is written outside ``out_dir``, and every
 file is written whole (storage).
@@ -26,10 +27,18 @@ import pandas as pd
 import pyarrow as pa
 
 from qkvsearch.search.analysis import hv_reference
+from qkvsearch.search.analysis.columns import (
+    FIXED_TITLE,
+    TableLayout,
+    cell_text,
+    fixed_line,
+    header,
+    table_layout,
+)
 from qkvsearch.search.analysis.fidelity import fidelity_report
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
-from qkvsearch.search.analysis.front import FrontInfo, front_info, objective_columns, rows
+from qkvsearch.search.analysis.front import FrontInfo, front_info, metric_column, objective_columns, rows
 from qkvsearch.search.analysis.mislead import where_macs_mislead
 from qkvsearch.search.analysis.results import (
     CONFIG_PREFIX,
@@ -50,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 PAPER_CSV = resources.files("qkvsearch.reference") / "sne_paper_imagenet.csv"   # package data
 PAPER_SIZES = {"xcit_nano_12": "S", "xcit_tiny_12": "M", "xcit_small_12": "L"}
-TABLE_CONFIG = tuple(k.name for k in RESOLVED_KEYS.values() if k.report)  # trial keys the tables show
+TABLE_CONFIG = tuple(k.name for k in RESOLVED_KEYS.values() if k.report)  # trial keys pareto.csv and the tables hold
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -100,6 +109,7 @@ document.querySelectorAll("table.sortable th").forEach(function (th, col) {
 
 
 def _front_columns(df: pd.DataFrame, cols) -> list[str]:
+    """pareto.csv's columns (every one: the tables lay out and fold theirs, search.analysis.columns)."""
     wanted = ["trial_name", "status"] + [f"{CONFIG_PREFIX}{c}" for c in TABLE_CONFIG] + list(cols)
     wanted += ["best_top1", "epochs_run", "train_s_total"]
     seen, out = set(), []
@@ -108,14 +118,6 @@ def _front_columns(df: pd.DataFrame, cols) -> list[str]:
             seen.add(c)
             out.append(c)
     return out
-
-
-def _fmt(v) -> str:
-    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def _formatted(df: pd.DataFrame, col: str) -> list[str]:
@@ -127,9 +129,20 @@ def _formatted(df: pd.DataFrame, col: str) -> list[str]:
     return escaped(["" if m else str(v) for v, m in zip(s.astype(object).tolist(), na)])
 
 
-def _html_table(df: pd.DataFrame, columns: list[str], table_id: str, front_flag: bool) -> str:
-    """Sortable table, one <tr data-trial-id=.. data-front=0|1> per trial; cells carry data-v for sorting."""
-    head = "".join(f"<th title='click to sort'>{html.escape(c.removeprefix('config_'))}</th>" for c in columns)
+def _table_layout(df: pd.DataFrame, campaign: Campaign, info: FrontInfo, extra=()) -> TableLayout:
+    """A trial table's layout (search.analysis.columns): the space's keys, then the objectives and constraints."""
+    constraints = [metric_column(df.columns, c.metric) for c in campaign.spec.constraints]
+    return table_layout(df, campaign.spec.space.keys, [*info.columns, *constraints],
+                        _front_columns(df, info.columns) + list(extra))
+
+
+def _html_table(df: pd.DataFrame, layout: TableLayout | list[str], table_id: str, front_flag: bool) -> str:
+    """Sortable table, one <tr data-trial-id=.. data-front=0|1> per trial; cells carry data-v for sorting. A
+    TableLayout's searched keys have their headings marked, its fixed settings a footer row."""
+    columns, searched, fixed = (layout.columns, layout.searched, fixed_line(layout)) \
+        if isinstance(layout, TableLayout) else (layout, (), "")
+    marks = {c: ' class="searched"' for c in searched}
+    head = "".join(f"<th{marks.get(c, '')} title='click to sort'>{html.escape(header(c))}</th>" for c in columns)
     cells = [[f'<td data-v="{v}">{v}</td>' for v in _formatted(df, c)] for c in columns]  # per column (n,)
     lines = ["".join(r) for r in zip(*cells)] if cells else [""] * len(df)
     if "trial_id" in df:
@@ -138,15 +151,21 @@ def _html_table(df: pd.DataFrame, columns: list[str], table_id: str, front_flag:
         trs = [f'<tr data-trial-id="{i}"{f}>{r}</tr>' for i, f, r in zip(ids, flags, lines)]
     else:  # a table of configurations (repeats), not of trials
         trs = [f"<tr>{r}</tr>" for r in lines]
-    return f"<table id=\"{table_id}\" class=\"sortable\"><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
+    foot = (f"<tfoot><tr><td class=\"fixed\" colspan=\"{max(1, len(columns))}\">{FIXED_TITLE}: "
+            f"{html.escape(fixed)}</td></tr></tfoot>") if fixed else ""
+    return (f"<table id=\"{table_id}\" class=\"sortable\"><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody>"
+            f"{foot}</table>")
 
 
-def _markdown_table(df: pd.DataFrame, columns: list[str]) -> str:
-    lines = ["| " + " | ".join(c.removeprefix("config_") for c in columns) + " |",
+def _markdown_table(df: pd.DataFrame, layout: TableLayout | list[str]) -> str:
+    """A markdown table; a TableLayout's fixed settings on a line of their own below it."""
+    columns = layout.columns if isinstance(layout, TableLayout) else layout
+    lines = ["| " + " | ".join(header(c) for c in columns) + " |",
              "|" + "---|" * len(columns)]
     for rec in df[columns].to_dict("records"):
-        lines.append("| " + " | ".join(_fmt(rec[c]).replace("|", "\\|") for c in columns) + " |")
-    return "\n".join(lines)
+        lines.append("| " + " | ".join(cell_text(rec[c]).replace("|", "\\|") for c in columns) + " |")
+    fixed = fixed_line(layout) if isinstance(layout, TableLayout) else ""
+    return "\n".join(lines + (["", f"{FIXED_TITLE}: {fixed}"] if fixed else []))
 
 
 def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
@@ -181,7 +200,7 @@ def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats
         f"- front from statuses: {', '.join(info.front_statuses)}; {len(front)} trials on the front",
         f"- hypervolume reference ({info.reference_kind}): "
         f"{', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
-        "", "## Pareto front", "", _markdown_table(front, _front_columns(front, info.columns)) if len(front) else "(empty)",
+        "", "## Pareto front", "", _markdown_table(front, _table_layout(front, campaign, info)) if len(front) else "(empty)",
         *(["", f"## {REPEATS_TITLE}", "", _markdown_table(repeats, list(repeats.columns))] if len(repeats) else []),
         "", "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",
     ]
@@ -203,7 +222,7 @@ def _page(title: str, campaign: Campaign, summary_html: str, figures_html: list[
     spec = html.escape(_settings_json(campaign))
     style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
              "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
-             "tr[data-front='1']{font-weight:bold;}")
+             "tr[data-front='1']{font-weight:bold;}th.searched{background:#dde8f6;}td.fixed{color:#555;}")
     parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
              f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{summary_html}"]
     for fig in figures_html:
@@ -251,8 +270,8 @@ def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
     title = f"Pareto report: {campaign.name}" + (" (partial)" if partial else "")
     summary = (f"<p><b>{html.escape(partial)}</b></p>" if partial else "") + _summary_html(info, front, size)
     page = _page(title, campaign, summary, figures_html(figures),
-                 _html_table(front, fcols, "front", True) + (mislead.html if mislead else ""),
-                 _html_table(_by_trial_id(df), fcols + ["error"], "trials", True),
+                 _html_table(front, _table_layout(front, campaign, info), "front", True) + (mislead.html if mislead else ""),
+                 _html_table(_by_trial_id(df), _table_layout(df, campaign, info, ["error"]), "trials", True),
                  _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "")
 
     paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
@@ -296,7 +315,9 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
         info = front_info(trials, objectives, front_statuses, reference)
         paths, figures = _write_page(out, campaign, info, epochs, reference_csv)
         paths.update(stage_report(experiment_dir, out, campaign, trials, paths["md"]))  # spaces.stages
-        paths.update(fidelity_report(experiment_dir, out, campaign, trials, paths["md"], reference))  # one-shot
+        oneshot, oneshot_figures = fidelity_report(experiment_dir, out, campaign, trials, paths["md"], reference)
+        paths.update(oneshot)
+        figures.update(oneshot_figures)  # exported beside the page's own
         paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))
     if static:
         paths.update(export_static(figures, out))  # a child process, bounded in time

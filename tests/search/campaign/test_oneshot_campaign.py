@@ -123,6 +123,9 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     assert fidelity["chosen_retrained"] == len(selection["chosen"])
     assert fidelity["hv_inherited"] is not None and fidelity["hv_standalone"] is not None
     assert "One-shot fidelity" in (exp / "report" / "report.md").read_text()
+    oneshot = (exp / "report" / "pareto.html").read_text().split("<h2>One-shot fidelity</h2>", 1)[1]
+    retrained = int((subnets["selected"].notna() & subnets["top1_inherited"].notna()).sum())
+    assert f"Inherited vs stand-alone top-1 of the {retrained} retrained subnets" in oneshot  # its figure, drawn
     trials = pq.read_table(exp / "report" / "trials.parquet").to_pandas()
     assert set(trials["fidelity"]) == {"standalone"}
     for block in (0, 1):   # one column per block, typed as the key's, each trial's own value

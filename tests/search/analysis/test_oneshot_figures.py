@@ -1,0 +1,136 @@
+"""The one-shot fidelity section's figures: inherited against stand-alone top-1 of every retrained subnet (chosen
+and control apart, a control subnet's seeds as an interval, the diagonal, Kendall tau in the title) and the scored
+subnets' inherited top-1 against each cost objective (the chosen marked); drawn from the subnet table, on a
+subnet table built here and on a one-shot campaign's report."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from helpers.campaign_files import SPEC, synthetic_record, write_campaign, write_record
+
+from qkvsearch.search.analysis import report
+from qkvsearch.search.analysis.fidelity import measure, section_lines
+from qkvsearch.search.analysis.oneshot_figures import oneshot_figures
+from qkvsearch.search.analysis.results import collect
+
+OBJECTIVES = (("top1", "max"), ("gmacs", "min"), ("params_m", "min"))
+
+
+def _numbers(values) -> np.ndarray:
+    if isinstance(values, dict):
+        return np.frombuffer(base64.b64decode(values["bdata"]), "<f8")
+    return np.asarray(values, dtype=float)
+
+
+def _subnets() -> pd.DataFrame:
+    """9 control subnets (two seeds each), 5 chosen, 4 scored only; two chosen with the same inherited and
+    stand-alone top-1, two scored with the same inherited top-1 and GMACs."""
+    n_control, n_chosen, n_scored = 9, 5, 4
+    standalone = np.linspace(40, 80, n_control)
+    control = pd.DataFrame({"top1_inherited": standalone - 20, "top1_standalone": standalone,
+                            "top1_standalone_reseeded": standalone + np.tile([3.0, -3.0], 5)[:n_control],
+                            "gmacs": np.linspace(2.0, 0.5, n_control), "params_m": np.linspace(1, 3, n_control),
+                            "selected": "control", "retrained_from": "scratch"})
+    chosen = pd.DataFrame({"top1_inherited": [60.0, 61.0, 61.0, 63.0, 64.0], "top1_standalone": [70.0, 71, 71, 73, 74],
+                           "top1_standalone_reseeded": np.nan, "gmacs": 3.0 + np.arange(n_chosen),
+                           "params_m": 2.0, "selected": "chosen", "retrained_from": "scratch"})
+    scored = pd.DataFrame({"top1_inherited": [10.0, 10.0, 20.0, np.nan], "top1_standalone": np.nan,
+                           "top1_standalone_reseeded": np.nan, "gmacs": [1.0, 1.0, 1.5, 1.2], "params_m": 1.0,
+                           "selected": None, "retrained_from": None})
+    df = pd.concat([control, chosen, scored], ignore_index=True)
+    df.insert(0, "subnet_id", [f"subnet_{i:06d}" for i in range(n_control + n_chosen + n_scored)])
+    df["config_embedding"] = np.resize(["linear", "sne", "psne", "fsne"], len(df))
+    df["config_depth"] = np.resize([1, 2, 4], len(df))
+    return df
+
+
+def _by_name(fig) -> dict[str, dict]:
+    return {t["name"].split(";")[0].split(" (")[0]: t for t in fig["data"]}
+
+
+def test_inherited_against_standalone_marks_chosen_and_control_with_the_seed_spread_and_tau():
+    df = _subnets()
+    tau_line = section_lines(measure(df, OBJECTIVES, None))[1]
+    figs = oneshot_figures(df, OBJECTIVES, tau_line, ("embedding", "depth"))
+    assert list(figs) == ["inherited_vs_standalone", "inherited_top1_vs_gmacs", "inherited_top1_vs_params_m"]
+
+    fig = figs["inherited_vs_standalone"]
+    traces = _by_name(fig)
+    control, chosen, diagonal = traces["control"], traces["chosen"], traces["inherited = stand-alone"]
+    assert len(control["customdata"]) == 9 and len(chosen["customdata"]) == 5
+    y = _numbers(control["y"])
+    np.testing.assert_allclose(y, df["top1_standalone"][:9])
+    seeds = df[["top1_standalone", "top1_standalone_reseeded"]][:9].to_numpy()
+    np.testing.assert_allclose(y + control["error_y"]["array"], seeds.max(axis=1))  # the interval spans both seeds
+    np.testing.assert_allclose(y - np.asarray(control["error_y"]["arrayminus"]), seeds.min(axis=1))
+    assert "error_y" not in chosen  # retrained under one seed
+    x = _numbers(chosen["x"])
+    assert len(set(x)) == 5 and sorted(x)[1:3] != [61.0, 61.0]  # the two coincident chosen, side by side
+    assert diagonal["x"] == diagonal["y"] and diagonal["x"][0] <= 20.0 and diagonal["x"][1] >= 83.0
+    title = fig["layout"]["title"]["text"]
+    assert "Kendall tau, inherited vs standalone top-1 over the 9 control subnets: 1.00 (95 %" in title
+    assert "14 retrained subnets" in title
+    assert "embedding = linear" in control["hovertext"][0] and "depth = 1" in control["hovertext"][0]
+
+
+def test_inherited_top1_against_each_cost_objective_holds_every_scored_subnet():
+    df = _subnets()
+    figs = oneshot_figures(df, OBJECTIVES, "tau", ())
+    for metric in ("gmacs", "params_m"):
+        traces = _by_name(figs[f"inherited_top1_vs_{metric}"])
+        assert {k: len(t["customdata"]) for k, t in traces.items()} == {"scored only": 3, "control": 9, "chosen": 5}
+        shown = {i for t in traces.values() for i in t["customdata"]}
+        assert shown == set(df["subnet_id"][df["top1_inherited"].notna()])  # every scored subnet with a top-1
+    scored = _by_name(figs["inherited_top1_vs_gmacs"])["scored only"]
+    assert len(set(_numbers(scored["x"]))) == 3  # two coincident subnets drawn apart
+    assert list(oneshot_figures(df, (("top1", "max"),), "tau")) == ["inherited_vs_standalone"]  # no cost objective
+
+
+def _one_shot_campaign(exp: Path) -> None:
+    """A one-shot campaign's records without training: 6 configurations retrained (3 control ones also under the
+    next seed), scored with inherited weights beside 3 scored only; the first 3 control, the last 3 chosen."""
+    from qkvsearch.search.records import inherited
+
+    write_campaign(exp, [], spec=dict(SPEC, supernet={"train": {"epochs": 2}}))
+    rng = np.random.default_rng(0)
+    records = [synthetic_record(i, "completed", rng=rng, overrides={"seed": 0}) for i in range(9)]
+    for k, rec in enumerate(records[6:]):  # the control subnets again, under the next seed
+        rec["config"] = {**records[k]["config"], "seed": 1}
+    for rec in records:
+        write_record(exp, rec)
+    filled = [json.loads(c) for c in collect(exp)[0]["config_json"].to_pylist()]  # as the trials resolved them
+    configs = filled[:6] + [{**filled[i], "lr": 0.1 + i} for i in range(3)]
+    keys = [{"subnet": i} for i in range(len(configs))]
+    inherited.write_batch(str(exp), 0, [
+        {"subnet_id": f"subnet_{i:06d}", "keys": keys[i], "config": c, "cost": records[i % 6]["cost"],
+         "metrics": {"top1": 30.0 + i, "top5": 80.0, "val_loss": 1.0}, "supernet": "s", "space": "h"}
+        for i, c in enumerate(configs)])
+    inherited.write_selection(str(exp), {"chosen": keys[3:6], "control": keys[:3], "seed": 0})
+
+
+def test_a_one_shot_report_holds_the_figures_in_the_page_and_the_static_export(tmp_path, monkeypatch):
+    exp = tmp_path / "oneshot"
+    _one_shot_campaign(exp)
+    exported = {}
+    monkeypatch.setattr(report, "export_static", lambda figs, out: exported.update(figs) or {})
+    paths = report.build_report(exp, static=True)
+    assert {"inherited_vs_standalone", "inherited_top1_vs_gmacs", "inherited_top1_vs_params_m"} <= set(exported)
+    traces = _by_name(exported["inherited_vs_standalone"])
+    assert len(traces["control"]["customdata"]) == 3 and len(traces["chosen"]["customdata"]) == 3
+    assert len(traces["control"]["error_y"]["array"]) == 3
+    for metric in ("gmacs", "params_m"):
+        assert sum(len(t["customdata"]) for t in exported[f"inherited_top1_vs_{metric}"]["data"]) == 9
+
+    page = Path(paths["html"]).read_text()
+    section = page.split("<h2>One-shot fidelity</h2>", 1)[1]
+    plotted = re.findall(r'Plotly\.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', section, re.S)
+    assert len(plotted) == 3 and "plotly.js v" not in section  # plotly.js once, above, for every figure
+    names = [[t["name"] for t in json.loads(data)] for data in plotted]
+    assert names[0][:2] == ["control (drawn at random, retrained from scratch); bar: its top-1 under the two seeds",
+                            "chosen (retrained)"]
+    assert "Inherited top-1 of the 9 scored subnets vs gmacs" in section
