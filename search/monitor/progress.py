@@ -18,6 +18,7 @@ import numpy as np
 
 from qkvsearch.search.analysis import hv_reference
 from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask
+from qkvsearch.search.monitor.oneshot_phases import DONE, OneShotPhases, read_phases
 from qkvsearch.search.monitor.stage_status import stage_summary
 from qkvsearch.search.records.layout import FINAL_STATUSES, UNTRAINED_STATUSES, open_campaign
 from qkvsearch.search.records.lease import DriverState, read_lease
@@ -67,6 +68,7 @@ class Progress:
     read_at: float = 0.0
     driver: DriverState | None = None  # the driver holding it (search.records.lease); None: not read
     stages: str = ""           # the stages' progress (search.monitor.stage_status); "": no stages
+    oneshot: OneShotPhases | None = None  # a one-shot campaign's phases (search.monitor.oneshot_phases)
 
     @property
     def trials_recorded(self) -> int:
@@ -77,11 +79,16 @@ class Progress:
         return sum(n for s, n in self.counts.items() if s in FINAL_STATUSES)
 
     def summary(self) -> str:
-        """One line: trials by status, epochs, front and best values."""
+        """One line: trials by status (a one-shot campaign: its phases), epochs, front and best values."""
         by_status = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))
+        trials = f"{self.trials_done}/{self.trials_planned} trials done ({by_status or 'none yet'})"
+        if self.oneshot is not None:  # its trials are the retraining: the phases say how far it is
+            trials = self.oneshot.summary() + (f" ({by_status})" if by_status else "")
+            if not self.oneshot.begun("retraining"):  # no epoch, no front before it
+                return f"{self.name}: {trials}"
         hv = "-" if self.hypervolume is None else f"{self.hypervolume:.4g}"
         best = ", ".join(f"{m} {v:.4g}" for m, v in self.best.items())
-        return (f"{self.name}: {self.trials_done}/{self.trials_planned} trials done ({by_status or 'none yet'}); "
+        return (f"{self.name}: {trials}; "
                 f"epochs {self.epochs_done}/{self.epochs_planned}; front {len(self.front)}, hypervolume {hv}"
                 + (f" (reference {self.reference})" if self.reference else "")
                 + (f"; best {best}" if best else "") + (f"; {self.stages}" if self.stages else ""))
@@ -92,8 +99,11 @@ def read_progress(exp) -> Progress:
     campaign = open_campaign(exp)
     read = read_trials(exp)
     records, counts, lasts = read.records, read.epoch_counts(), read.last_epochs()
-    # search.num_trials counts every planned trial already (grid: points x repeats)
-    planned = max(campaign.trials_planned or len(records), len(records))
+    oneshot = read_phases(exp, campaign, records)
+    # search.num_trials counts every planned trial already (grid: points x repeats); a one-shot campaign's
+    # trials are the retrained subnets, as many as its selection plans (none before it is made)
+    wanted = campaign.trials_planned if oneshot is None else oneshot.to_retrain
+    planned = max(wanted or len(records), len(records))
     epochs_each = campaign.epochs_planned or 0
     objectives = campaign.objectives
     status = Counter(str(r.get("status")) for r in records)
@@ -103,9 +113,13 @@ def read_progress(exp) -> Progress:
         name=campaign.name, trials_planned=planned, counts=status,
         epochs_done=int(sum(counts)),
         epochs_planned=sum(_epochs_to_train(r, epochs_each) for r in records) + (planned - len(records)) * epochs_each,
-        running=running, objectives=objectives, best={}, read_at=time.time())
-    # ended: the driver recorded its end, or (a campaign recorded before drivers did) every trial is final
-    progress.ended = campaign.ended or (len(records) >= planned and progress.trials_done >= planned)
+        running=running, objectives=objectives, best={}, read_at=time.time(), oneshot=oneshot)
+    # ended: the driver recorded its end, or (a campaign recorded before drivers did) every trial is final; a
+    # one-shot campaign's trials come after its other phases, which say when it is done
+    if oneshot is not None:
+        progress.ended = oneshot.phase == DONE
+    else:
+        progress.ended = campaign.ended or (len(records) >= planned and progress.trials_done >= planned)
     progress.interrupted = campaign.interrupted_at is not None and not progress.ended
     progress.stages = stage_summary(exp, campaign.spec)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from qkvsearch.search.monitor.oneshot_phases import read_phases
 from qkvsearch.search.monitor.stage_status import stage_lines
 from qkvsearch.search.records.layout import open_campaign, storage_use
 from qkvsearch.search.records.lease import read_lease
@@ -47,6 +48,8 @@ def status_table(exp: str) -> str:
         summary += f"; {len(problems)} damaged record(s) skipped"
     lines.append(summary)
     lines += stage_lines(exp, campaign.spec)
+    oneshot = read_phases(exp, campaign, records)
+    lines += oneshot.lines() if oneshot is not None else []
     return "\n".join(lines)
 
 

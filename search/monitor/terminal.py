@@ -129,8 +129,13 @@ def live_block(progress: Progress):
     from rich.table import Table
 
     bars = Table.grid(padding=(0, 1))
-    bars.add_row("trials", ProgressBar(total=max(progress.trials_planned, 1), completed=progress.trials_done,
-                                       width=40), f"{progress.trials_done}/{progress.trials_planned}")
+    if progress.oneshot is not None:  # its trials are the retraining: a bar per phase instead
+        bars.add_row("phase", "", progress.oneshot.phase)
+        for label, done, total, text in progress.oneshot.bars():
+            bars.add_row(label, ProgressBar(total=total, completed=done, width=40), text)
+    else:
+        bars.add_row("trials", ProgressBar(total=max(progress.trials_planned, 1), completed=progress.trials_done,
+                                           width=40), f"{progress.trials_done}/{progress.trials_planned}")
     bars.add_row("epochs", ProgressBar(total=max(progress.epochs_planned, 1), completed=progress.epochs_done,
                                        width=40), f"{progress.epochs_done}/{progress.epochs_planned}")
     running = Table("running trial", "epoch", "top-1 %", box=None, pad_edge=False)

@@ -7,6 +7,7 @@ batch of evaluations, written once, atomically, and the searcher's state beside 
     qs_inherited/selection.json    the subnets chosen to train on their own, and the control sample
     subnets/<subnet_id>.pt         each selected subnet as a stand-alone checkpoint: {"model": the state dict
                                    build_model(config) loads, BatchNorm recalibrated; "config"; "supernet"}
+    supernet/                      the nested campaign whose one trial trains the supernet (its own records)
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from qkvsearch.storage import exists, list_files, loads_json, open_location, rea
 INHERITED_DIR = "qs_inherited"
 SELECTION_FILE = "selection.json"
 SUBNETS_DIR = "subnets"
+SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign (search.campaign.oneshot.plan)
 FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
 
 
@@ -70,6 +72,14 @@ def write_selection(exp: str, selection: dict) -> None:
 def read_selection(exp) -> dict | None:
     uri = f"{str(exp).rstrip('/')}/{INHERITED_DIR}/{SELECTION_FILE}"
     return read_json(uri) if exists(uri) else None
+
+
+def retrained_variants(selection: dict) -> list[dict]:
+    """The space keys of every training a selection plans: each selected configuration once, the control ones a
+    second time under the next seed (the noise floor their ranking is judged against)."""
+    seed = selection["seed"]
+    return [dict(k) for k in selection["chosen"]] + [dict(k) for k in selection["control"]] \
+        + [{**k, "seed": seed + 1} for k in selection["control"]]
 
 
 def subnet_file(exp: str, subnet_id: str) -> str:

@@ -16,6 +16,7 @@ is done already.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 from qkvsearch.search.campaign.interrupts import CampaignInterrupted
 from qkvsearch.search.campaign.oneshot.evaluation import Scoring, export_subnets
@@ -42,22 +43,23 @@ log = logging.getLogger(__name__)
 def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verbose=False, view=None) -> None:
     """Every phase of the one-shot campaign at ``exp`` (module docstring)."""
     source = spec.supernet.source
-    if source is None:
-        supernet_dir = f"{exp}/{SUPERNET_DIR}"
-        plan = _train_supernet(spec, exp, supernet_dir, cluster, version, verbose)
-    else:
-        supernet_dir = f"{source}/{SUPERNET_DIR}"
-        plan = trained_plan(supernet_dir, spec)
-    checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
-    log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
-    size = pool_size(spec.resources, cluster, concurrency)
-    with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
-        scoring = Scoring(spec, exp, scorers, supernet_id, space_hash(spec))
-        records = scoring.search()
-        chosen = selection(spec, exp, records, scoring.feasible)
-        records = scoring.score_selected(chosen)
-        chosen_records, control_records = selected_records(records, chosen)
-        files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
+    with _watched(exp, view):
+        if source is None:
+            supernet_dir = f"{exp}/{SUPERNET_DIR}"
+            plan = _train_supernet(spec, exp, supernet_dir, cluster, version, verbose)
+        else:
+            supernet_dir = f"{source}/{SUPERNET_DIR}"
+            plan = trained_plan(supernet_dir, spec)
+        checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
+        log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
+        size = pool_size(spec.resources, cluster, concurrency)
+        with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
+            scoring = Scoring(spec, exp, scorers, supernet_id, space_hash(spec))
+            records = scoring.search()
+            chosen = selection(spec, exp, records, scoring.feasible)
+            records = scoring.score_selected(chosen)
+            chosen_records, control_records = selected_records(records, chosen)
+            files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
              "subnet(s), these under two seeds")
     retrain = retrain_spec(spec, chosen)
@@ -65,6 +67,19 @@ def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verb
     CampaignRun(retrain, exp, folder, cluster, version, init_weights=init_weights(chosen, chosen_records, files),
                 describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(
         concurrency, restoring=restoring, verbose=verbose, view=view)
+
+
+@contextmanager
+def _watched(exp: str, view):
+    """The view (the live line) shown the campaign's progress, its phase included (search.monitor.oneshot_phases),
+    while the phases before the retraining run: the retraining's own monitor shows it from there on."""
+    if view is None:
+        yield
+        return
+    from qkvsearch.search.monitor.watch import CampaignMonitor
+
+    with CampaignMonitor(exp, [view]):
+        yield
 
 
 def _train_supernet(spec, exp: str, supernet_dir: str, cluster, version: str, verbose) -> dict:

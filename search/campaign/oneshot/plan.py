@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
+from qkvsearch.search.records.inherited import SUPERNET_DIR
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.keys import is_policy_key, names
 
-SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign whose one trial trains the supernet
 PLAN_FILE = "plan.json"     # <exp>/supernet/plan.json: what the supernet was trained over (``supernet.from``)
 # What a supernet's weights were trained on: a supernet taken from another campaign must share every one
 SAME_DATA = (*names("data"), "num_classes", "img_size", "in_chans")

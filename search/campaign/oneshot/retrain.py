@@ -102,15 +102,12 @@ def selection(spec, exp: str, records: list[dict], feasible=None) -> dict:
 
 
 def retrain_spec(spec, chosen: dict):
-    """The campaign the selected subnets train in: the spec's recipe, every selected configuration once, the
-    control ones a second time under the next seed."""
-    seed = chosen["seed"]
-    variants = [dict(k) for k in chosen["chosen"]] + [dict(k) for k in chosen["control"]]
-    variants += [{**k, "seed": seed + 1} for k in chosen["control"]]
+    """The campaign the selected subnets train in: the spec's recipe over the trainings the selection plans
+    (search.records.inherited.retrained_variants)."""
     d = spec.to_dict()
     d.pop("supernet")
-    d.update(space={"variants": variants}, search={"algorithm": "grid", "seed": spec.search.seed},
-             scheduler={"type": "fifo"})
+    d.update(space={"variants": inherited.retrained_variants(chosen)},
+             search={"algorithm": "grid", "seed": spec.search.seed}, scheduler={"type": "fifo"})
     return load_campaign(d)
 
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers.live_campaign import LiveCampaign, tiny_spec, wait_while_advancing, write_spec
 
+from qkvsearch.search.monitor.oneshot_phases import read_phases
 from qkvsearch.search.records import inherited
 from qkvsearch.search.records.lease import STALE_ENV, read_lease
 from qkvsearch.search.records.readers import read_trial_records
@@ -105,6 +106,10 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     retrained = len(selection["chosen"]) + 2 * len(selection["control"])
     assert len(selection["chosen"]) == 1 and len(selection["control"]) == 1
     assert len(records) == retrained and all(r["status"] == "completed" for r in records)
+    assert list(read_phases(str(exp)).texts().values()) == [   # what status, watch and the live line say
+        f"supernet done: {SUPERNET_EPOCHS} of {SUPERNET_EPOCHS} epochs",
+        f"scoring done: {len(evaluations)} subnets scored", "selected 1 chosen and 1 control subnet(s)",
+        f"retraining done: {retrained} of {retrained}"]
     assert {r["fidelity"] for r in records} == {"standalone"}
     assert {r["supernet"] for r in records} == {evaluations[0]["supernet"]}
 
