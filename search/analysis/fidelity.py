@@ -30,7 +30,8 @@ measured against the subnets retrained on their own, beside the retraining's own
           hv_inherited, hv_standalone: the chosen subnets' hypervolume on the campaign's objectives (its fixed
               reference, search.analysis.hv_reference), with inherited and with standalone top-1
 A figure that needs more points than there are is null, and the section says why. The section's plots are drawn
-from the subnets.parquet rows (search.analysis.oneshot_figures).
+from the subnets.parquet rows (search.analysis.oneshot_figures), then the supernet's own training curves from
+supernet_epochs.parquet (search.analysis.supernet_training).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from qkvsearch.search.analysis.figures import figures_html
 from qkvsearch.search.analysis.oneshot_figures import oneshot_figures
 from qkvsearch.search.analysis.pareto import hypervolume
 from qkvsearch.search.analysis.results import config_columns
+from qkvsearch.search.analysis.supernet_training import supernet_section
 from qkvsearch.search.records import inherited
 from qkvsearch.spaces.metrics import INHERITED_METRICS
 from qkvsearch.storage import read_bytes, write_bytes, write_json
@@ -228,8 +230,9 @@ def measure(df: pd.DataFrame, objectives, reference) -> dict:
 def fidelity_report(exp: str, out: str, campaign, trials: pa.Table, report_md: str,
                     reference) -> tuple[dict[str, str], dict[str, dict]]:
     """The one-shot part of a campaign's report (none for another campaign): subnets.parquet, fidelity.json,
-    and the section appended to report.md and pareto.html, its figures after the page's own (plotly.js is
-    inlined there already). -> ({name: written path}, the section's figures by name, for the static export)."""
+    supernet_epochs.parquet (where the campaign trained its own supernet), and the section appended to report.md
+    and pareto.html, its figures after the page's own (plotly.js is inlined there already). -> ({name: written
+    path}, the section's figures by name, for the static export)."""
     if not getattr(campaign.spec, "supernet", None):
         return {}, {}
     df = subnet_table(exp, trials)
@@ -241,6 +244,9 @@ def fidelity_report(exp: str, out: str, campaign, trials: pa.Table, report_md: s
     write_json(paths["fidelity"], figures)
     lines = section_lines(figures)
     plots = oneshot_figures(df, campaign.objectives, lines[1], campaign.spec.space.keys)
+    supernet_paths, supernet_plots = supernet_section(exp, out)  # its training, after the subnets' figures
+    paths |= supernet_paths
+    plots |= supernet_plots
     write_bytes(report_md, read_bytes(report_md) + ("\n## One-shot fidelity\n\n" + "\n".join(f"- {line}" for line in lines)
                                                     + "\n").encode("utf-8"))
     page = f"{report_md.rsplit('/', 1)[0]}/pareto.html"

@@ -8,9 +8,9 @@ and writes it as subnets.parquet):
     inherited_top1_vs_<cost>    every scored subnet's inherited top-1 against each cost objective of the campaign,
                                 the chosen subnets and the control sample marked
 
-The supernet's own training curves (its teacher's and smallest subnet's top-1 per epoch) are not drawn: the
-supernet phase records them in its nested campaign (<exp>/supernet/qs_trials), which none of the report's
-Parquet tables holds. Coincident points are drawn side by side as in every scatter (search.analysis.markers).
+The supernet's own training curves (its teacher's and smallest subnet's top-1 per epoch) follow them, drawn from
+supernet_epochs.parquet (search.analysis.supernet_training). Coincident points are drawn side by side as in every
+scatter (search.analysis.markers).
 """
 from __future__ import annotations
 

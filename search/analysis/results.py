@@ -30,6 +30,7 @@ from qkvsearch.storage import write_bytes
 __all__ = [
     "collect",
     "resolve_out_dir",
+    "parquet_file",
     "parquet_files",
     "write_results",
     "TRIALS_FILE",
@@ -320,7 +321,7 @@ def collect(experiment_dir, *, opened: bool = False) -> tuple[pa.Table, pa.Table
 
 
 # ---------------------------------------------------------------------------------------- writing
-def _parquet_file(table: pa.Table) -> pa.Buffer:
+def parquet_file(table: pa.Table) -> pa.Buffer:
     """``table`` as a zstd-compressed Parquet file in memory, for storage.write_bytes to write whole."""
     sink = pa.BufferOutputStream()
     # Dictionary pages for the string columns only: metric values are nearly all distinct, and building
@@ -341,7 +342,7 @@ def resolve_out_dir(experiment_dir, out_dir, default: str) -> str:
 def parquet_files(trials: pa.Table, epochs: pa.Table) -> dict[str, pa.Buffer]:
     """{TRIALS_FILE: ..., EPOCHS_FILE: ...}: the two tables as zstd Parquet files in memory. pyarrow
     encodes without holding the GIL, so a thread can run this beside Python work."""
-    return {TRIALS_FILE: _parquet_file(trials), EPOCHS_FILE: _parquet_file(epochs)}
+    return {TRIALS_FILE: parquet_file(trials), EPOCHS_FILE: parquet_file(epochs)}
 
 
 def write_results(experiment_dir, out_dir=None, tables: tuple[pa.Table, pa.Table] | None = None,

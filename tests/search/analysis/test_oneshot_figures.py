@@ -1,7 +1,9 @@
 """The one-shot fidelity section's figures: inherited against stand-alone top-1 of every retrained subnet (chosen
 and control apart, a control subnet's seeds as an interval, the diagonal, Kendall tau in the title) and the scored
 subnets' inherited top-1 against each cost objective (the chosen marked); drawn from the subnet table, on a
-subnet table built here and on a one-shot campaign's report."""
+subnet table built here and on a one-shot campaign's report. Then the supernet's own training curves, drawn from
+supernet_epochs.parquet: only a campaign that trained its own supernet (a nested campaign in <exp>/supernet/) has
+table and figure."""
 from __future__ import annotations
 
 import base64
@@ -11,12 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
+import pytest
 from helpers.campaign_files import SPEC, synthetic_record, write_campaign, write_record
 
 from qkvsearch.search.analysis import report
 from qkvsearch.search.analysis.fidelity import measure, section_lines
 from qkvsearch.search.analysis.oneshot_figures import oneshot_figures
-from qkvsearch.search.analysis.results import collect
+from qkvsearch.search.analysis.results import EPOCHS_FILE, collect
+from qkvsearch.search.analysis.supernet_training import SUPERNET_EPOCHS_FILE, supernet_figure
 
 OBJECTIVES = (("top1", "max"), ("gmacs", "min"), ("params_m", "min"))
 
@@ -134,3 +139,107 @@ def test_a_one_shot_report_holds_the_figures_in_the_page_and_the_static_export(t
     assert names[0][:2] == ["control (drawn at random, retrained from scratch); bar: its top-1 under the two seeds",
                             "chosen (retrained)"]
     assert "Inherited top-1 of the 9 scored subnets vs gmacs" in section
+    assert "supernet_epochs" not in paths and "supernet_training" not in exported  # no supernet of its own
+    assert not (Path(paths["html"]).parent / SUPERNET_EPOCHS_FILE).exists()
+
+
+SUPERNET_EPOCHS = 5
+
+
+def _supernet_folder(exp: Path, epochs: int = SUPERNET_EPOCHS) -> dict:
+    """The nested campaign that trains a one-shot campaign's supernet, <exp>/supernet/: one completed trial whose
+    epochs carry the supernet trainer's metrics beside a trial's; epoch 3 lacks the smallest subnet's top-1.
+    -> the trial's record."""
+    folder = exp / "supernet"
+    write_campaign(folder, [], spec=dict(SPEC, name="supernet"), name="supernet")
+    rec = synthetic_record(0, "completed", rng=np.random.default_rng(1), epochs_planned=epochs, campaign="supernet")
+    for e in rec["epochs"]:
+        e.update(top1_smallest=e["top1"] / 3, val_loss_smallest=e["val_loss"] + 0.5,
+                 train_loss_students=0.1 * e["epoch"], step=20 * e["epoch"])
+    del rec["epochs"][2]["top1_smallest"]
+    write_record(folder, rec)
+    return rec
+
+
+CURVES = {"teacher (largest subnet) top-1": "top1", "smallest subnet top-1": "top1_smallest",
+          "teacher validation loss": "val_loss", "teacher training loss": "train_loss",
+          "smallest subnet validation loss": "val_loss_smallest", "students' mean training loss": "train_loss_students"}
+
+
+def test_a_one_shot_report_holds_the_supernet_epochs_and_their_curves(tmp_path, monkeypatch):
+    exp = tmp_path / "oneshot"
+    _one_shot_campaign(exp)
+    rec = _supernet_folder(exp)
+    exported = {}
+    monkeypatch.setattr(report, "export_static", lambda figs, out: exported.update(figs) or {})
+    paths = report.build_report(exp, static=True)
+
+    table = pq.read_table(paths["supernet_epochs"])
+    assert Path(paths["supernet_epochs"]).name == SUPERNET_EPOCHS_FILE
+    assert table.num_rows == SUPERNET_EPOCHS  # one row per supernet epoch, in order
+    assert table["epoch"].to_pylist() == list(range(1, SUPERNET_EPOCHS + 1))
+    assert set(table["trial_id"].to_pylist()) == {rec["trial_id"]}
+    head = pq.read_table(Path(paths["html"]).parent / EPOCHS_FILE).column_names[:11]  # epochs.parquet's own columns
+    assert table.column_names == [*head, "step", "top1_smallest", "train_loss_students", "val_loss_smallest"]
+    assert table["top1_smallest"].null_count == 1 and table["top1_smallest"][2].as_py() is None
+    np.testing.assert_allclose(table["top1"].to_numpy(), [e["top1"] for e in rec["epochs"]])
+
+    fig = exported["supernet_training"]  # exported as png/svg beside the other one-shot figures
+    traces = {t["name"]: t for t in fig["data"]}
+    assert list(traces) == list(CURVES)
+    for name, column in CURVES.items():
+        t = traces[name]
+        assert len(_numbers(t["x"])) == len(_numbers(t["y"])) == SUPERNET_EPOCHS
+        np.testing.assert_allclose(_numbers(t["y"]), table[column].to_numpy(zero_copy_only=False), equal_nan=True)
+        panel = ("x", "y") if "top-1" in name else ("x2", "y2")  # top-1 above, the losses below
+        assert (t["xaxis"], t["yaxis"]) == panel
+    assert np.isnan(_numbers(traces["smallest subnet top-1"]["y"])[2])  # a gap where the epoch lacks it
+    layout = fig["layout"]
+    assert layout["yaxis"]["domain"][0] > layout["yaxis2"]["domain"][1] and layout["xaxis2"]["matches"] == "x"
+    assert f"epoch {SUPERNET_EPOCHS}: teacher (largest subnet) top-1 {rec['epochs'][-1]['top1']:.2f} %" \
+        in layout["title"]["text"]
+
+    section = Path(paths["html"]).read_text().split("<h2>One-shot fidelity</h2>", 1)[1]
+    plotted = re.findall(r'Plotly\.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', section, re.S)
+    assert len(plotted) == 4  # the subnets' three, then the supernet's training
+    assert [t["name"] for t in json.loads(plotted[-1])] == list(CURVES)
+
+
+def test_an_ordinary_campaign_gets_no_supernet_table_nor_figure(tmp_path, monkeypatch):
+    exp = tmp_path / "plain"
+    write_campaign(exp, ["completed"] * 3)
+    _supernet_folder(exp)  # a nested folder alone makes no one-shot campaign
+    exported = {}
+    monkeypatch.setattr(report, "export_static", lambda figs, out: exported.update(figs) or {})
+    paths = report.build_report(exp, static=True)
+    assert "supernet_epochs" not in paths and "supernet_training" not in exported and exported
+    assert not (Path(paths["html"]).parent / SUPERNET_EPOCHS_FILE).exists()
+    assert "Supernet training" not in Path(paths["html"]).read_text()
+
+
+def _epochs(trials: int = 1, **columns) -> pd.DataFrame:
+    n = SUPERNET_EPOCHS
+    return pd.DataFrame({"trial_id": np.repeat([f"t{i}" for i in range(trials)], n),
+                         "trial_name": np.repeat([f"supernet-{i}" for i in range(trials)], n),
+                         "epoch": np.tile(np.arange(1, n + 1), trials),
+                         **{c: np.linspace(1, 2, n * trials) for c in columns}})
+
+
+@pytest.mark.parametrize(("columns", "panels"), [
+    (("top1", "top1_smallest"), {("x", "y")}),       # no loss: one panel, top-1
+    (("val_loss", "train_loss"), {("x", "y")}),      # no top-1: one panel, the losses
+    (("top1", "val_loss_smallest"), {("x", "y"), ("x2", "y2")}),
+])
+def test_the_supernet_figure_draws_the_curves_present(columns, panels):
+    fig = supernet_figure(_epochs(**dict.fromkeys(columns)))
+    assert {(t["xaxis"], t["yaxis"]) for t in fig["data"]} == panels
+    assert [CURVES[t["name"]] for t in fig["data"]] == list(columns)
+    assert ("yaxis2" in fig["layout"]) == (len(panels) == 2)
+
+
+def test_the_supernet_figure_names_each_trial_when_there_are_several_and_draws_nothing_without_metrics():
+    fig = supernet_figure(_epochs(2, top1=None))
+    assert [t["name"] for t in fig["data"]] == ["teacher (largest subnet) top-1 · supernet-0",
+                                                "teacher (largest subnet) top-1 · supernet-1"]
+    assert all(len(_numbers(t["x"])) == SUPERNET_EPOCHS for t in fig["data"])
+    assert supernet_figure(_epochs(top5=None)) is None
