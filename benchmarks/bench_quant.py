@@ -112,7 +112,7 @@ def policies_of(model: torch.nn.Module, all_parts: bool) -> list[tuple[str, str,
 @torch.inference_mode()
 def predictions(model: torch.nn.Module, source: TensorSource) -> np.ndarray:
     """(N,) the predicted class of every image of ``source``."""
-    out = [model(x).argmax(dim=1) for x, _ in source.batches(torch.arange(len(source)), 256, CPU, drop_last=False)]
+    out = [model(x).argmax(dim=1) for x, _ in source.batches(source.part(1, 0), 256, CPU, drop_last=False)]
     return torch.cat(out).numpy()
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Dataset:
-    classes: int | None      # None: counted from the class folders (imagefolder)
+    classes: int | None      # None: counted from the class folders (imagefolder), or model.num_classes (wds, hfds)
     img_size: int            # default input size, px
     needs_path: bool         # read from data.path
     rgb: bool                # images have 3 channels (in_chans must be 3)
@@ -24,6 +24,8 @@ DATASET_INFO: dict[str, Dataset] = {
     "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
     "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
     "digits_clutter": Dataset(10, 32, False, False),  # a digit among pieces of others, at random places (harder)
+    "wds": Dataset(None, 224, True, True),         # WebDataset tar shards + timm's _info.json; a folder or s3:// gs://
+    "hfds": Dataset(None, 224, True, True),        # Parquet / Arrow files datasets.load_dataset reads (image, label)
 }
 DATASETS = tuple(DATASET_INFO)
 

@@ -184,7 +184,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("dataset", "data", one_of(*DATASETS), "digits", "dataset: " + " | ".join(DATASETS),
        section="data", searchable=False),
     _k("data_path", "data", TEXT.or_none(), None, "the dataset's root folder (cifar10, cifar100, imagefolder, "
-       "stl10, cars)",
+       "stl10, cars, hfds, wds); wds: also a bucket prefix (s3://, gs://)",
        section="data", section_key="path", searchable=False),
     _k("val_fraction", "data", number(0, 1, low_open=True), 0.2,
        "digits and synthetic: share held out for validation", section="data", searchable=False),

@@ -1,10 +1,14 @@
 """Datasets by name, sharded per rank, as batches of normalised (B, C, img_size, img_size) tensors: the
 checks before any worker starts, the sources of a config's dataset (trainers.sources; formats:
-trainers.data_sources), sharding, and batch-level augmentation with its training loss.
+trainers.data_sources, WebDataset shards: trainers.shard_source, Parquet / Arrow folders:
+trainers.hf_folder), sharding, and batch-level augmentation with its training loss.
 
-Sharding follows DistributedSampler without padding: the training order of an epoch is a permutation
-drawn from (seed, epoch), cut to a multiple of world_size and dealt round-robin; validation indices are
-range(rank, N, world_size), so the ranks cover the val set exactly once between them.
+Sharding: the training loop asks for a rank's share of a split through train_part / eval_part, and each
+source says what that share is (sources.Source.part). A source read by index deals as DistributedSampler
+without padding (sources.train_shard, eval_shard): the training order of an epoch is a permutation drawn
+from (seed, epoch), cut to a multiple of world_size and dealt round-robin; validation indices are
+range(rank, N, world_size), so the ranks cover the val set exactly once between them. A source read as
+shards in sequence (wds) deals a sources.Part its own way, as many samples (trainers.shard_deal).
 """
 from __future__ import annotations
 
@@ -19,14 +23,17 @@ from qkvsearch.trainers.data_sources import CIFAR_FILES
 from qkvsearch.trainers.data_sources import (
     check_cifar as _check_cifar,  # the name search.campaign.stages reads
 )
-from qkvsearch.trainers.sources import (  # noqa: F401  (prepare_images: re-exported beside the loaders)
+from qkvsearch.trainers.sources import (  # noqa: F401  (prepare_images, the deal by index: re-exported)
     IMAGE_EXTENSIONS,
     ArrayImages,
     DatasetError,
     PilSource,
+    Source,
     TensorSource,
+    eval_shard,
     eval_transform,
     prepare_images,
+    train_shard,
     train_transform,
 )
 
@@ -38,11 +45,15 @@ SYNTHETIC_RES = 32              # stored resolution; batches are resized to img_
 # Validation before any worker starts
 
 
-def check_dataset(cfg: dict) -> None:
+def check_dataset(cfg: dict, world_size: int | None = None) -> None:
     """Raise DatasetError naming the path and what was expected there. cfg: filled (spaces.keys.fill,
-    which requires data_path for the datasets read from files)."""
+    which requires data_path for the datasets read from files); world_size: the ranks that will read it
+    (None: this process group's, 1 outside one), which a dataset read as shards needs enough shards for."""
     reader, path = READERS[cfg["dataset"]], cfg["data_path"]
     if reader.check is None:  # made in memory: nothing to read
+        return
+    if reader.shards:  # a folder or a bucket prefix, read through qkvsearch.storage
+        reader.check(cfg, path, _ranks(world_size))
         return
     if not os.path.isdir(path):
         raise DatasetError(f"data_path: expected a folder holding {reader.expected}, "
@@ -75,6 +86,21 @@ def _check_imagefolder(cfg, path):
     if n is not None and n != len(classes["train"]):
         raise DatasetError(f"num_classes: expected {len(classes['train'])} (class folders in "
                            f"{os.path.join(path, 'train')!r}), given {n}")
+
+
+def _ranks(world_size: int | None) -> int:
+    if world_size is not None:
+        return world_size
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _check_shards(cfg, path, world_size):
+    from qkvsearch.trainers.shard_index import check_shards
+
+    if cfg["num_classes"] is None:
+        raise DatasetError("num_classes: required for dataset wds (its labels are 0..num_classes-1)")
+    check_shards(path, world_size, cfg["loader_workers"])
 
 
 def _has_image(folder: str) -> bool:
@@ -111,8 +137,31 @@ def _from_arrays(read):
     return load
 
 
+def _train_tf(cfg):
+    """The training split's transform: timm's augmenting one when the config augments, else the eval one."""
+    return train_transform(cfg) if (cfg["augment"] or cfg["randaugment"]) else eval_transform(cfg)
+
+
+def _shards(cfg):
+    from qkvsearch.trainers.shard_source import shard_sources
+
+    return shard_sources(cfg, _train_tf(cfg), eval_transform(cfg))
+
+
+def _hf_folder(cfg):
+    from qkvsearch.trainers.hf_folder import hf_sources
+
+    return hf_sources(cfg, _train_tf(cfg), eval_transform(cfg))
+
+
+def _check_hf_folder(cfg, path):
+    from qkvsearch.trainers.hf_folder import check_hf_folder
+
+    check_hf_folder(cfg, path)
+
+
 def _cars(cfg):
-    return more.cars(cfg, train_transform(cfg) if (cfg["augment"] or cfg["randaugment"]) else eval_transform(cfg))
+    return more.cars(cfg, _train_tf(cfg))
 
 
 def _synthetic(cfg):
@@ -130,8 +179,7 @@ def _load_imagefolder(cfg):
     from torchvision.datasets import ImageFolder
 
     root = cfg["data_path"]
-    tf_train = train_transform(cfg) if (cfg["augment"] or cfg["randaugment"]) else eval_transform(cfg)
-    train = ImageFolder(os.path.join(root, "train"), transform=tf_train)
+    train = ImageFolder(os.path.join(root, "train"), transform=_train_tf(cfg))
     val = ImageFolder(os.path.join(root, "val"), transform=eval_transform(cfg))
     return PilSource(train, cfg["loader_workers"]), PilSource(val, cfg["loader_workers"])
 
@@ -140,11 +188,14 @@ def _load_imagefolder(cfg):
 class DatasetReader:
     """How one dataset (spaces.datasets.DATASET_INFO: its classes, size, whether it reads data_path) is read.
     load(cfg) -> (train source, val source); check(cfg, path): raise DatasetError unless data_path holds it
-    (None: made in memory); expected: what data_path must hold, for messages."""
+    (None: made in memory); expected: what data_path must hold, for messages; shards: read as shards dealt
+    to ranks and loader processes: data_path may also be a bucket prefix (s3://, gs://), and the check is
+    check(cfg, path, world_size)."""
 
     load: Callable
     check: Callable | None = None
     expected: str = ""
+    shards: bool = False
 
 
 def _cifar_check(cfg, path):
@@ -162,6 +213,8 @@ READERS: dict[str, DatasetReader] = {
     "stl10": DatasetReader(_from_arrays(more.stl10), lambda cfg, path: more.check_stl10(path), "STL-10's binary files"),
     "cars": DatasetReader(_cars, lambda cfg, path: more.check_cars(path), "Stanford Cars' devkit and images"),
     "imagefolder": DatasetReader(_load_imagefolder, _check_imagefolder, "train/ and val/ with one folder per class"),
+    "wds": DatasetReader(_shards, _check_shards, "WebDataset tar shards and timm's _info.json", shards=True),
+    "hfds": DatasetReader(_hf_folder, _check_hf_folder, "Parquet or Arrow files of a train and a validation split"),
 }
 
 
@@ -169,17 +222,17 @@ READERS: dict[str, DatasetReader] = {
 # Sharding
 
 
-def train_shard(n: int, world_size: int, rank: int, seed: int, epoch: int) -> torch.Tensor:
-    """This rank's training indices for an epoch: order from (seed, epoch), n // world_size of them."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    perm = torch.randperm(n, generator=g)
-    per_rank = n // world_size
-    return perm[:per_rank * world_size][rank::world_size]
+def train_part(source: Source, world_size: int, rank: int, seed: int, epoch: int):
+    """This rank's share of the training split ``source`` for epoch ``epoch`` (0-based), in the order
+    (seed, epoch) draws, as ``source.batches`` reads it: train_shard's indices for a source read by index, a
+    sources.Part for one read as shards. Every rank's share holds len(source) // world_size samples."""
+    return source.part(world_size, rank, seed, epoch)
 
 
-def eval_shard(n: int, world_size: int, rank: int) -> torch.Tensor:
-    """This rank's validation indices: every world_size-th image, no padding, no overlap."""
-    return torch.arange(rank, n, world_size)
+def eval_part(source: Source, world_size: int, rank: int):
+    """This rank's share of the validation split ``source``, as ``source.batches`` reads it: eval_shard's
+    indices, or a sources.Part; the ranks' shares cover the split once between them."""
+    return source.part(world_size, rank)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -317,7 +317,7 @@ def train_one_epoch(run: Run) -> dict:
     """
     cfg, dist, model = run.cfg, run.dist, run.model
     model.train()
-    order = qdata.train_shard(len(run.train_src), dist.world_size, dist.rank, cfg["seed"], run.epoch)
+    order = qdata.train_part(run.train_src, dist.world_size, dist.rank, cfg["seed"], run.epoch)
     batches = run.train_src.batches(order, run.bpw, dist.device, drop_last=True)
     n = run.updates_per_epoch
     every = CHECK_EVERY.get(dist.device.type, CHECK_EVERY_DEFAULT)
@@ -371,7 +371,7 @@ def evaluate(model, source, dist: Dist, *, batch_size: int, autocast=contextlib.
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=dist.device)  # loss, correct1, correct5, count
-    idx = qdata.eval_shard(len(source), dist.world_size, dist.rank)
+    idx = qdata.eval_part(source, dist.world_size, dist.rank)
     for x, y in source.batches(idx, batch_size, dist.device, drop_last=False):
         with autocast():
             logits = model(x)

@@ -184,7 +184,7 @@ def run_trainer(config: dict, settings: RunSettings):
     run = settings
     cfg = require_filled(config)
     batch_plan(cfg, max(1, run.num_workers))
-    check_dataset(cfg)
+    check_dataset(cfg, max(1, run.num_workers))  # the ranks that will read it (0: this process alone)
 
     import ray.train
 

@@ -4,14 +4,20 @@ DataLoader (``PilSource``), the timm transforms that make PIL images into tensor
 - TensorSource: the whole split in memory as uint8 (N, C, h, w); each batch is moved to the device,
   resized to img_size and normalised there (digits, cifar, synthetic without augmentation; all val sets
   of in-memory datasets). No PIL round trip.
-- PilSource: a torch Dataset with a timm transform, read through a DataLoader (imagefolder, and the
+- PilSource: a torch Dataset with a timm transform, read through a DataLoader (imagefolder, hfds, and the
   training split of in-memory datasets when augment / randaugment is on).
+- ShardSource (trainers.shard_source): WebDataset tar shards read in sequence (wds).
+Every source (``Source``) says what a rank's share of its split is (``part``: which samples of it, in which
+order), and ``batches(share, batch_size, device, drop_last)`` reads that share: a source read by index
+(``ReadByIndex``: TensorSource, PilSource) deals indices (train_shard, eval_shard); one read as shards in
+sequence deals a ``Part`` (which rank of how many, which epoch) its own way (trainers.shard_deal).
 The dataset formats that fill them: trainers.data_sources; which dataset a config names: trainers.data.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,6 +27,9 @@ from qkvsearch.spaces.errors import BadInput
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# The splits a dataset stored by split (wds, hfds) may call its training and validation splits, tried in order
+# (timm/imagenet-1k-wds and most Hugging Face sets: train and validation).
+SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "test")}
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -28,8 +37,77 @@ class DatasetError(BadInput):
     """The dataset named by the config is missing or not in the expected format."""
 
 
+def split_names(found, where: str, layout: str = "") -> dict[str, str]:
+    """{"train": name, "val": name}: the first of each role's SPLIT_NAMES among the splits ``found`` (names) at
+    ``where``; DatasetError naming the role's names and the splits found when one is missing."""
+    chosen = {}
+    for role, names in SPLIT_NAMES.items():
+        name = next((n for n in names if n in found), None)
+        if name is None:
+            raise DatasetError(f"data_path: expected a split named {' or '.join(names)} in {where}{layout}, given "
+                               f"splits {', '.join(map(str, found)) or 'none'}")
+        chosen[role] = name
+    return chosen
+
+
+@dataclass(frozen=True)
+class Part:
+    """Which part of a split a rank reads: rank ``rank`` of ``world_size``; for training also the epoch's
+    (seed, epoch), which decide its order (None: validation, the split in its stored order)."""
+
+    world_size: int = 1
+    rank: int = 0
+    seed: int | None = None
+    epoch: int | None = None
+
+    @property
+    def training(self) -> bool:
+        return self.epoch is not None
+
+
+class Source(Protocol):
+    """What the training loop reads a split through: ``part`` gives a rank's share of the split (training:
+    with the epoch's (seed, epoch), which decide its order; validation: seed and epoch None, the split in its
+    stored order, the ranks covering it once between them), in the form the same source's ``batches``
+    reads; ``batches`` yields its (x float (B, C, img_size, img_size), y int64 (B,)) batches on ``device``."""
+
+    def __len__(self) -> int: ...
+
+    def part(self, world_size: int, rank: int, seed: int | None = None, epoch: int | None = None): ...
+
+    def batches(self, share, batch_size: int, device: torch.device, drop_last: bool): ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources read by index: their shares follow DistributedSampler without padding
+
+
+def train_shard(n: int, world_size: int, rank: int, seed: int, epoch: int) -> torch.Tensor:
+    """This rank's training indices for an epoch: order from (seed, epoch), n // world_size of them (the
+    permutation cut to a multiple of world_size, dealt round-robin)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    per_rank = n // world_size
+    return perm[:per_rank * world_size][rank::world_size]
+
+
+def eval_shard(n: int, world_size: int, rank: int) -> torch.Tensor:
+    """This rank's validation indices: every world_size-th image, no padding, no overlap."""
+    return torch.arange(rank, n, world_size)
+
+
+class ReadByIndex:
+    """A source whose ``batches`` reads the (N,) int64 indices it is given: its share of a split is the indices
+    train_shard (training) or eval_shard (validation) deal to the rank."""
+
+    def part(self, world_size: int, rank: int, seed: int | None = None, epoch: int | None = None) -> torch.Tensor:
+        if epoch is None:
+            return eval_shard(len(self), world_size, rank)
+        return train_shard(len(self), world_size, rank, seed, epoch)
+
+
 @dataclass
-class TensorSource:
+class TensorSource(ReadByIndex):
     """A split held in memory as uint8 (N, C, h, w) images and int64 (N,) labels.
 
     On a GPU the whole split is copied to the device once (CIFAR's 50,000 images are 150 MB as uint8):
@@ -107,11 +185,17 @@ class _SeededItems(torch.utils.data.Dataset):
 
     def __getitem__(self, key):
         i, seed = key
-        s = np.random.SeedSequence([seed, i]).generate_state(2)
-        random.seed(int(s[0]))
-        np.random.seed(s)
-        torch.manual_seed(int(s[0]) << 32 | int(s[1]))
+        seed_sample(seed, i)
         return self.dataset[i]
+
+
+def seed_sample(seed: int, i: int) -> None:
+    """Seed random, numpy and torch from (seed, i) before sample i is transformed: its augmentation then
+    depends on the epoch's seed and the sample alone, not on the loader process that reads it."""
+    s = np.random.SeedSequence([seed, i]).generate_state(2)
+    random.seed(int(s[0]))
+    np.random.seed(s)
+    torch.manual_seed(int(s[0]) << 32 | int(s[1]))
 
 
 class _EpochSampler(torch.utils.data.Sampler):
@@ -129,7 +213,7 @@ class _EpochSampler(torch.utils.data.Sampler):
 
 
 @dataclass
-class PilSource:
+class PilSource(ReadByIndex):
     """A torch Dataset yielding (normalised (C, H, W) tensor, label), read via a DataLoader.
 
     One DataLoader per (batch size, drop_last, device type), kept across epochs: its loader processes

@@ -29,7 +29,8 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
 
     Returns (resolved config, cost) of every model configuration (search.campaign.costs.check_models). A data
     folder this machine does not have fails a launch; `validate` (launching=False) only warns, since
-    the spec may be meant for a cluster whose nodes hold the data. A folder that exists is checked whole.
+    the spec may be meant for a cluster whose nodes hold the data. A folder that exists, and a bucket prefix
+    (s3://, gs://: every node reads the same one), are checked whole, for as many ranks as a trial has.
     """
     from qkvsearch.search.campaign.costs import check_models
     from qkvsearch.search.campaign.tracking import check_trackers
@@ -45,10 +46,10 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     models = check_models(spec)
     config = fill(base_config(spec))
     path = config["data_path"]
-    if not launching and path is not None and not os.path.exists(path):
+    if not launching and path is not None and not _URI.match(path) and not os.path.exists(path):
         log.warning(f"data.path: {path} does not exist on this machine; launch checks it where it runs")
     else:
-        check_dataset(config)
+        check_dataset(config, max(1, spec.resources.workers_per_trial))
     if spec.stages:  # the stages' datasets and OOD sets (search.campaign.stages)
         from qkvsearch.search.campaign.stages import check_stages
 

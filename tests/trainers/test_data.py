@@ -8,7 +8,15 @@ from helpers.images import write_imagefolder
 
 from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers import data
-from qkvsearch.trainers.data import DatasetError, check_dataset, eval_shard, load_data, train_shard
+from qkvsearch.trainers.data import (
+    DatasetError,
+    check_dataset,
+    eval_part,
+    eval_shard,
+    load_data,
+    train_part,
+    train_shard,
+)
 
 
 def trial_cfg(cfg: dict) -> dict:
@@ -93,7 +101,7 @@ def test_imagefolder_is_read(tmp_path):
     check_dataset(cfg)
     train, val = load_data(cfg)
     assert isinstance(train, data.PilSource) and (len(train), len(val)) == (9, 9)
-    xs, ys = zip(*val.batches(eval_shard(9, 1, 0), 4, CPU, drop_last=False))
+    xs, ys = zip(*val.batches(eval_part(val, 1, 0), 4, CPU, drop_last=False))
     assert [len(y) for y in ys] == [4, 4, 1] and xs[0].shape == (4, 3, 16, 16)
     assert torch.cat(ys).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # class index = sorted folder order
     aug = trial_cfg({**cfg, "randaugment": "rand-m9-mstd0.5", "augment": True})
@@ -192,6 +200,21 @@ def test_sharding_is_disjoint_and_complete():
     assert not torch.equal(shards[0], train_shard(n, world, 0, seed=5, epoch=3))
     val = torch.cat([eval_shard(n, world, r) for r in range(world)])
     assert sorted(val.tolist()) == list(range(n))  # every val image once: no padding, no duplicates
+
+
+def test_a_source_read_by_index_is_dealt_the_sharding_indices():
+    """The training loop asks each source for a rank's share (train_part, eval_part); a source read by index
+    answers with train_shard's and eval_shard's indices, which its batches read."""
+    train, val = load_data(trial_cfg({"dataset": "synthetic", "img_size": 16}))
+    aug, _ = load_data(trial_cfg({"dataset": "synthetic", "img_size": 16, "augment": True}))
+    assert isinstance(train, data.TensorSource) and isinstance(aug, data.PilSource)
+    for source in (train, aug):
+        share = train_part(source, 3, 1, 5, 2)
+        assert torch.equal(share, train_shard(len(source), 3, 1, seed=5, epoch=2))
+        assert torch.equal(eval_part(source, 3, 2), eval_shard(len(source), 3, 2))
+    x, y = next(val.batches(eval_part(val, 4, 3), 8, CPU, drop_last=False))
+    ref_x, ref_y = next(val.batches(torch.arange(3, 35, 4), 8, CPU, drop_last=False))
+    assert torch.equal(y, ref_y) and torch.equal(x, ref_x)
 
 
 def test_mixup_and_label_smoothing_losses():

@@ -34,7 +34,7 @@ class SubnetScorer:
         self.autocast = engine.autocast_context(cfg, self.device)  # bf16 on CUDA, as a trial evaluates
 
     def _bn_batches(self):
-        order = qdata.train_shard(len(self.train_src), 1, 0, BN_SEED, 0)
+        order = qdata.train_part(self.train_src, 1, 0, BN_SEED, 0)
         batches = self.train_src.batches(order, self.bpw, self.device, drop_last=True)
         for _ in range(self.bn_batches):
             x, _ = next(batches)
