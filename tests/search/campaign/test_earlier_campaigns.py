@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 from helpers import REPO
+from helpers.resumes import resume_checked
 
-from qkvsearch.search.records.layout import FINAL_STATUSES
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.search.searchers.mfehvi import MF_DEFAULT
 from qkvsearch.spaces.search_options import ALGORITHMS
@@ -45,20 +45,11 @@ def test_an_earlier_campaign_resumes_and_reports(ray_local, tmp_path, algorithm)
     import pyarrow.parquet as pq
 
     from qkvsearch.search.analysis.report import build_report
-    from qkvsearch.search.campaign.launch import resume
 
     exp = tmp_path / algorithm
     shutil.copytree(EARLIER / algorithm, exp)
     planned = json.loads((exp / "qs_campaign.json").read_text())["spec"]["search"]["num_trials"]
-    before = {r["trial_id"]: r for r in read_trial_records(exp)[0]}
-
-    resume(str(exp))
-    after = {r["trial_id"]: r for r in read_trial_records(exp)[0]}
-    assert len(after) == planned and set(before) <= set(after)
-    assert all(r["status"] in FINAL_STATUSES for r in after.values())
-    for tid, rec in before.items():
-        if rec["status"] == "completed":  # ended before the stop: kept as recorded, not trained again
-            assert after[tid]["epochs"] == rec["epochs"] and after[tid]["started_at"] == rec["started_at"]
+    _, after = resume_checked(exp)
     trained = [r["config"]["embedding"] for r in after.values() if r["status"] != "duplicate"]
     assert len(trained) == len(set(trained))  # no configuration trained twice
     saved = json.loads(max(exp.glob("searcher-state-*.pkl")).read_text())

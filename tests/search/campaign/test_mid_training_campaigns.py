@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 from helpers import REPO
+from helpers.resumes import records_by_id, resume_checked
 
 from qkvsearch.search.records.layout import FINAL_STATUSES
 from qkvsearch.search.records.readers import read_trial_records
@@ -51,22 +52,13 @@ def test_a_config_of_before_a_key_reads_as_todays_of_the_same_training():
 @pytest.mark.parametrize("name", FIXTURES)
 def test_a_campaign_stopped_mid_training_resumes_the_trial_from_its_checkpoint(ray_local, tmp_path, name):
     from qkvsearch.search.analysis.report import build_report
-    from qkvsearch.search.campaign.launch import resume
 
     exp = tmp_path / name
     shutil.copytree(MID_TRAINING / name, exp)
-    planned = json.loads((exp / "qs_campaign.json").read_text())["spec"]["search"]["num_trials"]
-    before = {r["trial_id"]: r for r in read_trial_records(exp)[0]}
-    (stopped,) = [t for t, r in before.items() if r["status"] not in FINAL_STATUSES]
+    (stopped,) = [t for t, r in records_by_id(exp).items() if r["status"] not in FINAL_STATUSES]
     saved = torch.load(_checkpoint(exp, stopped), weights_only=True)
 
-    resume(str(exp))
-    after = {r["trial_id"]: r for r in read_trial_records(exp)[0]}
-    assert len(after) == planned and set(before) <= set(after)
-    assert all(r["status"] in FINAL_STATUSES for r in after.values()), {t: r["status"] for t, r in after.items()}
-    for tid, rec in before.items():
-        if rec["status"] == "completed":  # ended before the stop: kept as recorded, not trained again
-            assert after[tid]["epochs"] == rec["epochs"] and after[tid]["started_at"] == rec["started_at"]
+    before, after = resume_checked(exp)
     # The stopped trial went on from its checkpoint: the epochs it had reported and the one its checkpoint holds
     # are those it trained before the stop (their timings are not a rerun's), and it trained past them.
     resumed = after[stopped]

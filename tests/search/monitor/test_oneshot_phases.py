@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from helpers.campaign_files import SPEC, synthetic_record, write_campaign, write_record
+from helpers.views import Recorder
 
 from qkvsearch.search.cli import EXIT_OK, main
 from qkvsearch.search.monitor.oneshot_phases import read_phases
@@ -165,16 +166,6 @@ def test_a_campaign_of_trials_shows_no_phase(tmp_path, capsys):
 
 def test_the_driver_shows_its_view_the_phases_before_the_retraining(tmp_path):
     from qkvsearch.search.campaign.oneshot.phases import _watched
-
-    class Recorder:
-        def __init__(self):
-            self.seen, self.closed = [], False
-
-        def show(self, progress):
-            self.seen.append(progress)
-
-        def close(self):
-            self.closed = True
 
     exp = one_shot_folder(str(tmp_path / "oneshot"), "supernet")
     view = Recorder()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from helpers import PRESETS
 from helpers.campaign_files import write_campaign
+from helpers.views import Recorder
 
 from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask
 from qkvsearch.search.analysis.report import build_report
@@ -23,17 +24,6 @@ from qkvsearch.search.monitor.watch import CampaignMonitor, watch
 from qkvsearch.search.records.layout import ENDED_KEY
 
 STATUSES = ["completed", "completed", "running", "stopped_early", "failed", "completed", "pending"]
-
-
-class Recorder:
-    def __init__(self):
-        self.seen, self.closed = [], False
-
-    def show(self, progress):
-        self.seen.append(progress)
-
-    def close(self):
-        self.closed = True
 
 
 def _end(exp):
