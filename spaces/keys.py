@@ -1,13 +1,10 @@
 """Every key of a trial config, declared once: ``KEYS``.
 
-A trial config is one flat dict of plain values (model, embedding, data and training keys). Each key
-is a ``Key``: its check (type and allowed values), default, unit, group, the campaign-file section that
-sets it, and one line of doc. Everything else derives from this table: the spec loader's section
-tables and searchable keys, ``fill`` (defaults and checks of a config), the model and cost configs,
-the Parquet column types, the report's tables and search/RESULTS_SCHEMA.md.
-
-Each key's check (type and allowed values) is one of spaces.checks.
-"""
+A trial config is one flat dict of plain values (model, embedding, data and training keys). Each key is a
+``Key``: its check (type and allowed values, one of spaces.checks), default, unit, group, the campaign-file
+section that sets it, and one line of doc. Everything else derives from this table: the spec loader's section
+tables and searchable keys, ``fill`` (defaults and checks), the model and cost configs, the architecture's key
+groups, the Parquet column types, the report's tables and search/RESULTS_SCHEMA.md."""
 from __future__ import annotations
 
 import json
@@ -103,6 +100,8 @@ class Key:
     report: bool = False            # a column of the report's trial tables
     required: bool = False
     before: Any = DEFAULT           # what a config written before the key existed meant (spaces.upgrade)
+    macro: bool = False             # a timm constructor argument of the model's shape (MACRO_KEYS)
+    sliced: bool = False            # a size a supernet holds as the leading part of its largest's tensors
 
     @property
     def arrow(self) -> str:
@@ -124,29 +123,31 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("drop_path_rate", "model", FRACTION, 0.0, "stochastic depth rate", section="model"),
     # macro shape (timm constructor arguments; the space sets them)
     _k("depth", "model", integer(1, MAX_BLOCKS).or_none(), None, "transformer blocks; null: timm's for the model",
-       unit="blocks"),
+       unit="blocks", macro=True, sliced=True),
     _k("embed_dim", "model", integer(1, MAX_UNITS).or_none(), None, "token dim d; null: timm's for the model",
-       unit="channels"),
+       unit="channels", macro=True, sliced=True),
     _k("num_heads", "model", integer(1, MAX_UNITS).or_none(), None, "attention heads; null: timm's for the model",
-       families=(VIT, XCIT)),
+       families=(VIT, XCIT), macro=True, sliced=True),
     _k("mlp_ratio", "model", number(0, MAX_MLP_RATIO, low_open=True, high_open=False).or_none(), None,
-       "MLP hidden width / d (MLP-Mixer: the channel-mixing MLP's); null: timm's for the model"),
+       "MLP hidden width / d (MLP-Mixer: the channel-mixing MLP's); null: timm's for the model",
+       macro=True, sliced=True),
     _k("token_mlp_ratio", "model", number(0, MAX_MLP_RATIO, low_open=True, high_open=False).or_none(), None,
-       "MLP-Mixer: token-mixing MLP hidden width / d; null: timm's for the model", families=(MIXER,)),
+       "MLP-Mixer: token-mixing MLP hidden width / d; null: timm's for the model", families=(MIXER,),
+       macro=True, sliced=True),
     _k("patch_size", "model", integer(1, MAX_PIXELS).or_none(), None, "patch side; null: timm's for the model",
-       unit="px"),
+       unit="px", macro=True),
     _k("qkv_bias", "model", FLAG.or_none(), None,
        "a bias on the q, k and v projections (timm's qkv_bias); null: the model's own (timm's ViT/DeiT: true)",
-       families=(VIT,), applies_key="attention", applies_to=QKV_ATTENTIONS),
+       families=(VIT,), applies_key="attention", applies_to=QKV_ATTENTIONS, macro=True),
     # attention design (spaces.choices, trainers.architecture): ViT/DeiT only, except key and patch_embed
     _k("attention", "model", one_of(*ATTENTIONS), "softmax",
        "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True),
     _k("attn_features", "model", integer(1, MAX_UNITS), 64, "Performer random features m", unit="features",
-       applies_key="attention", applies_to=sized_by("attn_features"), report=True),
+       applies_key="attention", applies_to=sized_by("attn_features"), report=True, sliced=True),
     _k("attn_proj_len", "model", integer(1, MAX_UNITS), 64, "Linformer projected length k", unit="tokens",
-       applies_key="attention", applies_to=sized_by("attn_proj_len"), report=True),
+       applies_key="attention", applies_to=sized_by("attn_proj_len"), report=True, sliced=True),
     _k("attn_landmarks", "model", integer(1, MAX_UNITS), 32, "Nystromformer landmarks m", unit="tokens",
-       applies_key="attention", applies_to=sized_by("attn_landmarks"), report=True),
+       applies_key="attention", applies_to=sized_by("attn_landmarks"), report=True, sliced=True),
     _k("pos_embed", "model", one_of(*POS_EMBEDS), "learned", "positions: " + " | ".join(POS_EMBEDS) + " (ViT/DeiT)",
        families=(VIT,), report=True),
     _k("patch_embed", "model", one_of(*PATCH_EMBEDS), "linear",
@@ -155,7 +156,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("key", "model", one_of(*KEY_KINDS), "shared",
        "key: shared (from the q/k/v embedding) | manifold (charts, apart from q and v)", report=True),
     _k("key_charts", "model", integer(1, MAX_UNITS), 8, "manifold key: charts H", applies_key="key", applies_to=("manifold",),
-       report=True),
+       report=True, sliced=True),
     _k("key_aggregation", "model", one_of(*KEY_AGGREGATIONS), "vanilla",
        "manifold key: chart aggregation " + " | ".join(KEY_AGGREGATIONS), applies_key="key",
        applies_to=("manifold",), report=True),
@@ -166,9 +167,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        report=True),
     _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
        "requested hidden width h: int, ratio of the token dim d, match (baseline params), paper (Table 1)",
-       applies_to=embeddings_with("hidden"), report=True),
+       applies_to=embeddings_with("hidden"), report=True, sliced=True),
     _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features", applies_to=embeddings_with("codes"),
-       report=True),
+       report=True, sliced=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
        "F-SNE codes: one set for the network, or one per block", applies_to=embeddings_with("codes"), report=True),
     _k("embed_class_attn", "embedding", FLAG, False, "also embed XCiT's class-attention blocks",
@@ -229,10 +230,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
 )}
 
 # The architecture keys (trainers.architecture): timm's constructor arguments (the macro shape and the q/k/v
-# bias), then the attention design.
-MACRO_KEYS = ("depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio", "patch_size", "qkv_bias")
-DESIGN_KEYS = ("attention", "attn_features", "attn_proj_len", "attn_landmarks", "pos_embed", "patch_embed",
-               "key", "key_charts", "key_aggregation", "key_context")
+# bias), then the attention design: every other model key the space alone sets.
+MACRO_KEYS = tuple(k.name for k in KEYS.values() if k.macro)
+DESIGN_KEYS = tuple(k.name for k in KEYS.values() if k.group == "model" and k.section is None and not k.macro)
 ARCHITECTURE_KEYS = MACRO_KEYS + DESIGN_KEYS
 
 # Derived, not settable: the hidden width the embedding really has (hidden_width solved; 0 for linear).

@@ -37,7 +37,7 @@ from __future__ import annotations
 from qkvsearch.spaces.blocks import base_key
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
-from qkvsearch.spaces.keys import QUANT_KEYS, key_of, section_keys
+from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, key_of, section_keys
 from qkvsearch.spaces.metrics import COST_METRICS, SCORED_METRICS
 from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap, SupernetSpec
 from qkvsearch.spaces.sections import optional, parse_worker_resources
@@ -48,8 +48,8 @@ ATTENTION_BRANCH = ("embedding", "attention", "key", "key_aggregation", "key_con
 STEM_BRANCH = ("patch_embed",)
 POSITION_BRANCH = ("pos_embed",)
 BRANCH_KEYS = (*ATTENTION_BRANCH, *STEM_BRANCH, *POSITION_BRANCH)
-WIDTH_KEYS = ("hidden_width", "code_size", "depth", "embed_dim", "num_heads", "mlp_ratio", "token_mlp_ratio",
-              "attn_features", "attn_proj_len", "attn_landmarks", "key_charts")
+# (Key.sliced) the embedding's own first: the subject, and what an error names first
+WIDTH_KEYS = tuple(k.name for k in sorted(KEYS.values(), key=lambda k: k.group != "embedding") if k.sliced)
 RETRAIN = ("front", "top_k")
 RETRAIN_FROM = ("scratch", "inherited")
 FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from", "retrain_from",
