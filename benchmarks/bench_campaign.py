@@ -74,7 +74,7 @@ def run_plain(configs: list[dict]) -> tuple[float, float]:
     import torch
 
     from qkvsearch.spaces.keys import fill
-    from qkvsearch.trainers.engine import Dist, fit
+    from qkvsearch.trainers.training.engine import Dist, fit
 
     os.nice(max(0, RAY_WORKER_NICENESS - os.nice(0)))
     torch.set_num_threads(2)

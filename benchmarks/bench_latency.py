@@ -1,8 +1,8 @@
-"""Counted MACs beside measured cost (trainers.measure) for the embeddings and two attentions.
+"""Counted MACs beside measured cost (trainers.deploy.measure) for the embeddings and two attentions.
 
-For each configuration: GMACs (trainers.cost), then ``--repeats`` measurements of latency (batch 1),
+For each configuration: GMACs (trainers.model.cost), then ``--repeats`` measurements of latency (batch 1),
 throughput (``--batch``), training step time (``--train-batch``) and peak memory, each measured afresh the
-way a campaign measures (trainers.measure.measure: warm-up until settled, median within ±1 % or
+way a campaign measures (trainers.deploy.measure.measure: warm-up until settled, median within ±1 % or
 ``--max-s``); their median, their coefficient of variation over the repeats, the wall time of one
 measurement and its share of one real training epoch of the same configuration on digits (1,437 training
 images). Then Spearman's rank correlation of GMACs with each measured metric over the configurations.
@@ -19,9 +19,9 @@ import time
 import pandas as pd
 import torch
 
-from qkvsearch.trainers.cost import resolve_trial
-from qkvsearch.trainers.engine import Dist, fit
-from qkvsearch.trainers.measure import measure
+from qkvsearch.trainers.deploy.measure import measure
+from qkvsearch.trainers.model.cost import resolve_trial
+from qkvsearch.trainers.training.engine import Dist, fit
 
 XCIT = dict(model="xcit_nano_12_p8_224", img_size=32)   # XCiT-N12, patch 8: 16 tokens at 32 px
 VIT = dict(model="vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=128, depth=4, num_heads=4,

@@ -2,7 +2,7 @@
 
 Prints, per model: median step time, the median of per-round ratios to its reference (timm's own
 model for ``linear``; our ``linear`` for the others) and, for the variants, the ratio of MACs
-(trainers.cost). Runs on CPU in float32, or on CUDA under bf16 autocast when a GPU is present.
+(trainers.model.cost). Runs on CPU in float32, or on CUDA under bf16 autocast when a GPU is present.
 All models are timed in every round, in a rotating order (interleaved A/B), after warm-up steps.
 
     python benchmarks/bench_model.py            # XCiT-N12 (size S), 224 px, batch 8
@@ -24,7 +24,7 @@ import timm
 import torch
 
 from qkvsearch.trainers import build_model
-from qkvsearch.trainers.cost import model_cost
+from qkvsearch.trainers.model.cost import model_cost
 
 VARIANTS = {  # name -> model keys on top of the base config
     "timm": None,

@@ -3,7 +3,7 @@ well that score ranks them against the same subnets trained on their own, beside
 
 0. The noise floor first: one configuration under 3 seeds against the spread of ``--noise-configs``
    configurations (their top-1's standard deviations); a task whose ratio is under 3 cannot rank them
-   (``--dataset digits_clutter`` is the harder one the package makes offline: trainers.data_sources).
+   (``--dataset digits_clutter`` is the harder one the package makes offline: trainers.data.formats).
 1. A supernet (trainers.supernet) trained over a space of >= 100 configurations (embeddings, widths, code sizes,
    depths) with the sandwich rule and in-place distillation, as a one-shot campaign's supernet trial trains it.
 2. ``--score`` subnets drawn at random, scored with the weights they inherit (BatchNorm recalibrated):
@@ -30,10 +30,10 @@ from qkvsearch.search.analysis.fidelity import rank_agreement, top_k_overlap
 from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill
-from qkvsearch.trainers import engine
 from qkvsearch.trainers.supernet.plan import SupernetPlan
 from qkvsearch.trainers.supernet.scoring import SubnetScorer
 from qkvsearch.trainers.supernet.training import SupernetRun
+from qkvsearch.trainers.training import engine
 
 SPACES = {
     # 104 configurations of the embedding and its widths: they perform alike (README: the noise floor)

@@ -111,7 +111,7 @@ def _epoch_images(record: dict) -> list[dict]:
 
 
 def supernet_macs(plan: dict, updates: int, seed: int) -> float:
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
     from qkvsearch.trainers.supernet.plan import SupernetPlan
 
     p = SupernetPlan.from_dict(plan)

@@ -1,18 +1,18 @@
 """Quantization policies on this CPU: what int8 does to a trained model's predictions, its size and its measured
 latency, policy by policy, beside the same model in full precision, measured in one run.
 
-The task is one where int8 moves predictions: digits_clutter (trainers.data_sources: a digit among pieces of
+The task is one where int8 moves predictions: digits_clutter (trainers.data.formats: a digit among pieces of
 others, 32 px, patch 8: 17 tokens), validated on VAL_COPIES copies of each of its 360 validation digits (2,160
 images at 6; the dataset's own 1,800 are the first 5 copies), each copy at other places among other pieces. The
 model (XCiT-N12, d 128, 12 blocks, linear q/k/v by default) is trained with the campaign's engine
-(trainers.engine.Run), then quantized under each policy (trainers.quantize) and measured:
+(trainers.training.engine.Run), then quantized under each policy (trainers.model.quantize) and measured:
 
 - top-1 over the validation images, and Δ top-1 against fp with a 95 % bootstrap interval over the source digits
   (the 360 digits resampled with replacement, each with all its copies: copies of one digit are not independent
   images), the fp and int8 predictions paired image by image;
 - changed: the share of images whose predicted class differs from fp's (a change can fix a wrong prediction as
   well as break a right one, so it can be above |Δ top-1|);
-- size (trainers.quantize.weights_bytes) and latency (batch 1, one thread, inference_mode; all policies of a model
+- size (trainers.model.quantize.weights_bytes) and latency (batch 1, one thread, inference_mode; all policies of a model
   timed in interleaved rounds, median of per-round medians).
 
 Policies: per part, uniform over the blocks (fp or int8_weight_only for each part the model has, and
@@ -41,11 +41,11 @@ from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.spaces.blocks import block_key
 from qkvsearch.spaces.choices import FULL_PRECISION, PRECISION_CHOICES, policy_text
 from qkvsearch.spaces.keys import quant_policy
-from qkvsearch.trainers.cost import resolve_trial
-from qkvsearch.trainers.data_sources import digits_clutter
-from qkvsearch.trainers.engine import Dist, Run
-from qkvsearch.trainers.quantize import linear_forms, part_linears, quantize_model, weights_bytes
-from qkvsearch.trainers.sources import TensorSource
+from qkvsearch.trainers.data.formats import digits_clutter
+from qkvsearch.trainers.data.sources import TensorSource
+from qkvsearch.trainers.model.cost import resolve_trial
+from qkvsearch.trainers.model.quantize import linear_forms, part_linears, quantize_model, weights_bytes
+from qkvsearch.trainers.training.engine import Dist, Run
 
 MODELS = {"N12 (d 128)": "xcit_nano_12_p8_224", "T12 (d 192)": "xcit_tiny_12_p8_224"}
 EMBEDDINGS = {"linear": {}, "sne": {"embedding": "sne"}, "psne": {"embedding": "psne"},

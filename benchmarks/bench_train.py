@@ -1,9 +1,9 @@
 """Training-loop overheads, measured side by side in one process (timings on a shared CPU are noisy).
 
-1. Throughput: images/s of trainers.engine.train_one_epoch (one worker, no Ray) vs a plain PyTorch loop
+1. Throughput: images/s of trainers.training.engine.train_one_epoch (one worker, no Ray) vs a plain PyTorch loop
    (same model, data, batch, AdamW, cross-entropy) - interleaved repeats, warm-up excluded, medians.
    Target: engine / plain >= 0.95.
-2. Start-up: seconds from TorchTrainer.fit() (trainers.loop.run_trainer) to the first training step,
+2. Start-up: seconds from TorchTrainer.fit() (trainers.training.loop.run_trainer) to the first training step,
    as recorded by the worker (metric qs_first_step_at, time.time()), for 1 and 2 workers; with 2, the
    run's backend config as qkvsearch makes it (Train's controller never imports torch) and Ray's own
    TorchConfig (it does), interleaved; and the floor under them: a whole fit() of a training function
@@ -31,7 +31,7 @@ CFG = {"model": "xcit_nano_12_p8_224", "embedding": "fsne", "hidden_width": 64, 
 
 def engine_epoch(run, steps):
     """Seconds for `steps` optimizer updates of the engine (the code a Ray worker runs)."""
-    from qkvsearch.trainers import engine
+    from qkvsearch.trainers.training import engine
 
     run.updates_per_epoch = steps
     engine.seed_epoch(run.cfg["seed"], 0, run.epoch)
@@ -44,7 +44,7 @@ def plain_setup(cfg):
     """A plain loop's pieces: model, AdamW, and the training images prepared once as float tensors."""
     from qkvsearch.spaces.keys import fill
     from qkvsearch.trainers import build_model
-    from qkvsearch.trainers.data import load_data, prepare_images
+    from qkvsearch.trainers.data.datasets import load_data, prepare_images
 
     cfg = fill(cfg)
     torch.manual_seed(0)
@@ -71,7 +71,7 @@ def plain_epoch(model, opt, x, y, batch, steps, epoch):
 
 
 def bench_throughput(repeats, steps):
-    from qkvsearch.trainers.engine import Run
+    from qkvsearch.trainers.training.engine import Run
 
     cfg = fill(dict(CFG, max_steps_per_epoch=steps))
     run = Run(cfg)
@@ -96,7 +96,7 @@ def bench_throughput(repeats, steps):
 
 def bench_startup(workers, repeats):
     from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
-    from qkvsearch.trainers import loop
+    from qkvsearch.trainers.training import loop
 
     start_local_ray(trial_slots=1, num_cpus=2)
     cfg = fill(dict(CFG, max_steps_per_epoch=2, val_fraction=0.05))
@@ -136,7 +136,7 @@ def bench_startup(workers, repeats):
 def _empty_fit(workers: int, storage: str, name: str) -> float:
     import ray.train
 
-    from qkvsearch.trainers import loop
+    from qkvsearch.trainers.training import loop
 
     ddp = loop._ddp_config_class()
     trainer = loop._trainer_class()(

@@ -24,7 +24,6 @@ cli            the ``qkvsearch`` command                                        
 
 Below them all: ``qkvsearch.storage`` (local paths and bucket URIs, atomic writes), ``qkvsearch.spaces``
 (the campaign schema and the trial keys) and ``qkvsearch.trainers`` (models, cost, data, the DDP loop).
-"""
-from qkvsearch.search import _legacy
 
-_legacy.install()
+The module paths of the flat layout before these layers stay importable (qkvsearch._legacy).
+"""

@@ -5,7 +5,7 @@ families that the ``model`` name decides.
 
 Each table maps a name to a ``Choice`` whose ``target`` names, as ``"module:Class"``, the trainers class
 that builds the choice and counts its parameters and MACs. The names are strings here and are resolved by
-``qkvsearch.trainers.choices`` on first use (Ray Tune's ``tune/search/__init__.py`` pattern): spaces is a
+``qkvsearch.trainers.model.choices`` on first use (Ray Tune's ``tune/search/__init__.py`` pattern): spaces is a
 lower layer than trainers and imports neither it nor torch nor timm. A table is the one list of its
 names: the keys' checks and docs (spaces.keys), a space's implied conditions, the size key of each
 attention, the combinations refused, the classes trainers builds and the contract tests over each
@@ -55,7 +55,7 @@ class Family:
     needs: tuple[Need, ...] = ()
 
 
-# An embedding is a row here and its class (trainers.embeddings: how it is built, counted, quantized and laid out
+# An embedding is a row here and its class (trainers.model.embeddings: how it is built, counted, quantized and laid out
 # in the supernet); every rule about embeddings reads their facts from the rows (``embeddings_with``).
 EMBEDDING_CHOICES: dict[str, Choice] = {
     "linear": Choice(_T + "embeddings:Linear", "the model's own fused nn.Linear (XCiT, timm ViT)"),
@@ -124,7 +124,7 @@ KEY_CHOICES: dict[str, Choice] = {
                                                          "which int8 quantization of linears does not reach"),)),
 }
 
-# The precision of a part of the network under a quantization policy (trainers.quantize): applied after training,
+# The precision of a part of the network under a quantization policy (trainers.model.quantize): applied after training,
 # the part's in every block but those given their own (quant_qkv.3: spaces.blocks); the patch embedding and the
 # head stay in the model's own precision.
 PRECISION_CHOICES: dict[str, Choice] = {

@@ -1,5 +1,5 @@
 """The datasets a campaign can read: what each is, declared once (the ``dataset`` key's values, the readers in
-trainers.data, the stages' datasets)."""
+trainers.data.datasets, the stages' datasets)."""
 from __future__ import annotations
 
 import os
@@ -20,7 +20,7 @@ DATASET_INFO: dict[str, Dataset] = {
     "cifar10": Dataset(10, 32, True, True),        # the authors' python-pickle folder
     "cifar100": Dataset(100, 32, True, True),
     "imagefolder": Dataset(None, 224, True, True),  # <path>/train/<class>/*.jpg and <path>/val/<class>/...
-    "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data_sources)
+    "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data.formats)
     "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
     "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
     "digits_clutter": Dataset(10, 32, False, False),  # a digit among pieces of others, at random places (harder)

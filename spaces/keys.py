@@ -61,7 +61,7 @@ from qkvsearch.spaces.errors import BadInput, hint, show
 from qkvsearch.spaces.policy import QUANT_KEYS, full_precision, is_policy_key, quant_policy  # noqa: F401
 
 EMBEDDINGS = tuple(EMBEDDING_CHOICES)  # the choice keys' values: spaces.choices, one table each
-ACTIVATIONS = ("relu", "gelu")          # the embedding's sigma (trainers.embeddings.make_activation)
+ACTIVATIONS = ("relu", "gelu")          # the embedding's sigma (trainers.model.embeddings.make_activation)
 LR_SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "constant", "none")
 ATTENTIONS = tuple(ATTENTION_CHOICES)
 POS_EMBEDS = tuple(POSITION_CHOICES)
@@ -78,7 +78,7 @@ QKV_ATTENTIONS = tuple(n for n, c in ATTENTION_CHOICES.items() if c.projects_qkv
 
 GROUPS = ("model", "embedding", "quant", "data", "train")
 MODEL_GROUPS = ("model", "embedding")   # the keys that decide the model, hence its cost
-# quant: the quantization policy, applied after training (trainers.quantize): it decides the deployed model's
+# quant: the quantization policy, applied after training (trainers.model.quantize): it decides the deployed model's
 # precision, hence its measured cost, size and top1_q, but neither the training nor the counted params and MACs.
 DEFAULT = "<the default>"   # Key.before of a key whose default is what configs meant before it existed
 
@@ -139,7 +139,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("qkv_bias", "model", FLAG.or_none(), None,
        "a bias on the q, k and v projections (timm's qkv_bias); null: the model's own (timm's ViT/DeiT: true)",
        families=(VIT,), applies_key="attention", applies_to=QKV_ATTENTIONS, macro=True),
-    # attention design (spaces.choices, trainers.architecture): ViT/DeiT only, except key and patch_embed
+    # attention design (spaces.choices, trainers.model.architecture): ViT/DeiT only, except key and patch_embed
     _k("attention", "model", one_of(*ATTENTIONS), "softmax",
        "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True),
     _k("attn_features", "model", integer(1, MAX_UNITS), 64, "Performer random features m", unit="features",
@@ -224,12 +224,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="train"),
     _k("compile", "train", AUTO_FLAG, "auto",
        "torch.compile the model: auto = on CUDA for runs long enough to repay compiling "
-       "(trainers.engine.COMPILE_MIN_UPDATES)", section="train"),
+       "(trainers.training.engine.COMPILE_MIN_UPDATES)", section="train"),
     _k("loader_workers", "train", NONNEG_INT, 0, "DataLoader processes per worker (PIL-decoded datasets)",
        section="train"),
 )}
 
-# The architecture keys (trainers.architecture): timm's constructor arguments (the macro shape and the q/k/v
+# The architecture keys (trainers.model.architecture): timm's constructor arguments (the macro shape and the q/k/v
 # bias), then the attention design: every other model key the space alone sets.
 MACRO_KEYS = tuple(k.name for k in KEYS.values() if k.macro)
 DESIGN_KEYS = tuple(k.name for k in KEYS.values() if k.group == "model" and k.section is None and not k.macro)
@@ -380,7 +380,7 @@ def not_applicable(key: Key, out: Mapping, groups=GROUPS) -> str:
 
 
 def check_combinations(cfg: Mapping) -> None:
-    """Model keys that cannot work together (rules needing the resolved shape: trainers.architecture)."""
+    """Model keys that cannot work together (rules needing the resolved shape: trainers.model.architecture)."""
     family = model_family(cfg.get("model"))
     unmet = unmet_need(cfg, family)   # what the chosen attention or family cannot work with
     if unmet:

@@ -17,7 +17,7 @@ METRICS: dict[str, str] = {
 }
 # A metric known only once a trial has completed -> the per-epoch metric schedulers rank its rungs by.
 RANKED_BY = {"top1_q": "top1"}
-# Cost measured on the trials' device before training (trainers.measure): metric -> (mode, unit, what).
+# Cost measured on the trials' device before training (trainers.deploy.measure): metric -> (mode, unit, what).
 MEASURED: dict[str, tuple[str, str, str]] = {
     "latency_ms": ("min", "ms", "inference of measure.latency_batch images (median; p90 kept)"),
     "throughput": ("max", "images/s", "inference at measure.batch images a forward"),
@@ -28,7 +28,7 @@ MEASURED: dict[str, tuple[str, str, str]] = {
 }
 METRICS.update({name: mode for name, (mode, _, _) in MEASURED.items()})
 MEASURED_METRICS = tuple(MEASURED)
-COUNTED_METRICS = ("params", "params_m", "embed_params", "gmacs")     # from the config alone (trainers.cost)
+COUNTED_METRICS = ("params", "params_m", "embed_params", "gmacs")     # from the config alone (trainers.model.cost)
 # What scoring a subnet with the weights it inherits from a supernet gives (trainers.supernet.scoring): its
 # validation figures, its top-1 under its quantization policy, and its weights' size under that policy.
 INHERITED_METRICS = ("top1", "top5", "val_loss", "top1_q")

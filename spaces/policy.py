@@ -2,7 +2,7 @@
 
 A policy gives each part of the network a precision (``QUANT_KEYS``: quant_qkv, quant_proj, quant_mlp,
 quant_token_mlp; spaces.choices.QUANT_PARTS says what each holds), the part's in every block, and a block may
-have its own (``quant_qkv.3``: spaces.blocks). It applies after training (trainers.quantize): it changes the
+have its own (``quant_qkv.3``: spaces.blocks). It applies after training (trainers.model.quantize): it changes the
 model as deployed, not the training. spaces.keys declares the keys and leaves them out of the training identity
 by ``is_policy_key``; every module that tells a policy apart reads it through ``quant_policy``.
 """

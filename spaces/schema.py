@@ -425,14 +425,14 @@ class CampaignSpec:
         }
 
     def violations(self, cost: Mapping[str, float]) -> list[str]:
-        """Constraint violations of one trial's cost (trainers.cost.model_cost output); [] = feasible."""
+        """Constraint violations of one trial's cost (trainers.model.cost.model_cost output); [] = feasible."""
         return violations(self.constraints, cost)
 
 
 def violations(constraints, cost: Mapping[str, float]) -> list[str]:
-    """The messages of the constraints a cost (trainers.cost.model_cost output) breaks; [] = feasible.
+    """The messages of the constraints a cost (trainers.model.cost.model_cost output) breaks; [] = feasible.
     A metric the cost lacks is not judged yet: a measured one (spaces.metrics.MEASURED) is known only once
-    the trial's device has measured it (trainers.measure), and is checked there, before training."""
+    the trial's device has measured it (trainers.deploy.measure), and is checked there, before training."""
     found = (c.violation(float(cost[c.metric])) for c in constraints if c.metric in cost)
     return [v for v in found if v]
 

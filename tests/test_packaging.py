@@ -28,7 +28,7 @@ def test_the_wheel_ships_one_import_name_and_the_reference_points(tmp_path):
     assert not top & {"search", "spaces", "trainers"}
     for member in ("qkvsearch/__init__.py", "qkvsearch/storage.py", "qkvsearch/search/cli.py",
                    "qkvsearch/search/records/readers.py", "qkvsearch/search/simulation/replay.py", "qkvsearch/spaces/keys.py",
-                   "qkvsearch/trainers/models.py", "qkvsearch/reference/sne_paper_imagenet.csv",
+                   "qkvsearch/trainers/model/models.py", "qkvsearch/reference/sne_paper_imagenet.csv",
                    "qkvsearch/spaces/presets/quickstart.yaml"):
         assert member in names, member
 

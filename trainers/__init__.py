@@ -1,20 +1,25 @@
-"""Models (q/k/v embeddings and attention designs on timm models), their cost, data and the per-worker DDP
-training.
+"""Models (q/k/v embeddings and attention designs on timm models), their cost, data, the per-worker DDP
+training and what a trained model is measured and served with, in sub-packages by role (lowest first; a
+module imports its own sub-package and lower ones, tests/search/test_layers.py):
 
-- models: ``build_model(cfg)``; hosts: the model families (ViT, XCiT, MLP-Mixer) built by timm;
-  architecture: the architecture keys as classes and timm arguments; choices: the registries, one class per
-  value of each choice key (the names: spaces.choices); attention/: those classes; embeddings: the q/k/v
-  embeddings; registry: the ``qkv_*`` timm models.
-- cost: ``model_cost`` / ``resolve_trial`` (params and MACs from the config); paper_counts: the Vision
-  X-formers paper's counts beside ours; measure: measured latency, throughput and memory.
-- data (datasets by name, shards), sources (in-memory and PIL sources), data_sources (the file formats).
-- engine (the training loop), loop (the Ray Train adapter), checkpoints (run folders, local mode), cli (the
-  plain path), transfer and ood_metrics (stages after the search), faults and errors.
+- model/: building a model and counting it: ``build_model(cfg)`` (models), the model families timm builds
+  (hosts), the architecture keys (architecture), the registries (choices) of the classes in attention/ and
+  the q/k/v embeddings (embeddings, embedding_forms), the ``qkv_*`` timm models (registry), params and MACs
+  (cost, paper_counts), post-training quantization (quantize).
+- data/: datasets by name as batches (datasets), sources (in memory, PIL), file formats (formats), WebDataset
+  shards (shard_index, shard_deal, shard_source) and Parquet / Arrow folders (hf_folder).
+- training/: the per-rank engine (engine), run folders and state files (checkpoints), the plain path (cli),
+  faults and errors; the Ray Train adapter (loop) stands above supernet/, whose runs it also starts.
+- deploy/: measured latency, throughput and memory (measure), a quantization policy on trained weights
+  (policy_eval).
+- stages/: the stages after the search: transfer (fine-tuning's evaluation, OOD scores), ood_metrics.
 - supernet/: one-shot search's weight-sharing supernet, its training (sandwich rule) and subnet scoring.
-- quantize (post-training quantization policies with torchao), policy_eval (a policy on trained weights).
+
+Module paths of the flat layout before these sub-packages (``qkvsearch.trainers.engine``,
+``python -m qkvsearch.trainers.loop``) stay importable (qkvsearch._legacy).
 
 `build_model` is resolved on first use: importing `trainers.<module>` must not pay for timm's import
-in processes that never build a model (Ray Train's controller unpickles `trainers.loop`).
+in processes that never build a model (Ray Train's controller unpickles `trainers.training.loop`).
 """
 
 __all__ = ["build_model"]
@@ -22,7 +27,7 @@ __all__ = ["build_model"]
 
 def __getattr__(name: str):
     if name == "build_model":
-        from qkvsearch.trainers.models import build_model
+        from qkvsearch.trainers.model.models import build_model
 
         return build_model
     raise AttributeError(f"module 'trainers' has no attribute {name!r}")

@@ -20,16 +20,18 @@ import importlib.abc
 import importlib.util
 import sys
 
+from qkvsearch import _legacy
+
 __all__ = ["build_model", "load_campaign", "model_cost"]
 
 
 def __getattr__(name: str):
     if name == "build_model":
-        from qkvsearch.trainers.models import build_model
+        from qkvsearch.trainers.model.models import build_model
 
         return build_model
     if name == "model_cost":
-        from qkvsearch.trainers.cost import model_cost
+        from qkvsearch.trainers.model.cost import model_cost
 
         return model_cost
     if name == "load_campaign":
@@ -40,7 +42,7 @@ def __getattr__(name: str):
 
 
 def _register_models() -> None:
-    import qkvsearch.trainers.registry  # noqa: F401  (registers qkv_* with timm on import)
+    import qkvsearch.trainers.model.registry  # noqa: F401  (registers qkv_* with timm on import)
 
 
 # Loaded by timm where installed, for its training scripts' summary logging (timm.utils.summary), which qkvsearch
@@ -86,6 +88,8 @@ class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
         spec.loader.exec_module = exec_then_register
         return spec
 
+
+_legacy.install()  # earlier module paths (search's and trainers' flat layouts) stay importable
 
 if "timm" in sys.modules:
     _register_models()

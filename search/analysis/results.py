@@ -261,7 +261,7 @@ def _trial_columns(records: list[dict]) -> dict[str, pa.Array]:
 
 
 def measured_on_text(env) -> str | None:
-    """A measurement's environment (trainers.measure.environment) in words; None without one."""
+    """A measurement's environment (trainers.deploy.measure.environment) in words; None without one."""
     if not isinstance(env, dict):
         return None
     compiled = "compiled" if env.get("compile") else "eager"

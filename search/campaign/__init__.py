@@ -13,7 +13,7 @@
                      selection retrained as the campaign's trials
     policies         a quantization policy evaluated on the weights its configuration's trial trained
 """
-from qkvsearch.search import _legacy
+from qkvsearch import _legacy
 
 
 def __getattr__(name: str):

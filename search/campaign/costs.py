@@ -4,7 +4,7 @@ do not tile, a model no machine could hold are found here, before anything is wr
 
 A model's size is first estimated in closed form from its macro keys (``check_size``), before it is built:
 counting a model builds it block by block on the meta device, which for a runaway size would take minutes
-and gigabytes; the estimate and the exact count share one bound (trainers.cost.MAX_PARAMS).
+and gigabytes; the estimate and the exact count share one bound (trainers.model.cost.MAX_PARAMS).
 
 Only keys that change the model matter (spaces.keys groups model and embedding); training keys are left
 out. Integer or float ranges over a model key (e.g. `hidden_width: {int: [32, 256]}`) are checked at
@@ -32,7 +32,7 @@ from qkvsearch.spaces.keys import (
     names,
 )
 from qkvsearch.spaces.sections import section_path
-from qkvsearch.trainers.cost import MAX_PARAMS, model_cost, resolve_trial
+from qkvsearch.trainers.model.cost import MAX_PARAMS, model_cost, resolve_trial
 
 log = logging.getLogger(__name__)
 COST_KEYS = names(*MODEL_GROUPS)
@@ -132,11 +132,11 @@ def _check_mlp_units(cfg: dict, dim: int) -> None:
 
 def _token_dim(config: dict) -> int | None:
     """A resolved config's token dim d: embed_dim, else timm's default, read off the base model that resolving
-    the config built (trainers.cost.base_profile, cached: nothing is built again)."""
+    the config built (trainers.model.cost.base_profile, cached: nothing is built again)."""
     if config.get("embed_dim") is not None:
         return config["embed_dim"]
-    from qkvsearch.trainers.cost import base_profile
-    from qkvsearch.trainers.models import ModelConfig
+    from qkvsearch.trainers.model.cost import base_profile
+    from qkvsearch.trainers.model.models import ModelConfig
 
     spec = ModelConfig.from_cfg(config)
     base = base_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, spec.arch.macro())
@@ -191,7 +191,7 @@ def distinct_configurations(spec) -> int | None:
 
 
 def cost_table(spec) -> list[dict]:
-    from qkvsearch.trainers.paper_counts import paper_figures
+    from qkvsearch.trainers.model.paper_counts import paper_figures
 
     rows = []
     for cfg, cost in check_models(spec):
@@ -237,10 +237,10 @@ def format_table(rows: list[dict], as_csv: bool = False) -> str:
     if paper:
         lines.append("params: every parameter; rule: the Vision X-formers paper's count of the same model "
                      "(torchsummary's: weight and bias of each module run, no bare Parameters); paper: its "
-                     "printed count (qkvsearch.trainers.paper_counts)")
+                     "printed count (qkvsearch.trainers.model.paper_counts)")
     if any(r.get("key") == "manifold" for r in rows):
         lines.append("key=manifold follows the paper's description (arXiv 2402.00534, no public code); the shapes "
-                     "it leaves open are chosen in qkvsearch.trainers.attention.manifold")
+                     "it leaves open are chosen in qkvsearch.trainers.model.attention.manifold")
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ A trial is the dict Tune holds as the trial's config: ``{"config": resolved tria
 configuration was trained already in the campaign (same `identity`) also carries ``"duplicate_of": <trial id>``
 and, when that trial has ended, ``"known": its outcome``: it trains nothing.
 The trial process checks the cost constraints before anything trains, runs the training through
-`trainers.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
+`trainers.training.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
 diverged) into a final report that the recorder and the searchers understand. A trial of several workers
 is only a driver: it holds no CPU (its TorchTrainer's workers do) and reports to Tune what rank 0 reported
 (`search.campaign.bridge`). A trial of one worker trains in its own process (Train's local mode: no controller, no
@@ -63,7 +63,7 @@ class TrialSettings:
     placement_strategy: str = "PACK"                # SPREAD: one worker per node
     train_storage: str = ""                         # where Train runs keep checkpoints
     experiment: str = ""                            # the campaign's folder (records of other trials)
-    faults: tuple = ()                              # trainers.faults rules, read where the campaign starts
+    faults: tuple = ()                              # trainers.training.faults rules, read where the campaign starts
     campaign: str = ""                              # its name: Train runs are <campaign>-<trial name>
     max_failures: int = 0                           # worker-group restarts of a Train run (from its checkpoint)
     measure: MeasureSettings = MeasureSettings()    # measured cost (search.campaign.measured); none by default
@@ -153,7 +153,7 @@ def _report_to_tune(epochs_planned: int, measured: dict, run_dir: str):
     (MO-ASHA, search.scheduling.tune_schedulers; the searcher, search.searchers.proposals), and the record
     holds it once. ``measured``: what the trial's own process measured (a campaign proposed before its driver
     measured), which reaches the record through the results."""
-    from qkvsearch.trainers.loop import epoch_checkpoint
+    from qkvsearch.trainers.training.loop import epoch_checkpoint
 
     def on_report(metrics: dict, checkpoint_path: str | None) -> None:
         result = {**metrics, **measured, PLANNED_KEY: float(epochs_planned)}
@@ -215,7 +215,7 @@ def _run_measure_error(trial: dict, cfg: dict, settings: TrialSettings) -> None:
 def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
     """A trial of its own: check its constraints (measuring first where it was proposed before the driver
     measured), then train it; the ways it can end without a usable score end it as a result."""
-    from qkvsearch.trainers.loop import RunSettings, find_divergence, run_trainer
+    from qkvsearch.trainers.training.loop import RunSettings, find_divergence, run_trainer
 
     cost, measured = trial["cost"], {}
     broken = violations(settings.constraints, cost)

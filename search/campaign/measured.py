@@ -1,6 +1,6 @@
 """Measured cost in a campaign (spaces.metrics.MEASURED): each configuration is measured on the kind of device
 its trial's workers use, before it becomes a trial, once per (model, device, precision, batches, compile,
-versions) thanks to a cache in the campaign's storage (trainers.measure.cached_measure).
+versions) thanks to a cache in the campaign's storage (trainers.deploy.measure.cached_measure).
 
 Where: in a Ray task the campaign's driver starts (`Measurer`, `task_options`). While trials train, it
 holds the whole device its figures describe: one whole GPU for a GPU campaign, every CPU of the largest
@@ -53,7 +53,7 @@ def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | N
     at the trial's per-worker batch; threads: torch's CPU threads while measuring (None: as they are)."""
     import torch
 
-    from qkvsearch.trainers.measure import cached_measure
+    from qkvsearch.trainers.deploy.measure import cached_measure
 
     if threads:
         torch.set_num_threads(threads)

@@ -5,7 +5,7 @@ warm start's campaign). search.searchers.proposals makes it once that training h
 In its trial's process (search.campaign.driver.run_trial) it reads the trainer's weights from the trainer's
 record (``checkpoint_path``: its Train checkpoint, or the weights it kept once ended: search.campaign.retention
 keeps them while other policies may still come), quantizes them under its own policy and evaluates them on the
-validation split (trainers.quantize.evaluate_policy): seconds. Its one result holds the trainer's final
+validation split (trainers.model.quantize.evaluate_policy): seconds. Its one result holds the trainer's final
 accuracy (``top1``, ``top5``, ``val_loss``: the model in full precision) and its own ``top1_q``, at epoch 0 like a
 duplicate's (no scheduler rung counts it); the recorder keeps it as the trial's one epoch, at the planned epoch
 (search.records.recorder). A trainer that did not complete leaves nothing to quantize: the trial ends as the
@@ -34,8 +34,8 @@ def trainer_checkpoint(experiment: str, trained_by: str) -> str | None:
 
 
 def _weights(experiment: str, trained_by: str) -> dict:
-    from qkvsearch.trainers.errors import CheckpointError
-    from qkvsearch.trainers.policy_eval import trained_weights
+    from qkvsearch.trainers.deploy.policy_eval import trained_weights
+    from qkvsearch.trainers.training.errors import CheckpointError
 
     for attempt in range(RETRIES):
         path = trainer_checkpoint(experiment, trained_by)
@@ -53,7 +53,7 @@ def run_policy(trial: dict, cfg: dict, objectives, experiment: str, workers: int
     """Report the result of a ``trained_by`` trial (module docstring) to Tune; errors raise to the caller."""
     import torch
 
-    from qkvsearch.trainers.policy_eval import evaluate_policy
+    from qkvsearch.trainers.deploy.policy_eval import evaluate_policy
 
     trainer, known = trial["trained_by"], trial["known"]
     result: dict = {TRAINED_BY_KEY: trainer, EPOCH: 0.0}

@@ -36,7 +36,7 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     from qkvsearch.search.campaign.tracking import check_trackers
     from qkvsearch.spaces import base_config
     from qkvsearch.spaces.keys import fill
-    from qkvsearch.trainers.data import check_dataset
+    from qkvsearch.trainers.data.datasets import check_dataset
 
     check_storage(spec.storage)
     if spec.measure.cache is not None:

@@ -52,9 +52,9 @@ from qkvsearch.storage import exists, remove_tree, write_bytes
 log = logging.getLogger(__name__)
 
 STATE, WEIGHTS, NONE = "state", "weights", "none"   # a record's checkpoint_kept
-WEIGHTS_FORMAT = "qkvsearch-weights-1"   # a weights file's "format": trainers.engine.load_state refuses it
+WEIGHTS_FORMAT = "qkvsearch-weights-1"   # a weights file's "format": trainers.training.engine.load_state refuses it
 QUANTIZED_FORMAT, QUANTIZED_SUFFIX = "qkvsearch-quantized-weights-1", ".quantized.pt"   # a front member's, deployable
-RESUME_ONLY = ("optimizer", "scheduler")  # keys of a checkpoint state (trainers.engine.Run.state_dict) only resuming needs
+RESUME_ONLY = ("optimizer", "scheduler")  # keys of a checkpoint state (trainers.training.engine.Run.state_dict) only resuming needs
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _front(trials, objectives, ended, statuses) -> tuple[np.ndarray | None, str]
 
 
 def weights_only(state: dict) -> dict:
-    """A checkpoint state (trainers.engine.Run.state_dict) without what only resuming needs: model weights,
+    """A checkpoint state (trainers.training.engine.Run.state_dict) without what only resuming needs: model weights,
     config, epoch counters and history stay; ``format`` says it is no resumable state."""
     return {**{k: v for k, v in state.items() if k not in RESUME_ONLY}, "format": WEIGHTS_FORMAT}
 
@@ -195,8 +195,8 @@ class Retention:
         import torch
 
         from qkvsearch.trainers import build_model
-        from qkvsearch.trainers.policy_eval import trained_weights
-        from qkvsearch.trainers.quantize import quantize_model
+        from qkvsearch.trainers.deploy.policy_eval import trained_weights
+        from qkvsearch.trainers.model.quantize import quantize_model
 
         trainer = records.get(rec.get("trained_by"), rec)
         if not trainer.get("checkpoint_path"):
@@ -244,7 +244,7 @@ class Retention:
         a pass cut short leaves the record naming a complete file, at worst beside files to remove."""
         import torch
 
-        from qkvsearch.trainers.engine import CheckpointError, load_state
+        from qkvsearch.trainers.training.engine import CheckpointError, load_state
 
         try:
             state = load_state(folder)

@@ -42,7 +42,7 @@ from qkvsearch.search.records.layout import ENDED_KEY, INTERRUPTED_KEY, TRAIN_RU
 from qkvsearch.search.searchers.state import Unbuilt
 from qkvsearch.spaces.keys import fill, identity
 from qkvsearch.spaces.metrics import ranked_by
-from qkvsearch.trainers.faults import read_faults
+from qkvsearch.trainers.training.faults import read_faults
 
 log = logging.getLogger(__name__)
 

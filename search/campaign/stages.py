@@ -9,7 +9,7 @@ or as each trial completes (select: as_completed, `StagesAsCompleted`).
       per selected trial:  finetune@<dataset>: its own Train run (stage_runs/<run>/), from the trial's final
                            checkpoint with a new head, in a Ray task holding one worker's resources
                            (several workers: the task only drives the TorchTrainer, as a trial does)
-                           ood: a Ray task scoring the in-distribution fine-tuning's model (trainers.transfer)
+                           ood: a Ray task scoring the in-distribution fine-tuning's model (trainers.stages.transfer)
 
 Each stage is recorded under its key (search.records.stages: configuration, upstream checkpoint, settings):
 a completed one is never run again, so `resume` after a kill between or inside stages goes on where it
@@ -216,7 +216,7 @@ def _finetune(spec, exp: str, settings, trial: dict, stage, stop=None) -> dict:
                   gpus=gpus, faults=list(settings.faults))
 
     def finish(history: list[dict]) -> dict:
-        from qkvsearch.trainers.loop import epoch_checkpoint
+        from qkvsearch.trainers.training.loop import epoch_checkpoint
 
         last = history[-1] if history else {}
         return {"metrics": {f"{FINETUNE_METRIC}{stage.dataset}": last.get("top1")}, "epochs": history,
@@ -284,10 +284,10 @@ def _run(exp, key, stage, trial, settings_dict, kind, kwargs, finish, stop=None)
 def _in_task(kind: str, kwargs: dict):
     """In a Ray task: a fine-tuning (-> its epochs' metrics) or an OOD evaluation (-> its metrics)."""
     if kind == "ood":
-        from qkvsearch.trainers.transfer import ood_evaluation
+        from qkvsearch.trainers.stages.transfer import ood_evaluation
 
         return ood_evaluation(kwargs["cfg"], kwargs["checkpoint"], kwargs["sets"], kwargs["score"])
-    from qkvsearch.trainers.loop import RunSettings, run_trainer
+    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
 
     k = kwargs
     result = run_trainer(k["cfg"], RunSettings(
@@ -302,8 +302,8 @@ def check_stages(spec, trial_configs: list[dict], launching: bool) -> None:
     says; so are the OOD sets. BadInput naming the stage's field. A folder this machine does not have fails
     a launch; `validate` (launching=False) only warns."""
     from qkvsearch.spaces.errors import BadInput, SpecError
-    from qkvsearch.trainers.cost import resolve_trial
-    from qkvsearch.trainers.data import check_dataset
+    from qkvsearch.trainers.data.datasets import check_dataset
+    from qkvsearch.trainers.model.cost import resolve_trial
 
     problems = []
     for i, stage in enumerate(spec.stages.finetune):
@@ -354,7 +354,8 @@ def _ood_set_problem(s) -> str | None:
     """Why an OOD set cannot be read from its path, or None."""
     import os
 
-    from qkvsearch.trainers import data, data_sources
+    from qkvsearch.trainers.data import datasets as data
+    from qkvsearch.trainers.data import formats as data_sources
 
     if not os.path.isdir(s.path):
         return f"expected a folder holding the {s.format} set {s.name!r}, given {s.path!r}, which is not one"

@@ -1,7 +1,7 @@
 """The campaign's records (the lowest layer of ``qkvsearch.search``): ``layout`` (files, statuses,
 reserved keys, the campaign file's reader), ``epochs_csv`` (the per-trial epochs file), ``readers``
 (``read_trials``), ``recorder`` (their only writer). Loads neither Ray nor torch."""
-from qkvsearch.search import _legacy
+from qkvsearch import _legacy
 
 
 def __getattr__(name: str):

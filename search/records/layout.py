@@ -42,7 +42,7 @@ from qkvsearch.spaces.schema import CampaignSpec
 from qkvsearch.storage import loads_json, open_location, sizes_by_entry, write_json
 
 # Reserved result keys: how a trial ended without a score, and the epochs it plans (schedulers and
-# searchers tell a stopped trial from a finished one by it). Other reserved keys: trainers.engine.
+# searchers tell a stopped trial from a finished one by it). Other reserved keys: trainers.training.engine.
 STATUS_KEY, ERROR_KEY, PLANNED_KEY = "qs_status", "qs_error", "qs_epochs_planned"
 
 

@@ -46,6 +46,6 @@ def make_searcher(name: str, problem):
 
 
 def __getattr__(name: str):
-    from qkvsearch.search import _legacy  # class names of the flat layout's search.searchers module
+    from qkvsearch import _legacy  # class names of the flat layout's search.searchers module
 
     return _legacy.attribute(__name__, name)

@@ -1,6 +1,6 @@
 """``ehvi``: expected hypervolume improvement with the cost objectives known, or measured on demand.
 
-A campaign's counted cost objectives (parameters, MACs: trainers.cost) are exact before anything trains;
+A campaign's counted cost objectives (parameters, MACs: trainers.model.cost) are exact before anything trains;
 its measured ones (latency, throughput, training step, memory: spaces.metrics.MEASURED) are known once the
 proposal's model is measured, before it trains. Only the training objective (top1, say) needs training.
 Optuna's samplers model every objective, costs included, and optimise their acquisition over a sampled

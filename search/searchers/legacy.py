@@ -3,7 +3,7 @@
 Until then Tune pickled the searcher's objects whole: ``tuner.pkl`` (the searcher as launched),
 ``search_gen_state-*.json`` (the proposal wrapper ``TrialConfigs``'s attributes) and ``searcher-state-*.pkl``
 (the searcher's own attributes: an Optuna study, ehvi's progress, grid's count as JSON). The classes they name
-are kept here as ``Pickled`` placeholders, importable at the old module paths (search._legacy), which take any
+are kept here as ``Pickled`` placeholders, importable at the old module paths (qkvsearch._legacy), which take any
 attributes an old pickle gives them; ``convert`` turns those attributes into today's plain state, which the
 searcher built anew from the campaign's spec restores. Nothing else reads these names.
 """

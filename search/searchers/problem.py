@@ -18,9 +18,9 @@ MAX_CANDIDATES = 4096   # ehvi: candidates drawn from a space of ranges (or from
 
 
 def build_trial(base: dict, sampled: dict) -> dict:
-    """The campaign's fixed keys, then what the searcher chose, resolved once (trainers.cost.resolve_trial).
+    """The campaign's fixed keys, then what the searcher chose, resolved once (trainers.model.cost.resolve_trial).
     Optuna also samples the index of the variant it drew (``variant``), which is not a trial key."""
-    from qkvsearch.trainers.cost import resolve_trial  # timm: the campaign's driver only
+    from qkvsearch.trainers.model.cost import resolve_trial  # timm: the campaign's driver only
 
     raw = {**base, **{k: v for k, v in sampled.items() if k != "variant"}}
     try:

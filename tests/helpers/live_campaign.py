@@ -325,7 +325,7 @@ def free_port() -> int:
 def named_checkpoint_epochs(records, statuses=("completed",)) -> dict[str, tuple[int, int]]:
     """Trial of one of `statuses` -> (its record's last epoch, the epoch of the checkpoint its record
     names), read through the record's checkpoint_path as a user would (a local folder or a URI)."""
-    from qkvsearch.trainers.engine import load_state
+    from qkvsearch.trainers.training.engine import load_state
 
     return {r["trial_name"]: (int(r["epochs"][-1]["epoch"]),
                               int(load_state(r["checkpoint_path"])["history"][-1]["epoch"]))

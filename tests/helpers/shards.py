@@ -1,5 +1,5 @@
 """Small datasets stored by split, written by the tests that read them: WebDataset tar shards with timm's info
-file (trainers.shard_index), and Parquet folders as datasets.load_dataset reads them (trainers.hf_folder).
+file (trainers.data.shard_index), and Parquet folders as datasets.load_dataset reads them (trainers.data.hf_folder).
 
 Every sample's image encodes its id: a flat PNG whose first two pixels' red and green bytes give id // 256 and
 id % 256, so a test reading decoded batches can tell which samples it got (up to 65,536 of them)."""
@@ -26,7 +26,7 @@ def png(sample_id: int, side: int = SIDE) -> bytes:
 def sample_ids(x) -> list[int]:
     """The ids of a batch of images decoded without augmentation: x (B, 3, H, W) as eval_transform makes them
     (ImageNet-normalised), read back from the centre pixel."""
-    from qkvsearch.trainers.sources import IMAGENET_MEAN, IMAGENET_STD
+    from qkvsearch.trainers.data.sources import IMAGENET_MEAN, IMAGENET_STD
 
     h, w = x.shape[-2] // 2, x.shape[-1] // 2
     red = x[:, 0, h, w] * IMAGENET_STD[0] + IMAGENET_MEAN[0]

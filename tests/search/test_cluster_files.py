@@ -297,7 +297,7 @@ def test_launched_spec_validates_as_the_cli_does_without_the_dataset(argv, capsy
 def test_a_launch_where_the_dataset_is_missing_is_refused_so_the_head_must_mount_it():
     from qkvsearch.spaces import base_config
     from qkvsearch.spaces.keys import fill
-    from qkvsearch.trainers.data import check_dataset
+    from qkvsearch.trainers.data.datasets import check_dataset
 
     spec = launched_spec(LAUNCHES[-1][1])
     if os.path.exists(spec.data.path):

@@ -226,7 +226,7 @@ def test_a_runaway_model_size_is_refused_before_it_is_built(workdir, capsys):
     import time
 
     from qkvsearch.search.campaign.costs import check_size, estimated_params
-    from qkvsearch.trainers.cost import MAX_PARAMS
+    from qkvsearch.trainers.model.cost import MAX_PARAMS
 
     assert estimated_params({"depth": 12, "embed_dim": 192}) == 12 * 192 * 192 * 12   # 12 L d^2 at mlp_ratio 4
     with pytest.raises(BadInput, match=r"^embed_dim: expected a model of at most 1e\+11 parameters with depth 256"):

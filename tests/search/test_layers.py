@@ -14,7 +14,14 @@ from helpers import REPO
 LAYERS = [
     ("qkvsearch.storage", "qkvsearch.ray_private"),
     ("qkvsearch.spaces",),
-    ("qkvsearch.trainers",),
+    # trainers/ by role; the Ray Train adapter (training.loop) above supernet/, whose runs it starts
+    ("qkvsearch.trainers.model",),
+    ("qkvsearch.trainers.data",),
+    ("qkvsearch.trainers.training",),
+    ("qkvsearch.trainers.deploy",),
+    ("qkvsearch.trainers.stages",),
+    ("qkvsearch.trainers.supernet",),
+    ("qkvsearch.trainers.training.loop", "qkvsearch.trainers"),
     ("qkvsearch.search.records",),
     ("qkvsearch.search.analysis",),
     ("qkvsearch.search.monitor",),
@@ -25,7 +32,7 @@ LAYERS = [
     ("qkvsearch.search.simulation",),
     ("qkvsearch.search.cli",),
 ]
-OUTSIDE = {"qkvsearch", "qkvsearch.search", "qkvsearch.search._legacy"}
+OUTSIDE = {"qkvsearch", "qkvsearch._legacy", "qkvsearch.search"}
 FOLDERS = {"search/_root": "qkvsearch", "search": "qkvsearch.search", "spaces": "qkvsearch.spaces",
            "trainers": "qkvsearch.trainers"}
 LIGHT = ("records", "analysis", "monitor")  # the layers status, watch and report stand on
@@ -52,10 +59,10 @@ def _modules() -> dict[str, object]:
 
 
 def _layer(module: str) -> int | None:
-    for rank, prefixes in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return rank
-    return None
+    """The layer of the longest prefix that holds ``module`` (a module may stand above its own package)."""
+    found = [(len(p), rank) for rank, prefixes in enumerate(LAYERS) for p in prefixes
+             if module == p or module.startswith(p + ".")]
+    return max(found)[1] if found else None
 
 
 def _imports(path) -> list[tuple[int, str]]:

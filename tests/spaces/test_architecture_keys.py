@@ -92,7 +92,7 @@ def test_xformers_preset_grid():
 
 
 def test_image_size_is_searchable_and_the_token_count_follows_it(tmp_path):
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     spec = load_campaign(_tiny_spec(tmp_path, {"img_size": {"grid": [16, 32]}, "attention": "linformer",
                                                "attn_proj_len": 16}))

@@ -55,7 +55,7 @@ def test_results_schema_document_lists_every_key_with_its_type_default_and_doc()
 def test_results_schema_document_lists_every_stage_metric_from_its_declaration():
     from qkvsearch.search.analysis.stages import stage_metric_markdown
     from qkvsearch.spaces.metrics import OOD_METRICS, STAGE_METRIC_LIST, STAGE_METRICS
-    from qkvsearch.trainers.ood_metrics import ood_metrics
+    from qkvsearch.trainers.stages.ood_metrics import ood_metrics
 
     assert stage_metric_markdown() in SCHEMA.read_text()
     scores = ood_metrics([0.9, 0.8, 0.7], [0.1, 0.6])  # what the OOD stage computes: every declared metric

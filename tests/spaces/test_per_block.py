@@ -17,8 +17,8 @@ from qkvsearch.spaces.dimensions import count, iterate
 from qkvsearch.spaces.errors import SpecError
 from qkvsearch.spaces.keys import ConfigError, fill, identity
 from qkvsearch.spaces.trials import params_of
-from qkvsearch.trainers.cost import measure_cost, model_cost
-from qkvsearch.trainers.models import build_model
+from qkvsearch.trainers.model.cost import measure_cost, model_cost
+from qkvsearch.trainers.model.models import build_model
 
 MODEL = {"model": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10, "depth": 4, "embed_dim": 64,
          "num_heads": 4, "epochs": 1}

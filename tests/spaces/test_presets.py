@@ -57,7 +57,7 @@ def test_paper_grid_is_exactly_the_papers_variants(size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_paper_widths_resolve_to_table_1(size):
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     _model, d, _batch = SIZES[size]
     for t in expand_space(load_campaign(f"paper-{size}")):
@@ -71,7 +71,7 @@ def test_paper_widths_resolve_to_table_1(size):
 
 
 def test_every_preset_configuration_resolves_to_a_trial():
-    from qkvsearch.trainers.cost import resolve_trial
+    from qkvsearch.trainers.model.cost import resolve_trial
 
     for name in list_presets():
         spec = load_campaign(name)
@@ -125,7 +125,7 @@ def test_xformers_preset_is_the_papers_grid():
     """Every configuration of the preset is one of the Vision X-formers paper's designs at its size, and every
     row of its Tables 1 and 6 is one of them (the counts by the paper's rule: tests/trainers/test_paper_counts.py)."""
     from qkvsearch.spaces.keys import fill
-    from qkvsearch.trainers.paper_counts import paper_row, reference_rows
+    from qkvsearch.trainers.model.paper_counts import paper_row, reference_rows
 
     rows = [paper_row(fill(t)) for t in expand_space(load_campaign("xformers-cifar10"))]
     assert all(r is not None for r in rows)

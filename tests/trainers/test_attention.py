@@ -1,4 +1,4 @@
-"""trainers.attention: the methods against what they reduce to or reproduce (Linformer with E = F = I and
+"""trainers.model.attention: the methods against what they reduce to or reproduce (Linformer with E = F = I and
 Nyström with a landmark per token are softmax attention, Performer approaches it; the Vision X-formers
 paper's RoPE, Linformer and stem as its code computes them), and whole models: closed-form cost against
 direct counting, timm's registry. Each registered class's own counts: tests/trainers/test_choices.py."""
@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkvsearch.trainers.attention.fft import fft_macs
-from qkvsearch.trainers.attention.linformer import Linformer
-from qkvsearch.trainers.attention.linformer_shared_kv import LinformerSharedKV, LinformerSharedKVHeads
-from qkvsearch.trainers.attention.nystrom import nystrom
-from qkvsearch.trainers.attention.performer import favor, gaussian_orthogonal
-from qkvsearch.trainers.attention.positions import Rope1d, SequenceRotation
-from qkvsearch.trainers.attention.shape import Shape
-from qkvsearch.trainers.attention.stems import PlainConvStem
-from qkvsearch.trainers.choices import MIXERS
-from qkvsearch.trainers.cost import measure_cost, model_cost
+from qkvsearch.trainers.model.attention.fft import fft_macs
+from qkvsearch.trainers.model.attention.linformer import Linformer
+from qkvsearch.trainers.model.attention.linformer_shared_kv import LinformerSharedKV, LinformerSharedKVHeads
+from qkvsearch.trainers.model.attention.nystrom import nystrom
+from qkvsearch.trainers.model.attention.performer import favor, gaussian_orthogonal
+from qkvsearch.trainers.model.attention.positions import Rope1d, SequenceRotation
+from qkvsearch.trainers.model.attention.shape import Shape
+from qkvsearch.trainers.model.attention.stems import PlainConvStem
+from qkvsearch.trainers.model.choices import MIXERS
+from qkvsearch.trainers.model.cost import measure_cost, model_cost
 
 
 def test_fft_has_a_cost():

@@ -1,5 +1,5 @@
-"""The registries (trainers.choices): every registered choice of every key builds, counts its parameters
-and MACs exactly as the built module has and FlopCounterMode counts them (FFTs by trainers.attention.fft's
+"""The registries (trainers.model.choices): every registered choice of every key builds, counts its parameters
+and MACs exactly as the built module has and FlopCounterMode counts them (FFTs by trainers.model.attention.fft's
 convention), trains a forward+backward step, and its registry holds exactly the names spaces checks."""
 from dataclasses import replace
 
@@ -9,12 +9,12 @@ from timm.models.vision_transformer import VisionTransformer
 
 from qkvsearch.spaces import choices as tables
 from qkvsearch.spaces.keys import KEYS, model_family
-from qkvsearch.trainers.attention.fft import flop_counter
-from qkvsearch.trainers.attention.shape import Shape
-from qkvsearch.trainers.choices import EMBEDDINGS, FAMILIES, MIXERS, POSITIONS, STEMS
-from qkvsearch.trainers.choices import KEY_TYPES as KEY_CLASSES
-from qkvsearch.trainers.cost import measure_cost, model_cost
-from qkvsearch.trainers.embeddings import make_codes
+from qkvsearch.trainers.model.attention.fft import flop_counter
+from qkvsearch.trainers.model.attention.shape import Shape
+from qkvsearch.trainers.model.choices import EMBEDDINGS, FAMILIES, MIXERS, POSITIONS, STEMS
+from qkvsearch.trainers.model.choices import KEY_TYPES as KEY_CLASSES
+from qkvsearch.trainers.model.cost import measure_cost, model_cost
+from qkvsearch.trainers.model.embeddings import make_codes
 
 REGISTRIES = {"embedding": EMBEDDINGS, "attention": MIXERS, "pos_embed": POSITIONS, "patch_embed": STEMS,
               "key": KEY_CLASSES}
@@ -159,7 +159,7 @@ def test_every_key_counts_exactly_and_trains(name, aggregation):
 @pytest.mark.parametrize("name", list(EMBEDDINGS))
 def test_every_embedding_counts_exactly_and_trains(name, parts):
     cls, dim, hidden, dim_out, n, tokens = EMBEDDINGS[name], 24, 16, 20, 4, 11
-    codes = make_codes(n, parts)   # network-wide codes: owned apart, counted once (trainers.models)
+    codes = make_codes(n, parts)   # network-wide codes: owned apart, counted once (trainers.model.models)
     module = cls.build(dim, hidden, dim_out, "gelu", n, codes, parts)
     own = {id(codes)}
     assert sum(p.numel() for p in module.parameters() if id(p) not in own) == cls.params(dim, hidden, dim_out, n, parts)

@@ -4,7 +4,7 @@ import pytest
 import timm
 import torch
 
-from qkvsearch.trainers.cost import measure_cost, model_cost
+from qkvsearch.trainers.model.cost import measure_cost, model_cost
 
 S = dict(model="xcit_nano_12_p16_224", img_size=224, num_classes=1000)  # the paper's size S (d = 128)
 

@@ -1,4 +1,4 @@
-"""trainers.data: real files in the CIFAR / ImageFolder formats, digits, sharding, dataset errors."""
+"""trainers.data.datasets: real files in the CIFAR / ImageFolder formats, digits, sharding, dataset errors."""
 import pickle
 
 import numpy as np
@@ -7,8 +7,8 @@ import torch
 from helpers.images import write_imagefolder
 
 from qkvsearch.spaces.keys import ConfigError, fill
-from qkvsearch.trainers import data
-from qkvsearch.trainers.data import (
+from qkvsearch.trainers.data import datasets as data
+from qkvsearch.trainers.data.datasets import (
     DatasetError,
     check_dataset,
     eval_part,
@@ -90,7 +90,7 @@ def test_cifar_pickle_refuses_foreign_objects(tmp_path):
     _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
     with open(tmp_path / "test_batch", "wb") as fh:
         pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": DatasetError("x")}, fh)
-    with pytest.raises(DatasetError, match=r"unexpected object qkvsearch.trainers.sources.DatasetError"):
+    with pytest.raises(DatasetError, match=r"unexpected object qkvsearch.trainers.data.sources.DatasetError"):
         check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
 
 
@@ -167,7 +167,7 @@ def test_digits_split_and_batches():
 
 
 def test_digits_clutter_is_made_offline_the_same_every_time_from_the_digits_split():
-    from qkvsearch.trainers.data_sources import CLUTTER_COPIES, CLUTTER_VAL_COPIES, digits, digits_clutter
+    from qkvsearch.trainers.data.formats import CLUTTER_COPIES, CLUTTER_VAL_COPIES, digits, digits_clutter
 
     cfg = trial_cfg({"dataset": "digits_clutter"})
     (xt, yt), (xv, yv) = digits_clutter(cfg)
@@ -244,7 +244,7 @@ def test_randaugment_posterize_at_full_magnitude_does_not_crash():
 
 def test_every_dataset_a_campaign_file_may_name_has_a_reader():
     from qkvsearch.spaces.datasets import DATASET_INFO
-    from qkvsearch.trainers.data import READERS
+    from qkvsearch.trainers.data.datasets import READERS
 
     assert set(READERS) == set(DATASET_INFO)
     for name, reader in READERS.items():  # what reads data_path checks it first; what is made in memory does not

@@ -1,5 +1,5 @@
-"""Datasets stored by split, at the reader level (no Ray): wds shard sets (trainers.shard_index, shard_deal,
-shard_source) on a local folder and in an S3 bucket, hfds Parquet folders (trainers.hf_folder), and the errors
+"""Datasets stored by split, at the reader level (no Ray): wds shard sets (trainers.data.shard_index, shard_deal,
+shard_source) on a local folder and in an S3 bucket, hfds Parquet folders (trainers.data.hf_folder), and the errors
 each gives, before any worker starts and mid-epoch."""
 import itertools
 
@@ -10,9 +10,9 @@ from helpers import PRESETS
 from helpers.shards import sample_ids, write_parquet_folder, write_wds
 
 from qkvsearch.spaces.keys import fill
-from qkvsearch.trainers.data import DatasetError, check_dataset, eval_part, load_data, train_part
-from qkvsearch.trainers.shard_deal import reader_pieces
-from qkvsearch.trainers.sources import Part
+from qkvsearch.trainers.data.datasets import DatasetError, check_dataset, eval_part, load_data, train_part
+from qkvsearch.trainers.data.shard_deal import reader_pieces
+from qkvsearch.trainers.data.sources import Part
 
 CPU = torch.device("cpu")
 TRAIN, VAL = [6, 5, 7, 6, 4, 8], [5, 4]   # samples per shard: 36 training samples in 6 shards, 9 validation

@@ -1,12 +1,12 @@
-"""trainers.data_sources: STL-10 binary files, Stanford Cars' devkit, the digits split for OOD tests and the
+"""trainers.data.formats: STL-10 binary files, Stanford Cars' devkit, the digits split for OOD tests and the
 OOD sets, each read from files the test writes in the authors' formats."""
 import numpy as np
 import pytest
 import torch
 
 from qkvsearch.spaces.keys import fill
-from qkvsearch.trainers import data_sources
-from qkvsearch.trainers.data import DatasetError, check_dataset, load_data
+from qkvsearch.trainers.data import formats as data_sources
+from qkvsearch.trainers.data.datasets import DatasetError, check_dataset, load_data
 
 CPU = torch.device("cpu")
 

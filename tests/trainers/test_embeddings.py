@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkvsearch.trainers.choices import EMBEDDINGS
-from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE, make_codes
+from qkvsearch.trainers.model.choices import EMBEDDINGS
+from qkvsearch.trainers.model.embeddings import FSNE, PSNE, SNE, make_codes
 
 B, N, D, H = 2, 5, 16, 12
 

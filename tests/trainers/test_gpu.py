@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from qkvsearch.spaces.keys import fill
-from qkvsearch.trainers import engine
-from qkvsearch.trainers.engine import Dist, DivergenceError, Run
+from qkvsearch.trainers.training import engine
+from qkvsearch.trainers.training.engine import Dist, DivergenceError, Run
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def test_imagefolder_trains_through_persistent_pinned_loaders(tmp_path):
 def test_ray_train_trial_on_one_gpu(tmp_path):
     import ray
 
-    from qkvsearch.trainers.loop import RunSettings, run_trainer
+    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
 
     if ray.is_initialized():
         pytest.skip("needs its own Ray with the GPU")
@@ -91,8 +91,8 @@ def test_one_shot_scoring_runs_on_the_gpu_its_actor_holds(tmp_path):
     from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
     from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
     from qkvsearch.spaces import base_config, load_campaign
-    from qkvsearch.trainers.engine import STATE_FORMAT, save_state
     from qkvsearch.trainers.supernet.plan import SupernetPlan
+    from qkvsearch.trainers.training.engine import STATE_FORMAT, save_state
 
     if ray.is_initialized():
         pytest.skip("needs its own Ray with the GPU")

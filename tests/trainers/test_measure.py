@@ -1,4 +1,4 @@
-"""Measured cost on this machine's CPU, with real measurements of tiny models (trainers.measure)."""
+"""Measured cost on this machine's CPU, with real measurements of tiny models (trainers.deploy.measure)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from qkvsearch.trainers.cost import resolve_trial
-from qkvsearch.trainers.measure import MIN_CALLS, cache_key, cached_measure, measure, median_ci, plan, trim
+from qkvsearch.trainers.deploy.measure import (
+    MIN_CALLS,
+    cache_key,
+    cached_measure,
+    measure,
+    median_ci,
+    plan,
+    trim,
+)
+from qkvsearch.trainers.model.cost import resolve_trial
 
 TINY = {"model": "xcit_nano_12_p8_224", "img_size": 16, "dataset": "digits", "epochs": 1, "depth": 2}
 def _cfg(**over) -> dict:

@@ -6,9 +6,9 @@ from timm.models.cait import ClassAttn
 from torch import nn
 
 from qkvsearch.trainers import build_model
-from qkvsearch.trainers.cost import model_cost
-from qkvsearch.trainers.embeddings import FSNE, PSNE, SNE
-from qkvsearch.trainers.models import EmbeddedClassAttn, apply_embedding
+from qkvsearch.trainers.model.cost import model_cost
+from qkvsearch.trainers.model.embeddings import FSNE, PSNE, SNE
+from qkvsearch.trainers.model.models import EmbeddedClassAttn, apply_embedding
 
 XCIT = dict(model="xcit_nano_12_p16_224", img_size=32, num_classes=10)  # 2x2 patches
 VIT = dict(model="vit_tiny_patch16_224", img_size=32, num_classes=10)
@@ -245,7 +245,7 @@ def test_choices_that_cannot_work_together_are_refused_by_name(cfg, message):
 def test_the_mlp_mixer_is_timms_reshaped_with_the_chosen_stem():
     from timm.models.mlp_mixer import MlpMixer
 
-    from qkvsearch.trainers.attention.stems import PlainConvStem
+    from qkvsearch.trainers.model.attention.stems import PlainConvStem
 
     torch.manual_seed(0)
     model = build_model(dict(MIXER_MODEL, token_mlp_ratio=2.0, mlp_ratio=0.5, patch_embed="conv_plain"))

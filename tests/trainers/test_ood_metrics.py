@@ -1,11 +1,11 @@
-"""trainers.ood_metrics against pytorch-ood's OODMetrics (ID positive here, OOD positive there) and the
+"""trainers.stages.ood_metrics against pytorch-ood's OODMetrics (ID positive here, OOD positive there) and the
 detection error's bound."""
 import numpy as np
 import pytest
 import torch
 from pytorch_ood.metrics import OODMetrics
 
-from qkvsearch.trainers.ood_metrics import OOD_METRIC_NAMES, mean_metrics, ood_metrics
+from qkvsearch.trainers.stages.ood_metrics import OOD_METRIC_NAMES, mean_metrics, ood_metrics
 
 
 def _reference(s_id: np.ndarray, s_ood: np.ndarray) -> dict:

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from qkvsearch.spaces.keys import fill
-from qkvsearch.trainers.cost import measure_cost, model_cost
-from qkvsearch.trainers.paper_counts import (
+from qkvsearch.trainers.model.cost import measure_cost, model_cost
+from qkvsearch.trainers.model.paper_counts import (
     PAPER_LINFORMER,
     PAPER_MODELS,
     PAPER_POSITIONS,

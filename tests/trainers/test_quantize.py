@@ -1,4 +1,4 @@
-"""Quantization policies (trainers.quantize, torchao): each precision quantizes exactly the parts it names, a
+"""Quantization policies (trainers.model.quantize, torchao): each precision quantizes exactly the parts it names, a
 block's own precision exactly that block's part, an MLP-Mixer's token-mixing MLPs as a part of their own, the
 plain-linear forms of SNE and F-SNE compute what the embeddings do, the counted size is what torch.save stores,
 a policy on a part the model lacks is refused naming its key, and the measured path measures the model as
@@ -16,9 +16,9 @@ from torchao.quantization import Int8Tensor
 
 from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, fill
 from qkvsearch.trainers import build_model
-from qkvsearch.trainers.cost import resolve_trial
-from qkvsearch.trainers.embeddings import FSNE, SNE, GroupedLinear
-from qkvsearch.trainers.quantize import (
+from qkvsearch.trainers.model.cost import resolve_trial
+from qkvsearch.trainers.model.embeddings import FSNE, SNE, GroupedLinear
+from qkvsearch.trainers.model.quantize import (
     FSNELinears,
     SNELinears,
     linear_forms,
@@ -192,7 +192,7 @@ def test_quantizing_a_part_that_is_not_there_names_it():
 
 
 def test_the_measured_path_measures_the_model_as_deployed():
-    from qkvsearch.trainers.measure import cache_key, measure, plan
+    from qkvsearch.trainers.deploy.measure import cache_key, measure, plan
 
     cfg = _config(embedding="fsne", quant_qkv="int8_dynamic", quant_proj="int8_dynamic", quant_mlp="int8_dynamic")
     found = measure(cfg, "cpu", metrics=("size_mb",))   # latency: tests/search/campaign/test_policy_campaign.py
@@ -208,7 +208,7 @@ def test_the_measured_path_measures_the_model_as_deployed():
 def test_the_precision_registry_holds_exactly_the_names_the_keys_check():
     from qkvsearch.spaces.choices import PRECISION_CHOICES
     from qkvsearch.spaces.keys import KEYS
-    from qkvsearch.trainers.choices import PRECISIONS
+    from qkvsearch.trainers.model.choices import PRECISIONS
 
     for key in QUANT_KEYS:
         assert list(PRECISIONS) == list(PRECISION_CHOICES) == list(KEYS[key].check.options)

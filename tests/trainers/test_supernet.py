@@ -10,7 +10,7 @@ import torch
 
 from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
 from qkvsearch.spaces import load_campaign
-from qkvsearch.trainers.models import build_model
+from qkvsearch.trainers.model.models import build_model
 from qkvsearch.trainers.supernet.layout import place
 from qkvsearch.trainers.supernet.plan import SupernetPlan
 from qkvsearch.trainers.supernet.weights import Supernet, _safe, widest
@@ -117,8 +117,8 @@ def test_an_exported_subnet_loads_into_its_own_model_and_a_retraining_starts_fro
     (strictly), computes what the subnet computes in the supernet, and a training started from it with its head
     (``retrain_from: inherited``) starts with exactly those weights; a fine-tuning's load keeps a new head."""
     from qkvsearch.search.campaign.oneshot.scorers import _Scorer
-    from qkvsearch.trainers.engine import STATE_FORMAT, save_state
-    from qkvsearch.trainers.transfer import classifier_prefix, load_pretrained
+    from qkvsearch.trainers.training.checkpoints import classifier_prefix, load_pretrained
+    from qkvsearch.trainers.training.engine import STATE_FORMAT, save_state
 
     cfg = next(c for c in space if c["embedding"] == "sne" and c.get("width") != max(s.get("width") for s in space))
     spec = load_campaign(_spec(SPACE))
@@ -153,7 +153,7 @@ def test_an_exported_subnet_loads_into_its_own_model_and_a_retraining_starts_fro
 def test_a_subnet_is_scored_under_its_quantization_policy_and_the_supernet_trains_each_model_once(tmp_path):
     """A policy changes no weight: the supernet's plan holds each model once whatever the policies searched, and
     a subnet is scored under its policy (top1_q of its extracted model quantized, size_mb as stored)."""
-    from qkvsearch.trainers.quantize import quantize_model, weights_bytes
+    from qkvsearch.trainers.model.quantize import quantize_model, weights_bytes
     from qkvsearch.trainers.supernet.scoring import SubnetScorer
 
     space = {"embedding": {"choice": ["linear", "sne"]}, "quant_mlp": {"choice": ["fp", "int8_weight_only"]}}
@@ -184,7 +184,7 @@ def test_a_subnet_is_scored_under_its_per_block_policy():
     a subnet is scored with exactly the parts its policy names quantized, block by block."""
     from torchao.quantization import Int8Tensor
 
-    from qkvsearch.trainers.quantize import quantize_model, weights_bytes
+    from qkvsearch.trainers.model.quantize import quantize_model, weights_bytes
     from qkvsearch.trainers.supernet.scoring import SubnetScorer
 
     spec = load_campaign(_spec({"quant_mlp": {"choice": ["fp", "int8_weight_only"], "per_block": True}}))

@@ -9,7 +9,7 @@ import torch
 
 from qkvsearch.search.campaign.oneshot.plan import candidates, subnet_space, supernet_plan
 from qkvsearch.spaces import load_campaign
-from qkvsearch.trainers.models import build_model
+from qkvsearch.trainers.model.models import build_model
 from qkvsearch.trainers.supernet.plan import SupernetPlan
 
 
@@ -34,7 +34,7 @@ ENUMERABLE = [
 
 @pytest.mark.parametrize("space", ENUMERABLE, ids=["whole-model", "per-block", "variants"])
 def test_the_extremes_are_those_of_every_configuration(space):
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     spec = load_campaign(_spec(space))
     gmacs = [t["cost"]["gmacs"] for t in candidates(spec)]
@@ -51,7 +51,7 @@ def test_the_teacher_of_a_space_of_ten_to_the_twelve_is_its_largest_and_the_smal
     """12 blocks, each its own embedding and width: 10 choices a block (linear, or SNE, P-SNE, F-SNE at 3
     widths). Blocks add their MACs, so the largest configuration is the one whose every block takes the largest
     block: the largest of the configurations whose blocks are alike."""
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     space = {"depth": 12, "embedding": {"choice": ["linear", "sne", "psne", "fsne"], "per_block": True},
              "hidden_width": {"choice": [0.25, 0.5, 1.0], "per_block": True}, "code_size": 8}

@@ -1,4 +1,4 @@
-"""The supernet trains through the engine's update (trainers.engine.train_one_epoch): a trial's metric names and
+"""The supernet trains through the engine's update (trainers.training.engine.train_one_epoch): a trial's metric names and
 checks, every subnet's loss checked for divergence, the injected faults, weight decay on exactly what a
 stand-alone model of each subnet decays, and gradients averaged in buckets."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import torch
 from qkvsearch.search.campaign.oneshot.plan import supernet_plan
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill
-from qkvsearch.trainers import engine
-from qkvsearch.trainers.errors import DivergenceError
 from qkvsearch.trainers.supernet.plan import SupernetPlan
 from qkvsearch.trainers.supernet.training import SupernetRun, _buckets
 from qkvsearch.trainers.supernet.weights import _safe
+from qkvsearch.trainers.training import engine
+from qkvsearch.trainers.training.errors import DivergenceError
 
 SPEC = {"name": "s", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
         "data": {"dataset": "digits"},
@@ -51,7 +51,7 @@ def test_weight_decay_falls_on_exactly_what_a_stand_alone_model_decays(plan):
     follow the rule of the subnets' parameters they hold."""
     from timm.optim._param_groups import param_groups_weight_decay
 
-    from qkvsearch.trainers.models import build_model
+    from qkvsearch.trainers.model.models import build_model
 
     run = _run(plan)
     names = {id(p): n for n, p in run.raw.named_parameters()}

@@ -1,11 +1,12 @@
-"""trainers.transfer: a fine-tuning starts from the pretrained weights with a new head; the OOD scores."""
+"""trainers.stages.transfer: a fine-tuning starts from the pretrained weights with a new head; the OOD scores."""
 import pytest
 import torch
 
 from qkvsearch.spaces.keys import fill
 from qkvsearch.trainers import build_model
-from qkvsearch.trainers.engine import save_state
-from qkvsearch.trainers.transfer import load_pretrained, scores
+from qkvsearch.trainers.stages.transfer import scores
+from qkvsearch.trainers.training.checkpoints import load_pretrained
+from qkvsearch.trainers.training.engine import save_state
 
 TINY = {"model": "xcit_nano_12_p8_224", "img_size": 16, "epochs": 1, "depth": 2, "embedding": "sne",
         "hidden_width": 0.25}

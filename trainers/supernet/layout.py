@@ -21,7 +21,7 @@ from torch import nn
 from qkvsearch.spaces.blocks import block_value
 from qkvsearch.spaces.keys import APPLIES_WHEN
 from qkvsearch.spaces.supernet import ATTENTION_BRANCH, POSITION_BRANCH, STEM_BRANCH
-from qkvsearch.trainers.models import block_of
+from qkvsearch.trainers.model.models import block_of
 
 
 def branch_keys(name: str) -> tuple[str, ...]:
@@ -56,7 +56,7 @@ def _branch_value(cfg: dict, key: str, block: int | None):
 
 def parts(model: nn.Module, name: str, shape: torch.Size) -> tuple[tuple[int, ...], ...]:
     """(per dim) the sizes of the parts that lie end to end along it in parameter ``name`` of ``model``."""
-    from qkvsearch.trainers.choices import embedding_classes
+    from qkvsearch.trainers.model.choices import embedding_classes
 
     out = [(s,) for s in shape]
     owner, _, leaf = name.rpartition(".")

@@ -1,8 +1,8 @@
 """Scoring subnets with the weights they inherit from a trained supernet, in one process: the checkpoint is
 loaded once, then each subnet has its BatchNorm statistics recalibrated on a few training batches (when it has
 BatchNorm: XCiT's convolutional patch embedding and its blocks' local patch interaction do) and is evaluated on
-the validation split, as trainers.engine evaluates a trial. A subnet is also scored under its quantization
-policy: ``top1_q``, the extracted model quantized (trainers.quantize) and evaluated again (its top-1 when the
+the validation split, as trainers.training.engine evaluates a trial. A subnet is also scored under its quantization
+policy: ``top1_q``, the extracted model quantized (trainers.model.quantize) and evaluated again (its top-1 when the
 policy quantizes nothing), and ``size_mb``, its weights' bytes as stored under the policy."""
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import torch
 
 from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.keys import quant_policy
-from qkvsearch.trainers import data as qdata
-from qkvsearch.trainers import engine
-from qkvsearch.trainers.quantize import quantize_model, state_bytes, weights_bytes
+from qkvsearch.trainers.data import datasets as qdata
+from qkvsearch.trainers.model.quantize import quantize_model, state_bytes, weights_bytes
 from qkvsearch.trainers.supernet.plan import SupernetPlan
 from qkvsearch.trainers.supernet.training import _Subnet
+from qkvsearch.trainers.training import engine
 
 BN_SEED = 0   # the training images BatchNorm is recalibrated on: the same for every subnet
 
 
 class SubnetScorer:
-    """plan: the supernet's (SupernetPlan); state: its checkpoint state (trainers.engine.load_state); cfg: the
+    """plan: the supernet's (SupernetPlan); state: its checkpoint state (trainers.training.engine.load_state); cfg: the
     teacher's filled config (data, batch); bn_batches: training batches for BatchNorm; device: where it runs."""
 
     def __init__(self, plan: SupernetPlan, state: dict, cfg: dict, bn_batches: int = 2, device=None):
@@ -61,7 +61,7 @@ class SubnetScorer:
         weights = self.supernet.extract(cfg)
         if not quant_policy(cfg):
             return {**out, "top1_q": out["top1"], "size_mb": state_bytes(weights) / 1e6}
-        from qkvsearch.trainers.models import build_model
+        from qkvsearch.trainers.model.models import build_model
 
         model = build_model(cfg)
         model.load_state_dict(weights)

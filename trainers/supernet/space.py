@@ -1,5 +1,5 @@
 """The configurations a supernet serves: a campaign's space over its fixed keys, each configuration resolved as a
-trial's is (trainers.cost.resolve_trial) and at full precision (a quantization policy changes no weight).
+trial's is (trainers.model.cost.resolve_trial) and at full precision (a quantization policy changes no weight).
 
 The space is the space, not a sample of it:
 
@@ -68,7 +68,7 @@ class SubnetSpace:
         be made of them (e.g. a ratio that leaves no channel)."""
         text = json.dumps(keys, sort_keys=True, default=str)
         if text not in self._resolved:
-            from qkvsearch.trainers.cost import resolve_trial
+            from qkvsearch.trainers.model.cost import resolve_trial
 
             try:
                 config, cost = resolve_trial({**self.base, **keys})

@@ -1,4 +1,4 @@
-"""Training the supernet: trainers.engine's Run with the supernet as its module and the sandwich rule as its
+"""Training the supernet: trainers.training.engine's Run with the supernet as its module and the sandwich rule as its
 update (BigNAS, AutoFormer), each rank of a DDP group taking its own shard of every batch.
 
 Each optimizer update trains, on the same micro-batches (the plan: trainers.supernet.plan.SupernetPlan):
@@ -25,9 +25,9 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from qkvsearch.trainers import engine
 from qkvsearch.trainers.supernet.plan import SupernetPlan
 from qkvsearch.trainers.supernet.weights import NotServed
+from qkvsearch.trainers.training import engine
 
 log = logging.getLogger(__name__)
 BUCKET_BYTES = 25 * 2 ** 20   # gradients all-reduced at once, as DDP's default bucket_cap_mb

@@ -31,7 +31,7 @@ def model_identity(cfg: dict) -> str:
 
 def _skeleton(cfg: dict) -> nn.Module:
     """build_model(cfg) with its parameters moved to the meta device (they are always given: functional_call)."""
-    from qkvsearch.trainers.models import build_model
+    from qkvsearch.trainers.model.models import build_model
 
     model = build_model(cfg)
     meta: dict[int, nn.Parameter] = {}  # a tied parameter (shared codes) stays one parameter
@@ -197,7 +197,7 @@ class Supernet(nn.Module):
     def _init(self, configs: list[dict], seed: int) -> None:
         """Each tensor from the model of the widest configuration that has it; what no model covers keeps a
         small normal initialisation."""
-        from qkvsearch.trainers.models import build_model
+        from qkvsearch.trainers.model.models import build_model
 
         for master in self.masters.values():
             if master.dim() > 1:
@@ -256,7 +256,7 @@ def _block_covers(configs: list[dict], picks: list[dict]) -> list[dict]:
     block's tensors. For each pick and each embedding a block takes: every block takes that embedding at the
     widest width requested of it; for F-SNE with shared codes, also with the blocks before each block j taking
     another (the codes are the tensor of the first F-SNE block). Their width is solved (model_cost)."""
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     per_block = sorted({k for c in configs for k in block_keys(c)})
     if not per_block:

@@ -39,9 +39,9 @@ class _Scorer:
         """Load the supernet; -> where it runs: {"device", "node"}."""
         import torch
 
-        from qkvsearch.trainers.engine import load_state
         from qkvsearch.trainers.supernet.plan import SupernetPlan
         from qkvsearch.trainers.supernet.scoring import SubnetScorer
+        from qkvsearch.trainers.training.engine import load_state
 
         torch.set_num_threads(threads)
         self.scorer = SubnetScorer(SupernetPlan.from_dict(plan), load_state(checkpoint), cfg, bn_batches,

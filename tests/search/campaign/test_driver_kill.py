@@ -180,7 +180,7 @@ def _first_step_after(records, after: float) -> float:
     """Unix time of the first training step taken after ``after``: a trial's first step (its record), or,
     for a trial resumed from a checkpoint, the first step of the process that trained on from it (each epoch
     of a checkpoint's history names it)."""
-    from qkvsearch.trainers.engine import load_state
+    from qkvsearch.trainers.training.engine import load_state
 
     starts = [rec["first_step_at"] for rec in records if rec.get("first_step_at")]
     starts += [m["qs_first_step_at"] for rec in records if rec["status"] == "completed"

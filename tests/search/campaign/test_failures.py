@@ -66,13 +66,13 @@ def test_a_killed_train_worker_restarts_its_group_from_the_checkpoint(ray_local,
 
 
 def test_a_damaged_or_missing_checkpoint_fails_naming_its_file(ray_local, tmp_path):
-    from qkvsearch.trainers.engine import CheckpointError
-    from qkvsearch.trainers.loop import RunSettings, run_trainer
+    from qkvsearch.trainers.training.engine import CheckpointError
+    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
 
     cfg = load_campaign(tiny_spec(tmp_path, "ckpt", workers=1, epochs=1, variants=[{"embedding": "linear"}],
                                   steps=2))
     from qkvsearch.spaces import base_config
-    from qkvsearch.trainers.cost import resolve_trial
+    from qkvsearch.trainers.model.cost import resolve_trial
 
     config, _ = resolve_trial({**base_config(cfg), "embedding": "linear"})
     run_trainer(config, RunSettings(num_workers=0, name="r", storage_path=str(tmp_path / "runs")))

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import REPO
 
-from qkvsearch.search import _legacy
+from qkvsearch import _legacy
 from qkvsearch.search.records.readers import read_trial_records
 
 FIXTURE = REPO / "tests" / "fixtures" / "flat-layout-campaign"

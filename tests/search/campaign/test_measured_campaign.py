@@ -16,7 +16,7 @@ from qkvsearch.spaces import load_campaign
 pytestmark = pytest.mark.slow
 
 # The bound is on the training step's peak memory, which is exact on CPU (the bytes of the tensors alive at its
-# peak: trainers.measure), so which models are kept does not depend on the machine's load: at batch 16 a 1-block
+# peak: trainers.deploy.measure), so which models are kept does not depend on the machine's load: at batch 16 a 1-block
 # model of width 128 peaks at 0.017 GB, the large one (4 blocks of width 256) at 0.12 GB. A latency bound does:
 # with three test processes on two cores, a 1-block model (2 ms alone) measured over a 7 ms bound.
 BOUND_GB = 0.05

@@ -94,7 +94,7 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     supernet_records, _ = read_trial_records(str(exp / "supernet"))
     assert [r["fidelity"] for r in supernet_records] == ["supernet"]
     # the supernet trained through the engine's update: its students' loss, its two replicas identical
-    from qkvsearch.trainers.engine import load_state
+    from qkvsearch.trainers.training.engine import load_state
 
     (trained,) = supernet_records
     history = load_state(trained["checkpoint_path"])["history"]   # every epoch as rank 0 reported it
@@ -152,7 +152,7 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     for e in (chosen, control):  # stand-alone checkpoints: build_model(cfg) loads each, every tensor
         import torch
 
-        from qkvsearch.trainers.models import build_model
+        from qkvsearch.trainers.model.models import build_model
 
         saved = torch.load(inherited.subnet_file(str(exp), e["subnet_id"]), weights_only=True)
         model = build_model(saved["config"])

@@ -22,8 +22,8 @@ from qkvsearch.search.records.proposals import read_proposals
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill
 from qkvsearch.spaces.schema import violations
-from qkvsearch.trainers.engine import STATE_FORMAT, save_state
 from qkvsearch.trainers.supernet.plan import SupernetPlan
+from qkvsearch.trainers.training.engine import STATE_FORMAT, save_state
 
 pytestmark = pytest.mark.slow
 

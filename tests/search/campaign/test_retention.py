@@ -21,7 +21,7 @@ from qkvsearch.search.records.layout import FINAL_STATUSES, WEIGHTS_DIR
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.search.records.recorder import Recorder
 from qkvsearch.spaces import load_campaign
-from qkvsearch.trainers.engine import save_state
+from qkvsearch.trainers.training.engine import save_state
 
 OBJECTIVES = SPEC["objectives"]
 
@@ -79,13 +79,13 @@ def test_restartable_and_still_needed_trials_keep_everything_and_the_policies_al
 
 # ------------------------------------------------------------------------------ applied to real files
 def _checkpoint(folder: str, seed: int) -> None:
-    """A checkpoint as trainers.engine writes one: a model, its AdamW state after a step, the schedule."""
+    """A checkpoint as trainers.training.engine writes one: a model, its AdamW state after a step, the schedule."""
     torch.manual_seed(seed)
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 8)).sum().backward()
     opt.step()
-    from qkvsearch.trainers.engine import STATE_FORMAT
+    from qkvsearch.trainers.training.engine import STATE_FORMAT
 
     save_state({"format": STATE_FORMAT, "epoch": 6, "updates": 6, "model": model.state_dict(),
                 "optimizer": opt.state_dict(), "scheduler": {"last": 6}, "config": {}, "history": []}, folder)

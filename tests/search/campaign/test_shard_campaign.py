@@ -7,12 +7,12 @@ is killed (SIGKILL, as a lost process), and Train starts a new worker group from
 trial goes on and completes; every epoch is recorded once (the checkpoint's epoch, reported again by the new
 group, too), each takes the N // batch_size updates the whole training split makes (both ranks take them all,
 else DDP would hang or the trial fail) and validates on every validation sample once. Which samples each rank
-reads is the deal of trainers.shard_deal, checked here for this campaign's epochs: the ranks between them read
+reads is the deal of trainers.data.shard_deal, checked here for this campaign's epochs: the ranks between them read
 every training sample once per epoch, as many each (the reader itself: tests/trainers/test_data_shards.py).
 
 A shard that turns out corrupt mid-epoch (whole tar blocks, garbage inside: no listing can tell) fails the
 trial's training with an error naming the shard, which the trial records as its error (a failed trial; the
-campaign goes on): checked at the level of the trial's training function, trainers.loop.run_trainer."""
+campaign goes on): checked at the level of the trial's training function, trainers.training.loop.run_trainer."""
 from __future__ import annotations
 
 import os
@@ -23,8 +23,8 @@ from helpers.live_campaign import LiveCampaign, ray_processes, tiny_spec, wait_w
 from helpers.shards import write_wds
 
 from qkvsearch.search.records.readers import read_trial_records
-from qkvsearch.trainers.shard_deal import reader_pieces
-from qkvsearch.trainers.sources import Part
+from qkvsearch.trainers.data.shard_deal import reader_pieces
+from qkvsearch.trainers.data.sources import Part
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def _train_workers(run: LiveCampaign) -> list[int]:
 
 
 def test_a_ddp_campaign_on_bucket_shards_resumes_a_killed_worker_group_and_reads_each_epoch_once(s3, tmp_path):
-    from qkvsearch.trainers.engine import load_state
+    from qkvsearch.trainers.training.engine import load_state
 
     s3.create_dir(BUCKET)
     write_wds(f"s3://{BUCKET}/tiny", {"train": TRAIN, "validation": VAL})
@@ -93,9 +93,9 @@ def test_a_ddp_campaign_on_bucket_shards_resumes_a_killed_worker_group_and_reads
 def test_a_corrupt_shard_fails_the_trial_naming_the_shard(tmp_path):
     from qkvsearch.search.campaign.driver import error_text
     from qkvsearch.spaces import base_config, load_campaign
-    from qkvsearch.trainers.cost import resolve_trial
-    from qkvsearch.trainers.loop import RunSettings, run_trainer
-    from qkvsearch.trainers.shard_source import ShardError
+    from qkvsearch.trainers.data.shard_source import ShardError
+    from qkvsearch.trainers.model.cost import resolve_trial
+    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
 
     write_wds(str(tmp_path / "tiny"), {"train": TRAIN, "validation": VAL})
     shard = tmp_path / "tiny" / "train-0002.tar"

@@ -39,7 +39,7 @@ def _spec(tmp: Path) -> dict:
 
 def test_a_campaign_over_the_xformer_choices_trains_each_and_records_its_cost(ray_local, tmp_path):
     from qkvsearch.search.campaign.launch import launch
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     exp = Path(launch(load_campaign(_spec(tmp_path))))
     records = load_records(str(exp))

@@ -17,11 +17,11 @@ import torch  # noqa: E402
 
 from qkvsearch.search.campaign.oneshot.plan import candidates  # noqa: E402
 from qkvsearch.spaces import load_campaign  # noqa: E402
-from qkvsearch.trainers.cost import resolve_trial  # noqa: E402
-from qkvsearch.trainers.engine import Dist, fit  # noqa: E402
-from qkvsearch.trainers.models import build_model  # noqa: E402
-from qkvsearch.trainers.quantize import part_linears, quantize_model  # noqa: E402
+from qkvsearch.trainers.model.cost import resolve_trial  # noqa: E402
+from qkvsearch.trainers.model.models import build_model  # noqa: E402
+from qkvsearch.trainers.model.quantize import part_linears, quantize_model  # noqa: E402
 from qkvsearch.trainers.supernet.weights import Supernet  # noqa: E402
+from qkvsearch.trainers.training.engine import Dist, fit  # noqa: E402
 
 BASE = {"model": "xcit_nano_12_p8_224", "img_size": 16, "depth": 2, "dataset": "digits", "epochs": 1,
         "batch_size": 16, "max_steps_per_epoch": 2, "warmup_epochs": 0}

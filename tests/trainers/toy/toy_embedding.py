@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkvsearch.trainers.embeddings import make_activation
+from qkvsearch.trainers.model.embeddings import make_activation
 
 
 class Toy(nn.Module):
