@@ -9,17 +9,30 @@
 
 A campaign measures only when an objective, a constraint or ``metrics`` names a measured metric
 (``measured_metrics``); one that names none measures nothing. Each distinct model is measured once per
-device, precision, batch, compile mode and software versions (trainers.measure), before its first trial.
+device, precision, batch, compile mode and software versions (trainers.deploy.measure), before its first trial.
 """
 from __future__ import annotations
 
 from qkvsearch.spaces.checks import POS_INT, POS_NUM
 from qkvsearch.spaces.errors import Collector, hint, show
+from qkvsearch.spaces.fields import Field, nonempty, table
 from qkvsearch.spaces.metrics import MEASURED_METRICS
 from qkvsearch.spaces.schema import MeasureSpec
-from qkvsearch.spaces.sections import optional
 
-MEASURE_KEYS = ("batch", "latency_batch", "metrics", "cache", "max_s")
+# The section's fields (spaces.fields); defaults: MeasureSpec's.
+MEASURE_FIELDS = table(
+    Field("batch", POS_INT, MeasureSpec.batch, "images a forward when throughput is measured"),
+    Field("latency_batch", POS_INT, MeasureSpec.latency_batch, "images a forward when latency_ms is measured"),
+    Field("metrics", f"a list of measured metrics ({', '.join(MEASURED_METRICS)})", [],
+          "measured metrics to record although no objective or constraint names them"),
+    Field("cache", nonempty("a folder or URI (a string)"), MeasureSpec.cache,
+          "where measurements are kept; campaigns that share it reuse them",
+          default_doc="<campaign folder>/qs_measurements"),
+    Field("max_s", POS_NUM, MeasureSpec.max_s,
+          "seconds one metric's warm-up and timing may take (5 timed calls at least; it stops earlier once the "
+          "median is within 1 %)"),
+)
+MEASURE_KEYS = tuple(MEASURE_FIELDS)
 
 
 def parse_measure(raw, c: Collector) -> MeasureSpec:
@@ -27,25 +40,17 @@ def parse_measure(raw, c: Collector) -> MeasureSpec:
     raw = c.section("measure", raw, MEASURE_KEYS, f"a mapping ({', '.join(MEASURE_KEYS)})")
     if raw is None:
         return MeasureSpec()
-    values = {}
-    for key, check in (("batch", POS_INT), ("latency_batch", POS_INT), ("max_s", POS_NUM)):
-        value = optional(raw, key, check, None, c, "measure")
-        if value is not None:
-            values[key] = value
+    values = {name: MEASURE_FIELDS[name].read(raw, c, "measure") for name in ("batch", "latency_batch", "max_s")}
     metrics = raw.get("metrics") or []
     if not isinstance(metrics, list):
-        c.expected("measure.metrics", f"a list of measured metrics ({', '.join(MEASURED_METRICS)})", metrics)
+        c.expected("measure.metrics", MEASURE_FIELDS["metrics"].expected, metrics)
         metrics = []
     for i, metric in enumerate(metrics):
         if metric not in MEASURED_METRICS:
             c.add(f"measure.metrics[{i}]", f"expected one of {', '.join(MEASURED_METRICS)}, given {show(metric)}"
                   + (hint(metric, MEASURED_METRICS, list_known=False) if isinstance(metric, str) else ""))
     values["metrics"] = tuple(dict.fromkeys(m for m in metrics if m in MEASURED_METRICS))
-    cache = raw.get("cache")
-    if cache is not None and not (isinstance(cache, str) and cache.strip()):
-        c.expected("measure.cache", "a folder or URI (a string)", cache)
-        cache = None
-    values["cache"] = cache.strip() if cache else None
+    values["cache"] = MEASURE_FIELDS["cache"].read(raw, c, "measure")
     return MeasureSpec(**values)
 
 

@@ -9,9 +9,10 @@ from dataclasses import replace
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.checks import POS_INT, integer, one_of
 from qkvsearch.spaces.errors import Collector, section_failed
+from qkvsearch.spaces.fields import Field, nonempty, table
 from qkvsearch.spaces.metrics import COUNTED_METRICS, MEASURED_METRICS
 from qkvsearch.spaces.schema import SearchSpec, Space
-from qkvsearch.spaces.sections import as_mapping, optional
+from qkvsearch.spaces.sections import as_mapping
 
 ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi", "mfehvi")
 # What `qkvsearch simulate --searcher` offers: the campaign's algorithms but grid, and shuffle (every recorded
@@ -24,9 +25,28 @@ EHVI_ALGORITHMS = ("ehvi", "mfehvi")
 # left out" and "Multi-fidelity search"; search.searchers.ehvi_core and mfehvi read them)
 STARTUP_TRIALS = {"gp": 10, "ehvi": 20, "mfehvi": 10}
 GP_STARTUP_TRIALS = STARTUP_TRIALS["gp"]
-# search keys that only some algorithms read -> those algorithms
-OPTIONS = {"repeats": ("grid",), "population_size": ("nsga2",), "n_startup_trials": tuple(STARTUP_TRIALS)}
 NSGA2_POPULATION = 50    # nsga2: Optuna's default population
+
+# The section's fields (spaces.fields); defaults: SearchSpec's, where they do not depend on the rest.
+SEARCH_FIELDS = table(
+    Field("algorithm", one_of(*ALGORITHMS), None, "the searcher that proposes trials",
+          default_doc="grid when every dimension is a choice; else, for several objectives, ehvi when there is one "
+                      "training objective and one or two counted costs, else gp; random for one objective"),
+    Field("num_trials", POS_INT, None, "trials to run (proposals a one-shot campaign scores)",
+          default_doc="required, except for grid: grid points x repeats"),
+    Field("seed", integer(0), SearchSpec.seed, "seed of the searcher's draws"),
+    Field("population_size", integer(2), SearchSpec.population_size, "NSGA-II's population",
+          default_doc=f"min({NSGA2_POPULATION}, num_trials // 2), at least 2", applies=("nsga2",)),
+    Field("repeats", POS_INT, SearchSpec.repeats, "runs of each grid point", applies=("grid",)),
+    Field("n_startup_trials", POS_INT, SearchSpec.n_startup_trials,
+          "random trials before the model leads; fewer than num_trials",
+          default_doc=", ".join(f"min({n}, num_trials // 4) for {a}" for a, n in STARTUP_TRIALS.items())
+          + ", at least 1", applies=tuple(STARTUP_TRIALS)),
+    Field("warm_start", nonempty("a campaign folder or URI (a string)"), SearchSpec.warm_start,
+          "a finished campaign whose trials this space can draw are known from the start, never retrained"),
+)
+# search keys that only some algorithms read -> those algorithms
+OPTIONS = {f.name: f.applies for f in SEARCH_FIELDS.values() if f.applies}
 
 
 def startup_cap(algorithm: str) -> int:
@@ -62,8 +82,8 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     raw = as_mapping(raw, c, "search", "a mapping (algorithm, num_trials, seed, ...)")
     if raw is None:
         raw = {}
-    c.unknown_keys("search", raw, ("algorithm", "num_trials", "seed", "population_size", "repeats", "n_startup_trials",
-                                   "warm_start"))
+    fields = SEARCH_FIELDS
+    c.unknown_keys("search", raw, fields)
     # A space with errors lost dimensions: its size and default algorithm would contradict the user.
     space_ok = not _failed(c, "space")
     # A space of ranges, several objectives: ehvi where it applies, else GP (benchmarks/README.md, "Searchers
@@ -73,18 +93,15 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     counted_only = ehvi_problem((o.metric for o in objectives), measured=())
     several = ("ehvi" if counted_only is None else "gp") if len(objectives) > 1 else "random"
     default_algorithm = "grid" if space.enumerable else several
-    algorithm = dimensions.check_value(one_of(*ALGORITHMS), raw.get("algorithm", default_algorithm),
+    algorithm = dimensions.check_value(fields["algorithm"].check, raw.get("algorithm", default_algorithm),
                                        c, "search.algorithm")
-    seed = optional(raw, "seed", integer(0), 0, c, "search")
+    seed = fields["seed"].read(raw, c, "search")
     # A key that does not apply to the algorithm is reported as such, without also judging its value.
-    repeats = _only_for(raw, "repeats", POS_INT, OPTIONS["repeats"], algorithm, c, " (use num_trials)")
-    population = _only_for(raw, "population_size", integer(2), OPTIONS["population_size"], algorithm, c)
-    startup = _only_for(raw, "n_startup_trials", POS_INT, OPTIONS["n_startup_trials"], algorithm, c)
-    warm = raw.get("warm_start")
-    if warm is not None and not (isinstance(warm, str) and warm.strip()):
-        c.expected("search.warm_start", "a campaign folder or URI (a string)", warm)
-        warm = None
-    num_trials = optional(raw, "num_trials", POS_INT, None, c, "search")
+    repeats = _only_for(raw, fields["repeats"], algorithm, c, " (use num_trials)")
+    population = _only_for(raw, fields["population_size"], algorithm, c)
+    startup = _only_for(raw, fields["n_startup_trials"], algorithm, c)
+    warm = fields["warm_start"].read(raw, c, "search")
+    num_trials = fields["num_trials"].read(raw, c, "search")
     if algorithm is dimensions.ABSENT:
         return SearchSpec("random", num_trials or 1, seed)
     if algorithm != "grid" and ("algorithm" in raw or space_ok):
@@ -99,7 +116,7 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
         if raw.get("repeats") is not None and repeats is None:
             return SearchSpec("grid", num_trials or 1, seed)   # no size to compare num_trials with
         grid = _grid_search(space, num_trials, seed, repeats or 1, c, space_ok)
-        return replace(grid, warm_start=warm.strip()) if warm else grid
+        return replace(grid, warm_start=warm) if warm else grid
     if num_trials is None:
         if raw.get("num_trials") is None:
             c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
@@ -118,7 +135,7 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                                          f"every trial would be a random start-up one and the Gaussian process "
                                          f"would never lead (leave it out for min({startup_cap(algorithm)}, "
                                          f"num_trials // 4))")
-    return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm.strip() if warm else None)
+    return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm)
 
 
 def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok: bool = True) -> SearchSpec:
@@ -140,15 +157,15 @@ def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok
     return SearchSpec("grid", size, seed, None, repeats)
 
 
-def _only_for(raw: dict, key: str, check, needed: str | tuple, algorithm, c: Collector, advice: str = ""):
-    """The value of a search key that only some algorithms read; None when absent, invalid or not applicable."""
-    if raw.get(key) is None:
+def _only_for(raw: dict, field: Field, algorithm, c: Collector, advice: str = ""):
+    """The value of a search key that only some algorithms read (``field.applies``); None when absent, invalid
+    or not applicable."""
+    if raw.get(field.name) is None:
         return None
-    needed = (needed,) if isinstance(needed, str) else needed
-    if algorithm is not dimensions.ABSENT and algorithm not in needed:
-        c.add(f"search.{key}", f"applies to algorithm {', '.join(needed)} only, not {algorithm}{advice}")
+    if algorithm is not dimensions.ABSENT and algorithm not in field.applies:
+        c.add(f"search.{field.name}", f"applies to algorithm {', '.join(field.applies)} only, not {algorithm}{advice}")
         return None
-    return optional(raw, key, check, None, c, "search")
+    return field.read(raw, c, "search", default=None)
 
 
 def _failed(c: Collector, section: str) -> bool:

@@ -11,6 +11,7 @@ from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.checks import NONNEG_INT, POS_INT, integer, is_number, one_of
 from qkvsearch.spaces.errors import Collector, hint, show
+from qkvsearch.spaces.fields import MODE, POSITIVE_OR_AUTO, Field, table
 from qkvsearch.spaces.keys import (
     KEYS,
     REQUIRED_TRAIN_KEYS,
@@ -49,6 +50,44 @@ STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MISSING = object()
+RUNGS = ("asha", "moasha")   # the schedulers that judge trials at rungs
+
+# The fields of the scheduler, resources and checkpoints sections (spaces.fields); defaults: the spec's.
+SCHEDULER_FIELDS = table(
+    Field("type", one_of(*TRIAL_SCHEDULERS), SchedulerSpec.type,
+          "fifo runs every trial to train.epochs; asha stops trials on one metric; moasha ranks them by "
+          "non-dominated sorting over the objectives"),
+    Field("grace_epochs", POS_INT, SchedulerSpec.grace_epochs,
+          "epochs before the first rung; at most train.epochs", applies=RUNGS),
+    Field("reduction_factor", integer(2), SchedulerSpec.reduction_factor,
+          "rungs at grace_epochs x reduction_factor^k epochs; the top 1/reduction_factor go on", applies=RUNGS),
+    Field("brackets", POS_INT, SchedulerSpec.brackets,
+          "asynchronous Hyperband brackets, bracket s judging first at grace_epochs x reduction_factor^s; at most "
+          "one per rung below train.epochs", default_doc="3 for moasha (fewer where fewer rungs fit), 1 for asha",
+          applies=RUNGS),
+    Field("metric", one_of(*SCHEDULER_METRICS), SchedulerSpec.metric, "the training metric asha stops trials on",
+          default_doc="the first objective's (top1 for top1_q)", applies=("asha",)),
+    Field("mode", MODE, SchedulerSpec.mode, "whether asha keeps the metric's high or low values",
+          default_doc="the first objective's, else the metric's natural mode", applies=("asha",)),
+)
+_WORKER_DOCS = {"workers_per_trial": "Ray Train workers (DDP ranks) per trial",
+                "cpus_per_worker": "CPUs each worker holds",
+                "gpus_per_worker": "GPUs each worker holds; 1: NCCL DDP with bf16 autocast"}
+RESOURCES_FIELDS = table(
+    *(Field(name, check, getattr(ResourcesSpec, name), _WORKER_DOCS[name]) for name, check in WORKER_RESOURCES),
+    Field("max_concurrent_trials", POSITIVE_OR_AUTO, ResourcesSpec.max_concurrent_trials,
+          "trials at once; auto: what fits the nodes present, or the node types an autoscaler can add"),
+    Field("placement_strategy", one_of(*PLACEMENTS), ResourcesSpec.placement_strategy,
+          "Ray placement of a trial's workers; STRICT_PACK keeps them on one node"),
+    Field("max_failures", NONNEG_INT, ResourcesSpec.max_failures,
+          "recoveries of a trial from a lost process (a worker, the trial's own process), from its last "
+          "checkpoint"),
+)
+CHECKPOINTS_FIELDS = table(
+    Field("keep", one_of(*KEEP_POLICIES), CheckpointsSpec.keep,
+          "what an ended trial keeps: front, the weights of the completed trials on the front; all, every "
+          "checkpoint; none, nothing"),
+)
 
 
 def as_mapping(raw, c: Collector, path: str, what: str) -> dict | None:
@@ -186,15 +225,16 @@ def parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> Sc
     raw = as_mapping(raw, c, "scheduler", "a mapping (type, grace_epochs, reduction_factor, brackets)")
     if raw is None:
         return SchedulerSpec()
-    c.unknown_keys("scheduler", raw, ("type", "grace_epochs", "reduction_factor", "brackets", "metric", "mode"))
-    kind = dimensions.check_value(one_of(*TRIAL_SCHEDULERS), raw.get("type", "fifo"), c, "scheduler.type")
-    grace = optional(raw, "grace_epochs", POS_INT, 1, c, "scheduler")
-    factor = optional(raw, "reduction_factor", integer(2), 3, c, "scheduler")
-    brackets = optional(raw, "brackets", POS_INT, None, c, "scheduler")
+    fields = SCHEDULER_FIELDS
+    c.unknown_keys("scheduler", raw, fields)
+    kind = dimensions.check_value(fields["type"].check, raw.get("type", fields["type"].default), c, "scheduler.type")
+    grace = fields["grace_epochs"].read(raw, c, "scheduler")
+    factor = fields["reduction_factor"].read(raw, c, "scheduler")
+    brackets = fields["brackets"].read(raw, c, "scheduler")
     epochs = train.epochs
-    if kind in ("asha", "moasha") and epochs is not None and grace > epochs:
+    if kind in RUNGS and epochs is not None and grace > epochs:
         c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), given {grace}")
-    if brackets is not None and kind not in ("asha", "moasha"):
+    if brackets is not None and kind not in fields["brackets"].applies:
         if kind is not dimensions.ABSENT:  # an invalid type has its own message
             c.add("scheduler.brackets", f"expected no brackets for type {kind} (they apply to asha and "
                                         f"moasha), given {brackets}")
@@ -229,12 +269,12 @@ def _asha_target(metric, mode, objectives, c: Collector):
             return None, None
         mode = mode or objectives[0].mode
     elif metric not in SCHEDULER_METRICS:
-        c.add("scheduler.metric", f"expected one of {', '.join(SCHEDULER_METRICS)}, given {show(metric)}"
+        c.add("scheduler.metric", f"expected {SCHEDULER_FIELDS['metric'].expected}, given {show(metric)}"
               + (hint(metric, SCHEDULER_METRICS, list_known=False) if isinstance(metric, str) else ""))
         return None, None
     mode = mode or METRICS[metric]
-    if mode not in ("max", "min"):
-        c.expected("scheduler.mode", "max or min", mode)
+    if mode not in MODE.options:
+        c.expected("scheduler.mode", MODE.expected, mode)
     return metric, mode
 
 
@@ -242,19 +282,16 @@ def parse_resources(raw, c: Collector) -> ResourcesSpec:
     raw = as_mapping(raw, c, "resources", "a mapping (workers_per_trial, cpus_per_worker, ...)")
     if raw is None:
         return ResourcesSpec()
-    keys = ("workers_per_trial", "cpus_per_worker", "gpus_per_worker", "max_concurrent_trials",
-            "placement_strategy", "max_failures")
-    c.unknown_keys("resources", raw, keys)
-    defaults = ResourcesSpec()
-    workers, cpus, gpus = (optional(raw, name, check, getattr(defaults, name), c, "resources")
-                           for name, check in WORKER_RESOURCES)
-    placement = optional(raw, "placement_strategy", one_of(*PLACEMENTS), "PACK", c, "resources")
-    failures = optional(raw, "max_failures", NONNEG_INT, ResourcesSpec.max_failures, c, "resources")
-    concurrent = raw.get("max_concurrent_trials", "auto")
-    if concurrent != "auto" and not (isinstance(concurrent, int) and not isinstance(concurrent, bool)
-                                     and concurrent >= 1):
-        c.expected("resources.max_concurrent_trials", 'a positive int or "auto"', concurrent)
-        concurrent = "auto"
+    fields = RESOURCES_FIELDS
+    c.unknown_keys("resources", raw, fields)
+    workers, cpus, gpus, placement, failures = (
+        fields[name].read(raw, c, "resources")
+        for name in (*(n for n, _ in WORKER_RESOURCES), "placement_strategy", "max_failures"))
+    # null is refused here (not taken as the default): "auto" is a value of its own
+    concurrent = dimensions.check_value(fields["max_concurrent_trials"].check,
+                                        raw.get("max_concurrent_trials", "auto"), c, "resources.max_concurrent_trials")
+    if concurrent is dimensions.ABSENT:
+        concurrent = fields["max_concurrent_trials"].default
     return ResourcesSpec(workers, cpus, gpus, concurrent, placement, failures)
 
 
@@ -281,8 +318,8 @@ def parse_checkpoints(raw, c: Collector) -> CheckpointsSpec:
     raw = as_mapping(raw, c, "checkpoints", "a mapping (keep: " + " | ".join(KEEP_POLICIES) + ")")
     if raw is None:
         return CheckpointsSpec()
-    c.unknown_keys("checkpoints", raw, ("keep",))
-    return CheckpointsSpec(optional(raw, "keep", one_of(*KEEP_POLICIES), CheckpointsSpec.keep, c, "checkpoints"))
+    c.unknown_keys("checkpoints", raw, CHECKPOINTS_FIELDS)
+    return CheckpointsSpec(CHECKPOINTS_FIELDS["keep"].read(raw, c, "checkpoints"))
 
 
 def parse_storage(raw, c: Collector) -> str:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from qkvsearch.spaces.checks import TEXT, Bad, is_number
+from qkvsearch.spaces.checks import POS_INT, TEXT, Bad, Check, is_number, one_of
 from qkvsearch.spaces.datasets import DATASET_INFO
 from qkvsearch.spaces.errors import Collector, hint, show
+from qkvsearch.spaces.fields import Field, choice, table
 from qkvsearch.spaces.keys import KEYS, section_keys
 from qkvsearch.spaces.metrics import (
     COST_METRICS,
@@ -59,8 +60,53 @@ OOD_EMBEDDED = ("noise", "digits_heldout")   # need no path
 SELECTIONS = ("front", "top_k", "as_completed")
 # A finetune recipe: train keys by their section names, and the input size.
 RECIPE_KEYS = {**section_keys("train"), "img_size": KEYS["img_size"]}
-FINETUNE_FIELDS = ("dataset", "path", "resources", *RECIPE_KEYS)
-OOD_FIELDS = ("in_distribution", "datasets", "score", "resources")
+_WORKERS = tuple(n for n, _ in WORKER_RESOURCES)
+OOD_WORKERS = ("cpus_per_worker", "gpus_per_worker")   # an OOD stage is one task
+
+# The section's fields and those of its parts (spaces.fields); defaults: the stage specs'. A finetune recipe also
+# takes RECIPE_KEYS (spaces.keys.KEYS).
+STAGES_FIELDS = table(
+    Field("finetune", "a list of recipes {dataset, path, epochs, lr, ...}", [],
+          "one fine-tuning per dataset, each from the trial's final checkpoint with a new head"),
+    Field("ood", "a mapping (in_distribution, datasets, score)", None,
+          "scores a finetune stage's model on its test set against each OOD set", default_doc="null (no OOD stage)"),
+    Field("select", choice(*SELECTIONS), StagesSpec.select,
+          "which configurations go on: the pretraining front once every trial has ended, the top_k by "
+          "non-dominated rank, or each trial on the front of those completed so far, at once"),
+    Field("top_k", Check("a positive int (select top_k)", "positive ints", POS_INT.fn), StagesSpec.top_k,
+          "how many configurations go on with select: top_k", default_doc="null (required with select: top_k)"),
+    Field("objectives", "a non-empty list of {metric, mode}", None, "the final front's objectives (stage metrics "
+                                                                    "or pretraining metrics)",
+          default_doc="the stages' headline metrics"),
+    Field("constraints", "a mapping {stage metric: {max: x} or {min: x}}", {},
+          "bounds on stage metrics: the final front keeps the configurations that meet them"),
+)
+FINETUNE_STAGE_FIELDS = table(
+    Field("dataset", one_of(*DATASET_INFO), None, "the dataset fine-tuned on (one stage per dataset)",
+          required=True),
+    Field("path", "a folder path", None, "the dataset's root folder", default_doc="null (required where the "
+                                                                             "dataset is read from files)"),
+    Field("resources", f"a mapping ({', '.join(_WORKERS)})", {},
+          "the stage's own resources, replacing the campaign's for this stage", default_doc="{} (the campaign's)"),
+)
+OOD_STAGE_FIELDS = table(
+    Field("in_distribution", "the dataset of a finetune stage", None, "whose fine-tuned model is scored",
+          required=True),
+    Field("datasets", "a non-empty list of {name, format, path}", None, "the OOD sets", required=True),
+    Field("score", choice(*OOD_SCORES), OODStage.score, "the in-distribution score: maximum softmax probability, "
+                                                         "energy, or maximum logit"),
+    Field("resources", f"a mapping ({', '.join(OOD_WORKERS)})", {}, "the stage's own resources",
+          default_doc="{} (the campaign's)"),
+)
+OOD_SET_FIELDS = table(
+    Field("name", "a name no other OOD set has", None, "the set's name in results", default_doc="the format"),
+    Field("format", choice(*OOD_FORMATS), None, "how the set is read; noise and digits_heldout are made, not read",
+          required=True),
+    Field("path", "a folder path", OODSet.path, "the set's folder",
+          default_doc="null (required unless the format is " + " or ".join(OOD_EMBEDDED) + ")"),
+)
+FINETUNE_FIELDS = (*FINETUNE_STAGE_FIELDS, *RECIPE_KEYS)
+OOD_FIELDS = tuple(OOD_STAGE_FIELDS)
 STAGE_METRIC_STAGE = {m.name: m.stage for m in STAGE_METRIC_LIST}   # stage metric -> the stage measuring it
 
 
@@ -91,7 +137,7 @@ def _unmeasured(metric: str, finetune, ood) -> str | None:
 
 def parse_stages(raw, c: Collector) -> StagesSpec:
     """The stages section -> StagesSpec (empty when absent or null); problems go to ``c``, named by path."""
-    keys = ("finetune", "ood", "select", "top_k", "objectives", "constraints")
+    keys = tuple(STAGES_FIELDS)
     raw = c.section("stages", raw, keys, f"a mapping ({', '.join(keys)})")
     if raw is None:
         return StagesSpec()
@@ -110,7 +156,7 @@ def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        c.expected("stages.finetune", "a list of recipes {dataset, path, epochs, lr, ...}", raw)
+        c.expected("stages.finetune", STAGES_FIELDS["finetune"].expected, raw)
         return []
     out, seen = [], set()
     for i, item in enumerate(raw):
@@ -121,7 +167,7 @@ def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
         c.unknown_keys(path, item, FINETUNE_FIELDS)
         dataset = item.get("dataset")
         if not isinstance(dataset, str) or dataset not in DATASET_INFO:
-            c.add(f"{path}.dataset", f"expected one of {', '.join(DATASET_INFO)}, given {show(dataset)}"
+            c.add(f"{path}.dataset", f"expected {FINETUNE_STAGE_FIELDS['dataset'].expected}, given {show(dataset)}"
                   + (hint(dataset, DATASET_INFO, list_known=False) if isinstance(dataset, str) else ""))
             continue
         if dataset in seen:
@@ -137,7 +183,7 @@ def _parse_finetune(raw, c: Collector) -> list[FinetuneStage]:
                     recipe[key.name] = key.check(item[name])
                 except Bad as bad:
                     c.expected(f"{path}.{name}", bad.expected or key.check.expected, item[name])
-        resources = parse_worker_resources(item.get("resources"), f"{path}.resources", tuple(n for n, _ in WORKER_RESOURCES), c)
+        resources = parse_worker_resources(item.get("resources"), f"{path}.resources", _WORKERS, c)
         out.append(FinetuneStage(dataset, data_path, FrozenMap(recipe), resources))
     return out
 
@@ -150,25 +196,25 @@ def _path(value, needed: bool, where: str, what: str, c: Collector) -> str | Non
     try:
         return TEXT(value)
     except Bad:
-        c.expected(where, "a folder path", value)
+        c.expected(where, OOD_SET_FIELDS["path"].expected, value)
         return None
 
 
 def _parse_ood(raw, finetune_datasets: list[str], c: Collector) -> OODStage | None:
     if not isinstance(raw, Mapping):
-        c.expected("stages.ood", "a mapping (in_distribution, datasets, score)", raw)
+        c.expected("stages.ood", STAGES_FIELDS["ood"].expected, raw)
         return None
     c.unknown_keys("stages.ood", raw, OOD_FIELDS)
     ind = raw.get("in_distribution")
     if ind not in finetune_datasets:
         given = ", ".join(finetune_datasets) or "no finetune stage"
         c.add("stages.ood.in_distribution", f"expected the dataset of a finetune stage ({given}), given {show(ind)}")
-    score = raw.get("score", "msp")
+    score = raw.get("score", OOD_STAGE_FIELDS["score"].default)
     if score not in OOD_SCORES:
-        c.expected("stages.ood.score", " | ".join(OOD_SCORES), score)
+        c.expected("stages.ood.score", OOD_STAGE_FIELDS["score"].expected, score)
     sets = raw.get("datasets")
     if not isinstance(sets, list) or not sets:
-        c.expected("stages.ood.datasets", "a non-empty list of {name, format, path}", sets)
+        c.expected("stages.ood.datasets", OOD_STAGE_FIELDS["datasets"].expected, sets)
         return None
     out = []
     for i, item in enumerate(sets):
@@ -176,28 +222,31 @@ def _parse_ood(raw, finetune_datasets: list[str], c: Collector) -> OODStage | No
         if not isinstance(item, Mapping):
             c.expected(path, "a mapping {name, format, path}", item)
             continue
-        c.unknown_keys(path, item, ("name", "format", "path"))
+        c.unknown_keys(path, item, OOD_SET_FIELDS)
         fmt = item.get("format")
         if fmt not in OOD_FORMATS:
-            c.expected(f"{path}.format", " | ".join(OOD_FORMATS), fmt)
+            c.expected(f"{path}.format", OOD_SET_FIELDS["format"].expected, fmt)
             continue
         name = item.get("name", fmt)
         if not isinstance(name, str) or not name.strip() or name in [s.name for s in out]:
-            c.expected(f"{path}.name", "a name no other OOD set has", name)
+            c.expected(f"{path}.name", OOD_SET_FIELDS["name"].expected, name)
             continue
         out.append(OODSet(name, fmt, _path(item.get("path"), fmt not in OOD_EMBEDDED, f"{path}.path", fmt, c)))
-    resources = parse_worker_resources(raw.get("resources"), "stages.ood.resources", ("cpus_per_worker", "gpus_per_worker"), c)
+    resources = parse_worker_resources(raw.get("resources"), "stages.ood.resources", OOD_WORKERS, c)
     return OODStage(str(ind), tuple(out), score, resources)
 
 
 def _parse_selection(raw: Mapping, c: Collector) -> tuple[str, int | None]:
-    select, top_k = raw.get("select", "front"), raw.get("top_k")
+    fields = STAGES_FIELDS
+    select, top_k = raw.get("select", fields["select"].default), raw.get("top_k")
     if select not in SELECTIONS:
-        c.expected("stages.select", " | ".join(SELECTIONS), select)
-        return "front", None
+        c.expected("stages.select", fields["select"].expected, select)
+        return fields["select"].default, None
     if select == "top_k":
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            c.expected("stages.top_k", "a positive int (select top_k)", top_k)
+        try:
+            fields["top_k"].check(top_k)
+        except Bad:
+            c.expected("stages.top_k", fields["top_k"].expected, top_k)
             return select, None
     elif top_k is not None:
         c.add("stages.top_k", f"expected null unless select is top_k, given {show(top_k)}")
@@ -210,7 +259,7 @@ def _parse_objectives(raw, finetune, ood, c: Collector) -> list[Objective]:
         present = {"finetune": bool(finetune), "ood": ood is not None}
         return [Objective(m.name, m.mode) for m in STAGE_METRIC_LIST if m.default and present[m.stage]]
     if not isinstance(raw, list) or not raw:
-        c.expected("stages.objectives", "a non-empty list of {metric, mode}", raw)
+        c.expected("stages.objectives", STAGES_FIELDS["objectives"].expected, raw)
         return []
     out = []
     for i, item in enumerate(raw):
@@ -244,7 +293,7 @@ def _parse_constraints(raw, finetune, ood, c: Collector) -> list[Constraint]:
     if raw is None:
         return []
     if not isinstance(raw, Mapping):
-        c.expected("stages.constraints", "a mapping {stage metric: {max: x} or {min: x}}", raw)
+        c.expected("stages.constraints", STAGES_FIELDS["constraints"].expected, raw)
         return []
     out = []
     for metric, bound in raw.items():

@@ -37,10 +37,11 @@ from __future__ import annotations
 from qkvsearch.spaces.blocks import base_key
 from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
 from qkvsearch.spaces.errors import Collector, show
+from qkvsearch.spaces.fields import Field, choice, nonempty, table
 from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, key_of, section_keys
 from qkvsearch.spaces.metrics import COST_METRICS, SCORED_METRICS
 from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap, SupernetSpec
-from qkvsearch.spaces.sections import optional, parse_worker_resources
+from qkvsearch.spaces.sections import parse_worker_resources
 
 # Which tensors a categorical key splits: the attention's (embedding, mixer, key), the stem's, the positions'.
 ATTENTION_BRANCH = ("embedding", "attention", "key", "key_aggregation", "key_context", "activation",
@@ -52,8 +53,35 @@ BRANCH_KEYS = (*ATTENTION_BRANCH, *STEM_BRANCH, *POSITION_BRANCH)
 WIDTH_KEYS = tuple(k.name for k in sorted(KEYS.values(), key=lambda k: k.group != "embedding") if k.sliced)
 RETRAIN = ("front", "top_k")
 RETRAIN_FROM = ("scratch", "inherited")
-FIELDS = ("train", "random_subnets", "distill", "bn_batches", "retrain", "top_k", "control", "from", "retrain_from",
-          "resources")
+_WORKERS = tuple(n for n, _ in WORKER_RESOURCES)
+# The section's fields (spaces.fields); defaults: SupernetSpec's (``from`` is its ``source``).
+SUPERNET_FIELDS = table(
+    Field("train", "a mapping of train keys (epochs, lr, ...)", {},
+          "the supernet's recipe: train-section keys; the rest are the train section's",
+          default_doc="{} (epochs required unless from)"),
+    Field("random_subnets", NONNEG_INT, SupernetSpec.random_subnets,
+          "random subnets per update, besides the largest and smallest of the update's branch"),
+    Field("distill", FLAG, SupernetSpec.distill, "students learn the largest subnet's soft labels (in-place "
+                                                  "distillation)"),
+    # >= 1: a subnet's BatchNorm statistics are its own; without a batch they stay at (0, 1)
+    Field("bn_batches", POS_INT, SupernetSpec.bn_batches,
+          "training batches each subnet's BatchNorm is recalibrated on before scoring"),
+    Field("retrain", choice(*RETRAIN), SupernetSpec.retrain,
+          "which scored subnets train on their own: the inherited front, or the top_k by non-dominated rank"),
+    Field("top_k", POS_INT, SupernetSpec.top_k, "how many subnets retrain with retrain: top_k",
+          default_doc="null (required with retrain: top_k)"),
+    Field("control", NONNEG_INT, SupernetSpec.control,
+          "subnets drawn from the space's feasible ones, scored, and retrained from scratch under two seeds: "
+          "the rank agreement's sample"),
+    Field("from", nonempty("a campaign folder or URI whose supernet was trained (a string)"), SupernetSpec.source,
+          "search that campaign's trained supernet instead of training one"),
+    Field("retrain_from", choice(*RETRAIN_FROM), SupernetSpec.retrain_from,
+          "where the chosen subnets' training starts: from scratch, or from the weights they inherit"),
+    Field("resources", f"a mapping ({', '.join(_WORKERS)})", {},
+          "the supernet's DDP run's own resources; the retrained subnets use the resources section's",
+          default_doc="{} (the resources section's)"),
+)
+FIELDS = tuple(SUPERNET_FIELDS)
 
 
 def parse_supernet(raw, c: Collector) -> SupernetSpec:
@@ -62,30 +90,17 @@ def parse_supernet(raw, c: Collector) -> SupernetSpec:
         return SupernetSpec()
     recipe = _recipe(raw.get("train"), c, needs_epochs=raw.get("from") is None)
     values: dict = {}
-    # bn_batches >= 1: a subnet's BatchNorm statistics are its own; without a batch they stay at (0, 1)
-    for key, check in (("random_subnets", NONNEG_INT), ("bn_batches", POS_INT), ("control", NONNEG_INT),
-                       ("top_k", POS_INT), ("distill", FLAG)):
-        value = optional(raw, key, check, None, c, "supernet")
+    for key in ("random_subnets", "bn_batches", "control", "top_k", "distill", "retrain", "retrain_from"):
+        value = SUPERNET_FIELDS[key].read(raw, c, "supernet", default=None)
         if value is not None:
             values[key] = value
-    for key, allowed in (("retrain", RETRAIN), ("retrain_from", RETRAIN_FROM)):
-        if raw.get(key) is not None:
-            if raw[key] in allowed:
-                values[key] = raw[key]
-            else:
-                c.expected(f"supernet.{key}", " | ".join(allowed), raw[key])
     if values.get("retrain") == "top_k" and values.get("top_k") is None:
         c.add("supernet.top_k", "required with retrain: top_k (how many subnets to retrain)")
     elif values.get("top_k") is not None and values.get("retrain") != "top_k":
         c.add("supernet.top_k", "applies to retrain: top_k only")
-    source = raw.get("from")
-    if source is not None and not (isinstance(source, str) and source.strip()):
-        c.expected("supernet.from", "a campaign folder or URI whose supernet was trained (a string)", source)
-        source = None
-    resources = parse_worker_resources(raw.get("resources"), "supernet.resources",
-                                       tuple(n for n, _ in WORKER_RESOURCES), c)
-    return SupernetSpec(recipe=recipe, source=source.strip().rstrip("/") if source else None, resources=resources,
-                        **values)
+    source = SUPERNET_FIELDS["from"].read(raw, c, "supernet")
+    resources = parse_worker_resources(raw.get("resources"), "supernet.resources", _WORKERS, c)
+    return SupernetSpec(recipe=recipe, source=source.rstrip("/") if source else None, resources=resources, **values)
 
 
 def _recipe(raw, c: Collector, needs_epochs: bool) -> FrozenMap:

@@ -25,46 +25,76 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from qkvsearch.spaces import dimensions
+from qkvsearch.spaces.checks import TEXT
 from qkvsearch.spaces.errors import Collector, show
+from qkvsearch.spaces.fields import Field, choice, table
 from qkvsearch.spaces.schema import CampaignSpec, FrozenMap, plain
 
 
 @dataclass(frozen=True)
 class TrackerInfo:
-    """One tracker. settings: setting -> default (None: decided at launch: a location inside the campaign
-    folder, or the campaign's name as experiment, project or study); location: the setting that says where it
-    writes (None: always inside the campaign folder); modules: what it imports; extra: the pip extra that
-    installs them; home: "module:Class" of the tracker; schemes: the URL schemes its location takes (before
-    a "+driver"); path_url: the URL a path stands for ("{path}": the path itself)."""
+    """One tracker. fields: its settings (spaces.fields; default None: decided at launch: a location inside
+    the campaign folder, or the campaign's name as experiment, project or study); location: the setting that
+    says where it writes (None: always inside the campaign folder); modules: what it imports; extra: the pip
+    extra that installs them; home: "module:Class" of the tracker; schemes: the URL schemes its location takes
+    (before a "+driver"); path_url: the URL a path stands for ("{path}": the path itself); doc: where it writes
+    by default and how to look."""
 
     name: str
-    settings: FrozenMap
+    fields: dict[str, Field]
     location: str | None
     modules: tuple[str, ...]
     extra: str
     home: str
     schemes: tuple[str, ...] = ()
     path_url: str = "{path}"
+    doc: str = ""
+
+    @property
+    def settings(self) -> FrozenMap:
+        """setting -> default."""
+        return FrozenMap({name: f.default for name, f in self.fields.items()})
 
 
 _HOME = "qkvsearch.search.campaign.tracking"
+WANDB_MODES = ("offline", "online", "disabled")
+# Every setting is a non-empty string first (TEXT); a setting with a check of its own is also checked by it.
+_IN_FOLDER = "a file inside the campaign folder"
 TRACKERS = {t.name: t for t in (
     # A path is a SQLite store: MLflow 3 refuses to create experiments in its file store (file://, a bare
     # folder), and "databricks" alone names the workspace of the user's Databricks configuration.
-    TrackerInfo("mlflow", FrozenMap({"tracking_uri": None, "experiment": None}), "tracking_uri", ("mlflow",),
-                "mlflow", f"{_HOME}.mlflow_tracker:MLflowTracker",
-                ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks"), "sqlite:///{path}"),
+    TrackerInfo("mlflow", table(
+        Field("tracking_uri", "a URL (http(s)://, sqlite:///, postgresql://, mysql://, mssql://, databricks) or a "
+                              "path", None, "where runs are stored",
+              default_doc="the SQLite store <campaign folder>/tracking/mlflow.db"),
+        Field("experiment", TEXT, None, "the MLflow experiment", default_doc="the campaign's name")),
+        "tracking_uri", ("mlflow",), "mlflow", f"{_HOME}.mlflow_tracker:MLflowTracker",
+        ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks"), "sqlite:///{path}",
+        "the SQLite store <campaign folder>/tracking/mlflow.db; `mlflow ui --backend-store-uri "
+        "sqlite:///<campaign folder>/tracking/mlflow.db` needs the full mlflow package"),
     # mode: offline writes run folders, nothing leaves the machine
-    TrackerInfo("wandb", FrozenMap({"project": None, "entity": None, "mode": "offline"}), None, ("wandb",),
-                "wandb", f"{_HOME}.wandb_tracker:WandbTracker"),
-    TrackerInfo("tensorboard", FrozenMap(), None, ("tensorboard",), "tensorboard",
-                f"{_HOME}.tensorboard_tracker:TensorBoardTracker"),
+    TrackerInfo("wandb", table(
+        Field("project", TEXT, None, "the W&B project", default_doc="the campaign's name"),
+        Field("entity", TEXT, None, "the W&B entity (user or team)", default_doc="null (W&B's default)"),
+        Field("mode", choice(*WANDB_MODES), "offline",
+              "offline: run folders in <campaign folder>/tracking/wandb (`wandb sync` uploads them)")),
+        None, ("wandb",), "wandb", f"{_HOME}.wandb_tracker:WandbTracker",
+        doc="offline run folders in <campaign folder>/tracking/wandb; `wandb sync` uploads them"),
+    TrackerInfo("tensorboard", table(), None, ("tensorboard",), "tensorboard",
+                f"{_HOME}.tensorboard_tracker:TensorBoardTracker",
+                doc="event files: `tensorboard --logdir <campaign folder>/tracking/tensorboard`"),
     # A URL is an RDB storage (SQLAlchemy's dialects); a path, a journal file (optuna-dashboard opens either).
-    TrackerInfo("optuna", FrozenMap({"storage": None}), "storage", ("optuna",), "optuna-dashboard",
-                f"{_HOME}.optuna_tracker:OptunaTracker",
-                ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")),
+    TrackerInfo("optuna", table(
+        Field("storage", "an SQLAlchemy URL (sqlite:///, postgresql://, mysql://, ...) or a path (a journal file)",
+              None, "the searcher's study, which optuna-dashboard shows while the campaign runs",
+              default_doc="the journal <campaign folder>/tracking/optuna.journal")),
+        "storage", ("optuna",), "optuna-dashboard", f"{_HOME}.optuna_tracker:OptunaTracker",
+        ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql"),
+        doc="the journal the searcher's study is kept in, live: `optuna-dashboard <campaign "
+            "folder>/tracking/optuna.journal`"),
 )}
-WANDB_MODES = ("offline", "online", "disabled")
+TRACKER_SETTING = TEXT   # what every setting is first
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
@@ -155,27 +185,28 @@ def parse_tracking(raw, storage: str, c: Collector) -> FrozenMap:
 
 
 def _parse_tracker(name: str, given, storage: str, c: Collector) -> FrozenMap | None:
-    path, known = f"tracking.{name}", TRACKERS[name].settings
+    path, fields = f"tracking.{name}", TRACKERS[name].fields
     if given is None:
         given = {}
     if not isinstance(given, dict):
-        c.expected(path, f"a mapping ({', '.join(known)})" if known else "{} (no settings)", given)
+        c.expected(path, f"a mapping ({', '.join(fields)})" if fields else "{} (no settings)", given)
         return None
-    c.unknown_keys(path, given, known)
-    values = dict(known)
+    c.unknown_keys(path, given, fields)
+    values = dict(TRACKERS[name].settings)
     for key, value in given.items():
-        if key not in known:
+        if key not in fields:
             continue
         if value is not None and not (isinstance(value, str) and value.strip()):
-            c.expected(f"{path}.{key}", "a non-empty string", value)
+            c.expected(f"{path}.{key}", TRACKER_SETTING.expected, value)
             continue
         problem = location_problem(name, value) if key == TRACKERS[name].location and value is not None else None
         if problem:
             c.add(f"{path}.{key}", problem)
             continue
         values[key] = value
-    if name == "wandb" and values["mode"] not in WANDB_MODES:
-        c.expected(f"{path}.mode", " | ".join(WANDB_MODES), values["mode"])
+    for key, field in fields.items():   # a setting's own check, on its value or default
+        if field.check not in (None, TRACKER_SETTING) and values[key] is not None:
+            dimensions.check_value(field.check, values[key], c, f"{path}.{key}")
     if _remote(storage):
         where = TRACKERS[name].location
         if where is None:
