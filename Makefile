@@ -22,7 +22,9 @@ demo: $(STAMP)
 # test judges only the processes it started (tests/conftest.py), and each Ray it starts has ports of its own.
 # The project's modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set, each of the hundreds of
 # processes the suite starts (drivers, trials, Train workers) would compile them again.
+# The documentation site is built first, strictly (a broken link or any warning fails), into build/docs-site/.
 test: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -f docs/mkdocs.yml
 	$(BIN)/python -m compileall -q search spaces trainers
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
