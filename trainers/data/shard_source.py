@@ -7,8 +7,8 @@ read each pass's plan (the part, and the seed augmentation draws from) from a sm
 training process fills before the pass starts. A loader process opens each of its pieces through
 qkvsearch.storage's pyarrow filesystem (a local file, or an object streamed from a bucket), splits the tar
 into samples with webdataset's tar iterators, mixes them in a buffer of SHUFFLE_SAMPLES (training),
-decodes each with timm's wds decoder (an image jpg / png / webp and its .cls label) and the config's timm
-transform, and sends (x (B, C, H, W), y (B,)) batches. The training process joins the short batch each
+decodes each as timm's wds reader does (decode_sample: an image jpg / png / webp and its .cls label; timm's
+decoder is private to its reader) and the config's timm transform, and sends (x (B, C, H, W), y (B,)) batches. The training process joins the short batch each
 loader process ends with to the others', so the rank gets every full batch its part holds.
 
 A shard that cannot be read, or holds fewer samples than the info file says, and a sample that cannot be
@@ -18,6 +18,7 @@ fails, not the campaign.
 from __future__ import annotations
 
 import functools
+import io
 import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,20 +45,33 @@ class ShardError(DatasetError):
 
 @functools.cache
 def _tar_tools():
-    """webdataset's tar iterators and timm's wds sample decoder, or DatasetError saying what to install."""
+    """webdataset's tar iterators, or DatasetError saying what to install."""
     try:
-        from timm.data.readers.reader_wds import _decode
         from webdataset.tariterators import group_by_keys, tar_file_iterator
     except ImportError as err:
         raise DatasetError(f"dataset: wds needs the webdataset package (pip install 'qkvsearch[data]'): "
                            f"{reason(err)}") from None
-    return tar_file_iterator, group_by_keys, _decode
+    return tar_file_iterator, group_by_keys
+
+
+def decode_sample(sample: dict) -> tuple:
+    """(RGB PIL image, class index) of an encoded sample, as timm's wds reader decodes one without a json target:
+    its first image of IMAGE_KEYS, its class from .cls (a decimal byte string)."""
+    from PIL import Image
+
+    image = next((sample[k] for k in IMAGE_KEYS.split(";") if k in sample), None)
+    if image is None:
+        raise KeyError(f"no {IMAGE_KEYS.replace(';', ' / ')} file")
+    with io.BytesIO(image) as b:
+        img = Image.open(b)
+        img.load()
+    return img.convert("RGB"), int(sample["cls"])
 
 
 def read_piece(fs, root: str, shards: ShardSet, split: Split, piece: Piece):
     """(place in its shard, encoded sample {"__key__", "__url__", extension: bytes}) of the piece's samples, in
     order; those before piece.start are read past. fs, root: open_location(shards.location)."""
-    tar_file_iterator, group_by_keys, _ = _tar_tools()
+    tar_file_iterator, group_by_keys = _tar_tools()
     file = split.files[piece.shard]
     uri, seen = shards.uri(file), 0
     try:
@@ -115,10 +129,9 @@ class _ReaderStream(torch.utils.data.IterableDataset):
 
     def decode(self, sample: dict):
         """(image tensor (C, H, W), label) of an encoded sample; ShardError naming its shard."""
-        decode = _tar_tools()[2]
         try:
-            decoded = decode(sample, image_key=IMAGE_KEYS, image_mode="RGB")
-            label, x = int(decoded["target"]), self.transform(decoded["jpg"])
+            img, label = decode_sample(sample)
+            x = self.transform(img)
         except Exception as err:  # any failure here means "this sample cannot be decoded": say which
             raise ShardError(f"data_path: shard {sample.get('__url__')}: sample {sample.get('__key__')} could not "
                              f"be decoded (expected an image {IMAGE_KEYS.replace(';', ' / ')} and its class in "
