@@ -142,6 +142,8 @@ AUTO_FLAG = Check("true, false or auto", "true, false or auto", lambda v: v if v
                   options=("auto",))  # Parquet: string ("true", "false", "auto")
 POS_INT = integer(1)
 NONNEG_INT = integer(0)
+WORKERS = Check("a non-negative int or auto", "non-negative ints or auto",
+                lambda v: v if v == "auto" else NONNEG_INT(v), options=("auto",))  # Parquet: string ("0", "auto")
 POS_NUM = number(0, low_open=True)
 NONNEG_NUM = number(0)
 FRACTION = number(0, 1)  # [0, 1)

@@ -12,6 +12,9 @@ class Dataset:
     img_size: int            # default input size, px
     needs_path: bool         # read from data.path
     rgb: bool                # images have 3 channels (in_chans must be 3)
+    # its files are dealt to ranks x loader processes, so loader_workers changes the order samples are read in;
+    # read by index otherwise (the order is drawn from the seed alone: loader_workers changes no training)
+    dealt: bool = False
 
 
 DATASET_INFO: dict[str, Dataset] = {
@@ -24,7 +27,7 @@ DATASET_INFO: dict[str, Dataset] = {
     "cars": Dataset(196, 224, True, True),         # Stanford Cars: devkit annotations and images
     "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
     "digits_clutter": Dataset(10, 32, False, False),  # a digit among pieces of others, at random places (harder)
-    "wds": Dataset(None, 224, True, True),         # WebDataset tar shards + timm's _info.json; a folder or s3:// gs://
+    "wds": Dataset(None, 224, True, True, dealt=True),  # WebDataset tar shards + timm's _info.json; a folder or s3:// gs://
     "hfds": Dataset(None, 224, True, True),        # Parquet / Arrow files datasets.load_dataset reads (image, label)
 }
 DATASETS = tuple(DATASET_INFO)

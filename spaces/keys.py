@@ -32,6 +32,7 @@ from qkvsearch.spaces.checks import (
     POS_NUM,
     REGISTERED_PREFIX,
     TEXT,
+    WORKERS,
     Bad,
     Check,
     integer,
@@ -69,8 +70,7 @@ PATCH_EMBEDS = tuple(STEM_CHOICES)
 KEY_KINDS = tuple(KEY_CHOICES)
 KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
 PRECISIONS = tuple(PRECISION_CHOICES)
-# the size key of each attention that has one
-ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}
+ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}  # of those with one
 QKV_ATTENTIONS = tuple(n for n, c in ATTENTION_CHOICES.items() if c.projects_qkv)   # those with q/k/v projections
 
 
@@ -225,8 +225,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("compile", "train", AUTO_FLAG, "auto",
        "torch.compile the model: auto = on CUDA for runs long enough to repay compiling "
        "(trainers.training.engine.COMPILE_MIN_UPDATES)", section="train"),
-    _k("loader_workers", "train", NONNEG_INT, 0, "DataLoader processes per worker (PIL-decoded datasets)",
-       section="train"),
+    _k("loader_workers", "train", WORKERS, 0, "DataLoader processes per worker (PIL-decoded and shard datasets); "
+       "auto: enough to keep its device fed, measured when it starts (trainers.training.feeding)", section="train"),
 )}
 
 # The architecture keys (trainers.model.architecture): timm's constructor arguments (the macro shape and the q/k/v
@@ -235,15 +235,12 @@ MACRO_KEYS = tuple(k.name for k in KEYS.values() if k.macro)
 DESIGN_KEYS = tuple(k.name for k in KEYS.values() if k.group == "model" and k.section is None and not k.macro)
 ARCHITECTURE_KEYS = MACRO_KEYS + DESIGN_KEYS
 
-# Derived, not settable: the hidden width the embedding really has (hidden_width solved; 0 for linear).
 WIDTH = Key("width", "embedding", NONNEG_INT, None, "hidden units h the embedding uses (hidden_width solved; "
-            "0 for linear)", searchable=False, report=True)
+            "0 for linear)", searchable=False, report=True)  # derived, not settable
 # The keys of a resolved trial config: the declared ones, the solved width beside the requested one.
 RESOLVED_KEYS: dict[str, Key] = {}
 for _key in KEYS.values():
-    RESOLVED_KEYS[_key.name] = _key
-    if _key.name == "hidden_width":
-        RESOLVED_KEYS[WIDTH.name] = WIDTH
+    RESOLVED_KEYS |= {_key.name: _key, **({WIDTH.name: WIDTH} if _key.name == "hidden_width" else {})}
 
 
 def names(*groups: str) -> tuple[str, ...]:
@@ -432,9 +429,12 @@ def identity(config: Mapping, ignore: tuple[str, ...] = (), policy: bool = False
     apply to the trial) left out, and the solved ``width`` standing for the requested ``hidden_width``.
     The quantization policy changes nothing in training: its keys (a block's own included) are left out, unless
     ``policy`` (then the model as deployed, its policy as ``quant_policy`` gives it: a config without policy keys
-    and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``)."""
+    and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``). A dataset read by
+    index trains the same with any ``loader_workers``: it counts as its default there (spaces.datasets.Dataset.dealt)."""
     skip = {"hidden_width", *ignore}
     kept = {k: v for k, v in config.items() if v is not None and k not in skip and not is_policy_key(k)}
+    if "loader_workers" in kept and not getattr(DATASET_INFO.get(config.get("dataset")), "dealt", False):
+        kept["loader_workers"] = KEYS["loader_workers"].default
     if policy:
         kept |= {k: v for k, v in quant_policy(config).items() if k not in skip}
     return json.dumps(kept, sort_keys=True)

@@ -32,6 +32,7 @@ class RunningTrial:
     epochs: int
     planned: int
     top1: float | None
+    loader_wait: float | None = None   # its last epoch's share of training time spent waiting for batches
 
 
 @dataclass
@@ -91,7 +92,14 @@ class Progress:
         return (f"{self.name}: {trials}; "
                 f"epochs {self.epochs_done}/{self.epochs_planned}; front {len(self.front)}, hypervolume {hv}"
                 + (f" (reference {self.reference})" if self.reference else "")
-                + (f"; best {best}" if best else "") + (f"; {self.stages}" if self.stages else ""))
+                + (f"; best {best}" if best else "") + (f"; {self.stages}" if self.stages else "")
+                + (f"; loader wait up to {wait:.0%}" if (wait := self.loader_wait) is not None else ""))
+
+    @property
+    def loader_wait(self) -> float | None:
+        """The largest loader wait share of the running trials' last epochs (None: none reported)."""
+        waits = [t.loader_wait for t in self.running if t.loader_wait is not None]
+        return max(waits) if waits else None
 
 
 def read_progress(exp) -> Progress:
@@ -107,7 +115,8 @@ def read_progress(exp) -> Progress:
     epochs_each = campaign.epochs_planned or 0
     objectives = campaign.objectives
     status = Counter(str(r.get("status")) for r in records)
-    running = [RunningTrial(_name(r), n, int(r.get("epochs_planned") or epochs_each), _finite(last.get("top1")))
+    running = [RunningTrial(_name(r), n, int(r.get("epochs_planned") or epochs_each), _finite(last.get("top1")),
+                            _finite(last.get("loader_wait")))
                for r, n, last in zip(records, counts, lasts) if r.get("status") == "running"]
     progress = Progress(
         name=campaign.name, trials_planned=planned, counts=status,

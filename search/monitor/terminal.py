@@ -138,9 +138,10 @@ def live_block(progress: Progress):
                                            width=40), f"{progress.trials_done}/{progress.trials_planned}")
     bars.add_row("epochs", ProgressBar(total=max(progress.epochs_planned, 1), completed=progress.epochs_done,
                                        width=40), f"{progress.epochs_done}/{progress.epochs_planned}")
-    running = Table("running trial", "epoch", "top-1 %", box=None, pad_edge=False)
+    running = Table("running trial", "epoch", "top-1 %", "loader wait", box=None, pad_edge=False)
     for t in progress.running:
-        running.add_row(t.name, f"{t.epochs}/{t.planned}", "-" if t.top1 is None else f"{t.top1:.2f}")
+        running.add_row(t.name, f"{t.epochs}/{t.planned}", "-" if t.top1 is None else f"{t.top1:.2f}",
+                        "-" if t.loader_wait is None else f"{t.loader_wait:.0%}")
     hv = "-" if progress.hypervolume is None else f"{progress.hypervolume:.4g}"
     front = f"front: {len(progress.front)} trial(s), hypervolume {hv}" + (
         f" (reference {progress.reference})" if progress.reference else "")

@@ -32,6 +32,7 @@ from qkvsearch.trainers.data.sources import (  # noqa: F401  (prepare_images, th
     TensorSource,
     eval_shard,
     eval_transform,
+    loader_processes,
     prepare_images,
     train_shard,
     train_transform,
@@ -100,7 +101,7 @@ def _check_shards(cfg, path, world_size):
 
     if cfg["num_classes"] is None:
         raise DatasetError("num_classes: required for dataset wds (its labels are 0..num_classes-1)")
-    check_shards(path, world_size, cfg["loader_workers"])
+    check_shards(path, world_size, loader_processes(cfg))
 
 
 def _has_image(folder: str) -> bool:
@@ -131,7 +132,7 @@ def _from_arrays(read):
         train, val = read(cfg)
         val_src = TensorSource(*val, cfg["img_size"], cfg["in_chans"])
         if cfg["augment"] or cfg["randaugment"]:
-            return PilSource(ArrayImages(*train, train_transform(cfg)), cfg["loader_workers"]), val_src
+            return PilSource(ArrayImages(*train, train_transform(cfg)), loader_processes(cfg)), val_src
         return TensorSource(*train, cfg["img_size"], cfg["in_chans"]), val_src
 
     return load
@@ -181,7 +182,7 @@ def _load_imagefolder(cfg):
     root = cfg["data_path"]
     train = ImageFolder(os.path.join(root, "train"), transform=_train_tf(cfg))
     val = ImageFolder(os.path.join(root, "val"), transform=eval_transform(cfg))
-    return PilSource(train, cfg["loader_workers"]), PilSource(val, cfg["loader_workers"])
+    return PilSource(train, loader_processes(cfg)), PilSource(val, loader_processes(cfg))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from qkvsearch.trainers.data.sources import (
     TensorSource,
     as_tensors,
     eval_transform,
+    loader_processes,
 )
 
 DIGITS_SPLIT_SEED = 0       # the digits train/val split is the same for every trial
@@ -277,7 +278,7 @@ class _ImageList(torch.utils.data.Dataset):
 
 def cars(cfg, train_transform):
     """-> (train, val) PilSources over the devkit's images (the test split, labelled, as val)."""
-    root, workers = cfg["data_path"], cfg["loader_workers"]
+    root, workers = cfg["data_path"], loader_processes(cfg)
     return (PilSource(_ImageList(_read_cars_annotations(root, "train"), train_transform), workers),
             PilSource(_ImageList(_read_cars_annotations(root, "val"), eval_transform(cfg)), workers))
 
@@ -303,7 +304,7 @@ def ood_source(fmt: str, path: str | None, cfg: dict):
         if not files:
             raise DatasetError(f"stages.ood.datasets: expected images ({', '.join(IMAGE_EXTENSIONS)}) under "
                                f"{path!r}, given a folder without any")
-        return PilSource(_ImageList([(f, -1) for f in files], eval_transform(cfg)), cfg["loader_workers"])
+        return PilSource(_ImageList([(f, -1) for f in files], eval_transform(cfg)), loader_processes(cfg))
     if fmt in CIFAR_FILES:
         _, test, label_key, _, _ = CIFAR_FILES[fmt]
         images, _ = _read_cifar_file(os.path.join(_cifar_dir(fmt, path), test[0]), label_key)

@@ -16,7 +16,7 @@ import os
 import torch
 
 from qkvsearch.spaces.errors import reason
-from qkvsearch.trainers.data.sources import DatasetError, PilSource, split_names
+from qkvsearch.trainers.data.sources import DatasetError, PilSource, loader_processes, split_names
 
 IMAGE_COLUMN, LABEL_COLUMN = "image", "label"
 
@@ -125,7 +125,7 @@ def _open_image(value, folder: str):
 
 def hf_sources(cfg: dict, train_transform, eval_transform):
     """-> (train, val) PilSources over the folder's training and validation splits."""
-    path, workers = cfg["data_path"], cfg["loader_workers"]
+    path, workers = cfg["data_path"], loader_processes(cfg)
     names = {role: name for role, (name, _) in split_files(path).items()}
     return (PilSource(_HfImages(path, names["train"], train_transform), workers),
             PilSource(_HfImages(path, names["val"], eval_transform), workers))

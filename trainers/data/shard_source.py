@@ -30,7 +30,14 @@ from qkvsearch.spaces.errors import reason
 from qkvsearch.storage import open_location
 from qkvsearch.trainers.data.shard_deal import Piece, reader_pieces
 from qkvsearch.trainers.data.shard_index import ShardSet, Split, check_readers, read_shard_set
-from qkvsearch.trainers.data.sources import DatasetError, Part, seed_sample
+from qkvsearch.trainers.data.sources import (
+    DECODE_PROBE_SAMPLES,
+    DatasetError,
+    Part,
+    decode_rate,
+    loader_processes,
+    seed_sample,
+)
 
 SHUFFLE_SAMPLES = 512          # encoded samples a loader process mixes (ImageNet JPEGs: ~55 MB)
 IMAGE_KEYS = "jpg;png;webp"    # a sample's image: its first file of these extensions (timm's wds default)
@@ -203,6 +210,18 @@ class ShardSource:
             x, y = (torch.cat(parts) for parts in zip(*short))
             yield x.to(device), y.to(device)
 
+    def decode_rate(self) -> float:
+        """Images/s one process reads from the first shard into training tensors (sources.decode_rate)."""
+        fs, root = open_location(self.shards.location)
+        stream = _ReaderStream(self.shards, self.split, self.transform, self.num_classes, 1, None)
+        samples = read_piece(fs, root, self.shards, self.split, Piece(0, 0, self.split.lengths[0]))
+        return decode_rate(lambda _: stream.decode(next(samples)[1]),
+                           max_samples=min(DECODE_PROBE_SAMPLES, self.split.lengths[0] - 1))
+
+    def most_workers(self, ranks: int) -> int:
+        """The most loader processes per rank the training split's shards allow (check_readers)."""
+        return len(self.shards.train.files) // max(ranks, 1)
+
     def _loader(self, batch_size, device):
         key = (batch_size, device.type)
         if key not in self._loaders:
@@ -218,6 +237,6 @@ class ShardSource:
 def shard_sources(cfg: dict, train_transform: Callable, eval_transform: Callable):
     """-> (train, val) ShardSources of the shard set at cfg's data_path (check_shards has checked it)."""
     shards = read_shard_set(cfg["data_path"])
-    workers, classes = cfg["loader_workers"], cfg["num_classes"]
+    workers, classes = loader_processes(cfg), cfg["num_classes"]
     return (ShardSource(shards, shards.train, train_transform, classes, workers),
             ShardSource(shards, shards.val, eval_transform, classes, workers))

@@ -16,6 +16,7 @@ The dataset formats that fill them: trainers.data.formats; which dataset a confi
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +26,8 @@ import torch.nn.functional as F
 
 from qkvsearch.spaces.errors import BadInput
 
+# loader_workers auto's decode-rate probe: this many samples or seconds at most, before the first batch
+DECODE_PROBE_SAMPLES, DECODE_PROBE_S = 32, 2.0
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # The splits a dataset stored by split (wds, hfds) may call its training and validation splits, tried in order
@@ -235,6 +238,10 @@ class PilSource(ReadByIndex):
         for x, y in loader:
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
+    def decode_rate(self) -> float:
+        """Images/s one process reads into training tensors (sources.decode_rate), over the first items."""
+        return decode_rate(lambda i: self.dataset[i % len(self.dataset)])
+
     def _loader(self, batch_size, drop_last, device):
         key = (batch_size, drop_last, device.type)
         if key not in self._loaders:
@@ -245,6 +252,24 @@ class PilSource(ReadByIndex):
                 num_workers=workers, persistent_workers=workers > 0, pin_memory=device.type == "cuda")
             self._loaders[key] = sampler, loader
         return self._loaders[key]
+
+
+def loader_processes(cfg: dict) -> int:
+    """A config's DataLoader processes per worker: ``loader_workers``, where ``auto`` starts at 0 until the run
+    sizes its loaders (trainers.training.feeding) before its first batch."""
+    workers = cfg["loader_workers"]
+    return 0 if workers == "auto" else workers
+
+
+def decode_rate(decode_one, max_samples: int = DECODE_PROBE_SAMPLES, max_s: float = DECODE_PROBE_S) -> float:
+    """Images/s one process decodes (read, decode, transform): ``decode_one(i)`` timed for i = 0, 1, ... until
+    ``max_samples`` or ``max_s``, the first call (file handles, lazy imports) left out."""
+    decode_one(0)
+    start, n = time.perf_counter(), 0
+    while n < max_samples and time.perf_counter() - start < max_s:
+        decode_one(1 + n)
+        n += 1
+    return n / max(time.perf_counter() - start, 1e-9) if n else float("inf")
 
 
 def as_tensors(images, labels):

@@ -48,6 +48,9 @@ class SupernetRun(engine.Run):
     def build_model(self) -> torch.nn.Module:
         return self.plan.supernet(seed=self.cfg["seed"])
 
+    def timed_module(self) -> torch.nn.Module:
+        return _Subnet(self.raw, self.plan.teacher)   # every update starts with the teacher's forward
+
     def update(self, micro_batches, loss_hook=None) -> torch.Tensor:
         plan, accum = self.plan, len(micro_batches)
         students = plan.students(self.updates, self.cfg["seed"])

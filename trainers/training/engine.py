@@ -2,7 +2,7 @@
 trainers.training.checkpoints, re-exported here).
 
 Used by both adapters: the Ray Train worker (trainers.training.loop.train_worker) and the plain path
-(trainers.training.cli, `python -m qkvsearch.trainers.training.loop`: one process, or torchrun + torch.distributed).
+(trainers.training.cli: one process, or torchrun + torch.distributed). Loaders: trainers.training.feeding.
 
 Rules that make a run reproducible and resumable:
 - every rank builds the model after torch.manual_seed(seed): the same initial weights everywhere;
@@ -34,6 +34,7 @@ from qkvsearch.spaces.keys import model_keys, require_filled
 from qkvsearch.spaces.metrics import EPOCH
 from qkvsearch.spaces.upgrade import upgraded
 from qkvsearch.trainers.data import datasets as qdata
+from qkvsearch.trainers.training import feeding
 from qkvsearch.trainers.training.checkpoints import STATE_FILE, STATE_FORMAT, load_state, save_state  # noqa: F401  (re-exported)
 from qkvsearch.trainers.training.errors import CheckpointError, DivergenceError, SimulatedFailure  # noqa: F401  (re-exported)
 from qkvsearch.trainers.training.faults import faults_for
@@ -166,10 +167,16 @@ class Run:
         self.updates = 0        # completed optimizer updates, all epochs
         self.history = []       # rank-0-style metrics of every completed epoch
         self.first_step_at = None  # time.time() of this process's first training step
+        self.loader_processes = feeding.size_loaders(self)  # loader_workers auto: sized now; else None
 
     def build_model(self) -> torch.nn.Module:
         """The module this run trains (a subclass trains another: trainers.supernet.training)."""
-        return _build_model(self.cfg)
+        from qkvsearch.trainers.model.models import build_model
+
+        return build_model(self.cfg)
+
+    def timed_module(self) -> torch.nn.Module:
+        return self.raw   # a module whose forward(x) a training step runs (feeding.train_rate times it)
 
     def update(self, micro_batches, loss_hook=None) -> torch.Tensor:
         """One optimizer update's forwards and backwards over ``micro_batches``; -> (len(LOSSES),) its losses,
@@ -280,6 +287,7 @@ class Run:
             "images_per_s": train["images"] / (t1 - t0), "epoch_s": t2 - t0,
             "train_s": t1 - t0, "eval_s": t2 - t1,
             "epoch_step_ms": 1e3 * (t1 - t0) / self.updates_per_epoch,  # one update, data loading included
+            **feeding.epoch_metrics(train["waited_s"], t1 - t0, self.loader_processes),
             **epoch_peak_memory(self.dist.device),
             "qs_param_checksum": (checksum := param_checksum(self.raw)),  # this rank's replica
             "qs_param_spread": self.dist.spread(checksum),  # max - min over ranks: 0.0 = identical
@@ -318,7 +326,7 @@ def train_one_epoch(run: Run) -> dict:
     cfg, dist, model = run.cfg, run.dist, run.model
     model.train()
     order = qdata.train_part(run.train_src, dist.world_size, dist.rank, cfg["seed"], run.epoch)
-    batches = run.train_src.batches(order, run.bpw, dist.device, drop_last=True)
+    batches = feeding.Waited(run.train_src.batches(order, run.bpw, dist.device, drop_last=True))
     n = run.updates_per_epoch
     every = CHECK_EVERY.get(dist.device.type, CHECK_EVERY_DEFAULT)
     losses = torch.zeros(n, len(run.LOSSES), dtype=torch.float64, device=dist.device)  # (n, losses) of each update
@@ -341,7 +349,7 @@ def train_one_epoch(run: Run) -> dict:
             run.scheduler.step_update(num_updates=run.updates)
     images = n * cfg["batch_size"]
     means = losses.mean(dim=0).tolist()
-    return {"loss": means[0], "images": float(images),
+    return {"loss": means[0], "images": float(images), "waited_s": batches.seconds,
             "more": {f"train_loss_{name}": m for name, m in zip(run.LOSSES[1:], means[1:])}}
 
 
@@ -401,12 +409,6 @@ def _set_determinism(on: bool):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-
-
-def _build_model(cfg):
-    from qkvsearch.trainers.model.models import build_model
-
-    return build_model(cfg)
 
 
 def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=(), init=None,
