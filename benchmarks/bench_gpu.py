@@ -1,9 +1,10 @@
 """The GPU training path, measured side by side in one run (needs CUDA; prints what it measured).
 
-1. Throughput: images/s of trainers.engine (bf16 autocast; torch.compile on and off) vs a plain eager
+1. Throughput: images/s of trainers.training.engine (bf16 autocast; torch.compile on and off) vs a plain eager
    timm loop (the same model, batch, AdamW, cross-entropy, bf16 autocast, inputs already on the GPU,
-   no host read per step) on XCiT-N12 (xcit_nano_12_p16_224) at 224 px. Interleaved repeats after
-   warm-up (compilation excluded and timed apart), medians. Target: compiled engine / plain >= 1.3.
+   no host read per step) on XCiT-N12 (xcit_nano_12_p16_224) and XCiT-S12 (xcit_small_12_p16_224) at 224 px
+   (--models), one model after the other. Interleaved repeats after warm-up (compilation excluded and timed
+   apart), medians. Target: compiled engine / plain >= 1.3.
 2. Embeddings: F-SNE-C8 (paper width) vs linear, engine step time and peak memory, next to their MAC ratio.
 3. End to end: a 1-GPU Ray Train trial (TorchTrainer, NCCL process group, bf16, compiled) on the
    synthetic dataset: wall time, fit() -> first step, images/s reported, final metrics finite.
@@ -14,6 +15,7 @@
    on a 10,000-image validation split at 224 px, as Once-for-All ranks on 10,000 held-out images.
 
     python benchmarks/bench_gpu.py [--batch 256] [--steps 30] [--repeats 5] [--parts 1,2,3,4] [--score 40]
+        [--models xcit_nano_12_p16_224,xcit_small_12_p16_224]
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill
 
 MODEL = "xcit_nano_12_p16_224"
+THROUGHPUT_MODELS = ("xcit_nano_12_p16_224", "xcit_small_12_p16_224")  # part 1: XCiT-N12, XCiT-S12 (d 128, 384)
 BASE = {"model": MODEL, "img_size": 224, "dataset": "synthetic", "epochs": 1,
         "lr": 1e-3, "warmup_epochs": 0, "amp": "bf16"}
 DEVICE = torch.device("cuda")
@@ -48,8 +51,8 @@ def device_images(n: int, img_size: int, classes: int):
 
 def engine_run(batch: int, steps: int, **over):
     """An engine Run on the GPU whose training split is steps * batch device images at 224 px."""
-    from qkvsearch.trainers import data as qdata
-    from qkvsearch.trainers.engine import Dist, Run
+    from qkvsearch.trainers.data import datasets as qdata
+    from qkvsearch.trainers.training.engine import Dist, Run
 
     cfg = fill(dict(BASE, batch_size=batch, **over))
     run = Run(cfg, Dist(0, 1, DEVICE))
@@ -61,7 +64,7 @@ def engine_run(batch: int, steps: int, **over):
 
 def time_engine(run) -> float:
     """Seconds for one engine epoch (run.updates_per_epoch updates), GPU work included."""
-    from qkvsearch.trainers import engine
+    from qkvsearch.trainers.training import engine
 
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -73,11 +76,11 @@ def time_engine(run) -> float:
 class PlainLoop:
     """The textbook eager loop: timm model, AdamW, CE under bf16 autocast, normalised inputs on the GPU."""
 
-    def __init__(self, batch: int, steps: int):
+    def __init__(self, batch: int, steps: int, model: str = MODEL):
         import timm
 
         torch.manual_seed(0)
-        self.model = timm.create_model(MODEL, num_classes=CLASSES).to(DEVICE)
+        self.model = timm.create_model(model, num_classes=CLASSES).to(DEVICE)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=BASE["lr"], weight_decay=0.05)
         x, self.y = device_images(steps * batch, BASE["img_size"], CLASSES)
         self.x = ((x.float() / 255 - 0.45) / 0.225).view(steps, batch, *x.shape[1:])
@@ -97,14 +100,16 @@ class PlainLoop:
         return time.perf_counter() - t
 
 
-def bench_throughput(batch: int, steps: int, repeats: int):
-    compile_s = first_compiled_epoch(batch, steps)  # Inductor's on-disk cache cold (or as left before)
+def bench_throughput(batch: int, steps: int, repeats: int, model: str = MODEL):
+    torch._dynamo.reset()  # a model measured before leaves no compiled graphs behind
+    torch.cuda.empty_cache()
+    compile_s = first_compiled_epoch(batch, steps, model)  # Inductor's on-disk cache cold (or as left before)
     torch._dynamo.reset()  # forget the compiled graphs in this process; Inductor's disk cache stays
-    warm_s = first_compiled_epoch(batch, steps)  # what a later trial of the same model pays
-    compiled = engine_run(batch, steps, compile=True)
+    warm_s = first_compiled_epoch(batch, steps, model)  # what a later trial of the same model pays
+    compiled = engine_run(batch, steps, compile=True, model=model)
     time_engine(compiled)
-    runs = {"engine, compiled": compiled, "engine, eager": engine_run(batch, steps, compile=False)}
-    plain = PlainLoop(batch, steps)
+    runs = {"engine, compiled": compiled, "engine, eager": engine_run(batch, steps, compile=False, model=model)}
+    plain = PlainLoop(batch, steps, model)
     time_engine(runs["engine, eager"]), plain.epoch()  # warm-up: cuBLAS/cuDNN plans, allocator
     rates = {k: [] for k in (*runs, "plain eager timm")}
     for r in range(repeats):
@@ -113,7 +118,7 @@ def bench_throughput(batch: int, steps: int, repeats: int):
             seconds = plain.epoch() if name == "plain eager timm" else time_engine(runs[name])
             rates[name].append(steps * batch / seconds)
     base = statistics.median(rates["plain eager timm"])
-    print(f"1. throughput: {MODEL} at 224 px, bf16, batch {batch}, {steps} updates x {repeats} repeats, "
+    print(f"1. throughput: {model} at 224 px, bf16, batch {batch}, {steps} updates x {repeats} repeats, "
           f"{torch.cuda.get_device_name()}")
     for name, v in rates.items():
         print(f"   {name:18s} median {statistics.median(v):8.0f} images/s  ratio to plain "
@@ -122,15 +127,15 @@ def bench_throughput(batch: int, steps: int, repeats: int):
           f"Inductor's cache warm: {warm_s:.1f} s; target compiled / plain >= 1.3")
 
 
-def first_compiled_epoch(batch: int, steps: int) -> float:
+def first_compiled_epoch(batch: int, steps: int, model: str = MODEL) -> float:
     """Seconds from building a compiled Run to the end of its first epoch (compilation included)."""
     t0 = time.perf_counter()
-    time_engine(engine_run(batch, steps, compile=True))
+    time_engine(engine_run(batch, steps, compile=True, model=model))
     return time.perf_counter() - t0
 
 
 def bench_embeddings(batch: int, steps: int, repeats: int):
-    from qkvsearch.trainers.cost import model_cost
+    from qkvsearch.trainers.model.cost import model_cost
 
     print(f"2. embeddings: engine step time and peak memory, batch {batch}")
     rows = {}
@@ -158,7 +163,7 @@ def bench_embeddings(batch: int, steps: int, repeats: int):
 def bench_ray_trial(batch: int):
     import ray
 
-    from qkvsearch.trainers.loop import run_trainer
+    from qkvsearch.trainers.training.loop import run_trainer
 
     cfg = fill(dict(BASE, batch_size=batch, epochs=2, max_steps_per_epoch=20, amp="auto", compile=True,
                     embedding="fsne", code_size=8))
@@ -189,11 +194,11 @@ def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
     import numpy as np
 
     from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
-    from qkvsearch.trainers import data as qdata
-    from qkvsearch.trainers import engine
+    from qkvsearch.trainers.data import datasets as qdata
     from qkvsearch.trainers.supernet.plan import SupernetPlan
     from qkvsearch.trainers.supernet.scoring import SubnetScorer
     from qkvsearch.trainers.supernet.training import SupernetRun
+    from qkvsearch.trainers.training import engine
 
     spec = load_campaign({
         "name": "gpu-oneshot", "model": {"name": MODEL, "img_size": BASE["img_size"], "num_classes": CLASSES},
@@ -265,13 +270,13 @@ def bench_oneshot(batch: int, steps: int, repeats: int, score: int):
 def bench_scoring_actor(spec, plan: dict, state: dict, top: dict, configs: list[dict]):
     """Scoring as a one-shot campaign does it: a scorer actor of the campaign's pool (search.campaign.oneshot.
     scorers) on a local Ray holding the GPU, the device its own choice, on the synthetic dataset's validation
-    split (trainers.data.SYNTHETIC_SIZES: fewer images than above, so images/s is the comparable figure)."""
+    split (trainers.data.datasets.SYNTHETIC_SIZES: fewer images than above, so images/s is the comparable figure)."""
     import ray
 
     from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
     from qkvsearch.search.cluster.local_ray import start_local_ray, stop_local_ray
-    from qkvsearch.trainers.data import SYNTHETIC_SIZES
-    from qkvsearch.trainers.engine import STATE_FORMAT, save_state
+    from qkvsearch.trainers.data.datasets import SYNTHETIC_SIZES
+    from qkvsearch.trainers.training.engine import STATE_FORMAT, save_state
 
     folder = tempfile.mkdtemp(prefix="bench-gpu-supernet-")
     save_state({"format": STATE_FORMAT, "model": state, "epoch": 1, "history": [], "config": top}, folder)
@@ -304,12 +309,14 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 1,3")
     p.add_argument("--score", type=int, default=40, help="subnets scored in part 4")
+    p.add_argument("--models", default=",".join(THROUGHPUT_MODELS), help="timm models of part 1, in turn")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu.py: expected a CUDA device, found none")
     parts = set(args.parts.split(","))
     if "1" in parts:
-        bench_throughput(args.batch, args.steps, args.repeats)
+        for model in args.models.split(","):
+            bench_throughput(args.batch, args.steps, args.repeats, model)
     if "2" in parts:
         bench_embeddings(args.batch, args.steps, args.repeats)
     if "3" in parts:
