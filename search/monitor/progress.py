@@ -25,6 +25,8 @@ from qkvsearch.search.records.lease import DriverState, read_lease
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.checks import finite as _finite
 
+SHOWN_WAIT = 0.005   # a loader wait share the summary line names (below, it would read "0%": data in memory)
+
 
 @dataclass
 class RunningTrial:
@@ -93,7 +95,7 @@ class Progress:
                 f"epochs {self.epochs_done}/{self.epochs_planned}; front {len(self.front)}, hypervolume {hv}"
                 + (f" (reference {self.reference})" if self.reference else "")
                 + (f"; best {best}" if best else "") + (f"; {self.stages}" if self.stages else "")
-                + (f"; loader wait up to {wait:.0%}" if (wait := self.loader_wait) is not None else ""))
+                + (f"; loader wait up to {wait:.0%}" if (wait := self.loader_wait or 0.0) >= SHOWN_WAIT else ""))
 
     @property
     def loader_wait(self) -> float | None:
