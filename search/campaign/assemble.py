@@ -8,6 +8,7 @@ from dataclasses import replace
 from functools import partial
 
 from qkvsearch.search.campaign.measured import Measurer, measure_settings
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.proposals import write_proposal
 from qkvsearch.search.searchers import make_searcher
 from qkvsearch.search.searchers.base import FINISHED
@@ -15,29 +16,33 @@ from qkvsearch.search.searchers.earlier import known_trials
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.search.searchers.proposals import Proposals
 from qkvsearch.spaces import base_config
+from qkvsearch.spaces.schema import CampaignSpec
 from qkvsearch.spaces.search_options import OPTIONS, default_population, default_startup
 
 
-def build_search(spec, exp: str | None = None, storage=None) -> Proposals:
-    """The campaign's searcher. exp: the campaign folder, where infeasible proposals are recorded and
-    measurements cached (None: neither, nothing is measured); storage: an Optuna storage for the study, named
-    after the campaign (search.campaign.tracking.study_storage; None: in memory)."""
+def build_search(campaign: OpenedCampaign | CampaignSpec, storage=None) -> Proposals:
+    """The campaign's searcher. campaign: an OpenedCampaign, whose folder records infeasible proposals and caches
+    measurements, or a CampaignSpec alone, with no folder (``infeasible_share``'s estimate): nothing recorded,
+    nothing measured. storage: an Optuna storage for the study, named after the campaign
+    (search.campaign.tracking.study_storage; None: in memory)."""
+    opened = campaign if isinstance(campaign, OpenedCampaign) else None
+    spec = opened.spec if opened else campaign
     base = base_config(spec)
     searcher = make_searcher(spec.search.algorithm, spec_problem(spec, storage))
     return Proposals(searcher, partial(build_trial, base), constraints=spec.constraints,
-                     record=partial(record_proposal, exp, spec.name) if exp else None,
-                     measurer=campaign_measurer(spec, exp),
+                     record=partial(record_proposal, opened.exp, spec.name) if opened else None,
+                     measurer=campaign_measurer(opened) if opened else None,
                      earlier=partial(known_trials, spec, base) if spec.search.warm_start else None,
                      skip_duplicates=spec.search.algorithm == "grid",
-                     recorded_cost=partial(_recorded_cost, exp) if exp else None)
+                     recorded_cost=partial(_recorded_cost, opened.exp) if opened else None)
 
 
-def campaign_measurer(spec, exp: str | None) -> Measurer | None:
-    """The campaign's Measurer when it measures something (None without a campaign folder: nothing runs)."""
-    how = measure_settings(spec, exp) if exp else None
-    if how is None or not how.metrics:
+def campaign_measurer(campaign: OpenedCampaign) -> Measurer | None:
+    """The campaign's Measurer when it measures something."""
+    how = measure_settings(campaign)
+    if not how.metrics:
         return None
-    res = spec.resources
+    res = campaign.spec.resources
     return Measurer(how, res.workers_per_trial, res.cpus_per_worker, res.gpus_per_worker)
 
 

@@ -3,8 +3,9 @@
     spec --> checks --> the campaign's lease --> Ray (local, or RAY_ADDRESS) --> search.campaign.run.CampaignRun
          --> <storage>/<name>/  (Tune's experiment dir + qs_campaign.json + qs_trials/ + train_runs/)
 
-``launch`` and ``resume`` differ only in what they check and how the campaign folder starts; both then go
-through the one run path of search.campaign.run.
+``launch`` and ``resume`` differ only in what they check and how the campaign folder starts; each opens the
+campaign once (search.campaign.opened: its spec and folder), then both go through the one run path of
+search.campaign.run.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import ray
 
 from qkvsearch import ray_private
 from qkvsearch.search.analysis import hv_reference
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.preflight import (
     check_local_resources,
     check_shared_storage,
@@ -92,11 +94,12 @@ def _node_hosts() -> set[str]:
     return {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
 
 
-def _check_launchable(spec, exp: str, overwrite: bool) -> list[tuple[dict, dict]]:
+def _check_launchable(campaign: OpenedCampaign, overwrite: bool) -> list[tuple[dict, dict]]:
     """Every check that needs no Ray: storage, models of the space, dataset, an existing campaign, and
     the resources of a local machine. Writes nothing. Returns (resolved config, cost) of every model of the space."""
+    spec = campaign.spec
     models = check_spec(spec, launching=True)
-    _refuse_existing(exp, overwrite)
+    _refuse_existing(campaign.exp, overwrite)
     if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         check_local_resources(spec.resources)
         if spec.supernet.resources and spec.supernet.source is None:
@@ -142,12 +145,13 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
     """
     if smoke:
         spec = smoke_test(spec)
-    exp = experiment_dir(spec)
-    models = _check_launchable(spec, exp, overwrite)
+    campaign = OpenedCampaign(spec, experiment_dir(spec))
+    exp = campaign.exp
+    models = _check_launchable(campaign, overwrite)
     with _holding(exp) as lease:
         _refuse_existing(exp, overwrite)  # again under the hold: another driver may have written one since
         version = code_version()
-        cluster = connect(_wanted_slots(spec.resources), job_metadata(spec, exp, spec.search.num_trials, version))
+        cluster = connect(_wanted_slots(spec.resources), job_metadata(campaign, spec.search.num_trials, version))
         try:
             ask = autoscaler_can_hold if cluster.autoscaler == "v2" else None
             concurrency = plan_concurrency(spec.resources, cluster, ask=ask)
@@ -155,33 +159,33 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
             check_shared_storage(exp, _node_hosts(), can_grow=outgrows(spec.resources, cluster, concurrency))
             if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
                 lease.clear_folder()  # only now: the new spec passed every check; the lease stays
-            _announce(spec, exp, cluster, f"{_planned(spec)}, up to {concurrency} at a time")
+            _announce(campaign, cluster, f"{_planned(spec)}, up to {concurrency} at a time")
             for line in [cluster.waiting_for, *stage_waits]:
                 if line:
                     log.info(line)
             folder = CampaignFolder.create(exp, spec, version)
             hv_reference.write(exp, hv_reference.at_launch([(o.metric, o.mode) for o in spec.objectives],
                                                            [cost for _, cost in models]))
-            _run(spec, exp, folder, cluster, version, concurrency, restoring=False, verbose=verbose, view=view)
+            _run(campaign, folder, cluster, version, concurrency, restoring=False, verbose=verbose, view=view)
         finally:
             if cluster.started_here:
                 stop_local_ray()
     return exp
 
 
-def _run(spec, exp: str, folder, cluster: Cluster, version: str, concurrency, *, restoring: bool, verbose: bool,
-         view) -> None:
+def _run(campaign: OpenedCampaign, folder, cluster: Cluster, version: str, concurrency, *, restoring: bool,
+         verbose: bool, view) -> None:
     """The campaign's trials, or a one-shot campaign's phases (search.campaign.oneshot.phases)."""
-    if spec.supernet:
+    if campaign.spec.supernet:
         from qkvsearch.search.campaign.oneshot import phases
 
         if concurrency is None:  # resuming: the retraining, if it starts now, runs as a launch's would
-            concurrency = plan_concurrency(spec.resources, cluster,
+            concurrency = plan_concurrency(campaign.spec.resources, cluster,
                                            ask=autoscaler_can_hold if cluster.autoscaler == "v2" else None)
-        phases.run(spec, exp, folder, cluster, version, concurrency=concurrency, verbose=verbose, view=view)
+        phases.run(campaign, folder, cluster, version, concurrency=concurrency, verbose=verbose, view=view)
     else:
-        CampaignRun(spec, exp, folder, cluster, version).fit(concurrency, restoring=restoring, verbose=verbose,
-                                                             view=view)
+        CampaignRun(campaign, folder, cluster, version).fit(concurrency, restoring=restoring, verbose=verbose,
+                                                            view=view)
 
 
 def _planned(spec) -> str:
@@ -190,12 +194,12 @@ def _planned(spec) -> str:
     return f"{spec.search.num_trials} trial(s)"
 
 
-def _announce(spec, exp: str, cluster: Cluster, trials: str) -> None:
+def _announce(campaign: OpenedCampaign, cluster: Cluster, trials: str) -> None:
     """The header: campaign, trials, workers, where results go, the dashboard and its Grafana panels."""
-    res = spec.resources
-    log.info(f"campaign {spec.name}: {trials}, {res.workers_per_trial} DDP worker(s) each "
+    res = campaign.spec.resources
+    log.info(f"campaign {campaign.spec.name}: {trials}, {res.workers_per_trial} DDP worker(s) each "
              f"({res.cpus_per_worker:g} CPU, {res.gpus_per_worker:g} GPU per worker)")
-    log.info(f"results: {exp}")
+    log.info(f"results: {campaign.exp}")
     for line in dashboard_lines(cluster.dashboard_url):
         log.info(line)
     if cluster.dashboard_url and install_dashboard() is not None:
@@ -217,6 +221,7 @@ def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
         exp = os.path.abspath(exp)
     folder = CampaignFolder.open(exp)  # not a campaign: refused before this driver writes its lease there
     spec = track_more(folder.campaign.spec, track)
+    campaign = OpenedCampaign(spec, exp)
     check_trackers(spec)
     check_readable(exp)
     if not spec.supernet and not exists(f"{exp}/tuner.pkl"):  # a one-shot campaign has none until it retrains
@@ -224,12 +229,12 @@ def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
                          "without it; the campaign cannot be resumed (its records still report)"])
     with _holding(exp):
         version = folder.campaign.code_version or code_version()
-        cluster = connect(_wanted_slots(spec.resources), job_metadata(spec, exp, spec.search.num_trials, version))
+        cluster = connect(_wanted_slots(spec.resources), job_metadata(campaign, spec.search.num_trials, version))
         try:
             stage_waits = check_stage_resources(spec, cluster,
                                                 ask=autoscaler_can_hold if cluster.autoscaler == "v2" else None)
             check_shared_storage(exp, _node_hosts())
-            _announce(spec, exp, cluster, f"resuming, {_planned(spec)} planned")
+            _announce(campaign, cluster, f"resuming, {_planned(spec)} planned")
             for line in stage_waits:
                 log.info(line)
             if spec is not folder.campaign.spec:
@@ -237,7 +242,7 @@ def resume(exp: str, *, verbose: bool = False, view=None, track=()) -> str:
             folder.mark(None)
             if view is not None:
                 view.skip_finished(exp)  # trials that ended before this driver are not announced again
-            _run(spec, exp, folder, cluster, version, None, restoring=True, verbose=verbose, view=view)
+            _run(campaign, folder, cluster, version, None, restoring=True, verbose=verbose, view=view)
         finally:
             if cluster.started_here:
                 stop_local_ray()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.layout import ERROR_CHARS
 from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.checks import finite
@@ -40,12 +41,13 @@ class MeasureSettings:
     max_s: float = 10.0                # seconds of timing per metric at most
 
 
-def measure_settings(spec, exp: str) -> MeasureSettings:
+def measure_settings(campaign: OpenedCampaign) -> MeasureSettings:
+    """The campaign's measure section resolved; the cache in its folder unless measure.cache names another place."""
     from qkvsearch.spaces.measure import measured_metrics
 
-    m = spec.measure
-    return MeasureSettings(measured_metrics(spec), m.batch, m.latency_batch, m.cache or f"{exp}/{CACHE_DIR}",
-                           m.max_s)
+    m = campaign.spec.measure
+    return MeasureSettings(measured_metrics(campaign.spec), m.batch, m.latency_batch,
+                           m.cache or f"{campaign.exp}/{CACHE_DIR}", m.max_s)
 
 
 def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | None = None) -> tuple[dict, dict]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ray.tune import Callback
@@ -44,6 +44,7 @@ from qkvsearch.search.analysis.front import objective_columns
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.campaign.driver import TrialSettings, train_run_name
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.layout import FINAL_STATUSES, WEIGHTS_DIR
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.keys import is_policy_key, quant_policy
@@ -68,14 +69,15 @@ class Keep:
 MAY_RUN = Keep(STATE, "may still run: resuming it needs its checkpoint")
 
 
-def still_needed(spec, trials, exp: str | None = None) -> set[str]:
+def still_needed(campaign: OpenedCampaign, trials) -> set[str]:
     """Ids of trials a later stage of the campaign may still need whole (fine-tuning from a trial's
     checkpoint, spaces.stages): they keep everything until this no longer names them. ``trials`` is the
     trials table (search.analysis.results.collect). Until the stages' selection is written (every trial
     ended), any completed trial may be chosen; then the chosen ones whose stages have not all completed."""
     from qkvsearch.search.records.stages import latest_by_stage, read_selection, read_stages
 
-    if not getattr(spec, "stages", None) or exp is None:
+    spec, exp = campaign.spec, campaign.exp
+    if not getattr(spec, "stages", None):
         return set()
     completed = {t for t, s in zip(trials.column("trial_id").to_pylist(), trials.column("status").to_pylist())
                  if s == "completed"}
@@ -155,23 +157,38 @@ class Retention:
     """Applies ``decide`` to a campaign's files. ``recorder``: the campaign's (search.records.recorder),
     which writes what each trial kept into its record; ``settings``: where the trials' Train runs lie."""
 
-    def __init__(self, exp: str, spec, recorder, settings: TrialSettings):
-        self.exp, self.spec, self.recorder, self.settings = exp.rstrip("/"), spec, recorder, settings
+    def __init__(self, campaign: OpenedCampaign, recorder, settings: TrialSettings):
+        self.campaign = replace(campaign, exp=campaign.exp.rstrip("/"))
+        self.recorder, self.settings = recorder, settings
         self._gone: set[str] = set()  # trials whose Train run folder is known removed (this driver)
+
+    # Tune pickles its callbacks with its run config (tuner.pkl); a resumed driver brings its own. The pickled form
+    # stays exp and spec, as every version wrote it: an earlier campaign's tuner.pkl reads, and none names
+    # OpenedCampaign.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        campaign = state.pop("campaign")
+        return {"exp": campaign.exp, "spec": campaign.spec, **state}
+
+    def __setstate__(self, state):
+        state = dict(state)
+        campaign = OpenedCampaign(state.pop("spec", None), state.pop("exp", None))
+        self.__dict__.update({"_gone": set(), **state, "campaign": campaign})
 
     def run(self, restartable=frozenset(), final: bool = False, closed: bool = False) -> dict[str, Keep]:
         """One pass over every trial; final: also look for files a pass cut short left behind; closed: the
         campaign has ended (no other quantization policy can come). Under ``keep: all`` nothing is read or
         written: records and checkpoints stay as training left them."""
-        if self.spec.checkpoints.keep == "all":
+        spec, exp = self.campaign.spec, self.campaign.exp
+        if spec.checkpoints.keep == "all":
             return {}
-        trials, _ = collect(self.exp)
-        records = {r["trial_id"]: r for r in read_trials(self.exp).records}
-        searched = {k for k in self.spec.space.keys if is_policy_key(k)}   # a block's own precision too
+        trials, _ = collect(exp)
+        records = {r["trial_id"]: r for r in read_trials(exp).records}
+        searched = {k for k in spec.space.keys if is_policy_key(k)}   # a block's own precision too
         trainers = set() if closed or not searched else {
             t for t, r in records.items() if r.get("status") == "completed" and not r.get("trained_by")}
-        plan = decide(trials, self.spec.objectives, self.spec.checkpoints.keep, restartable=restartable,
-                      needed=still_needed(self.spec, trials, self.exp), trainers=trainers)
+        plan = decide(trials, spec.objectives, spec.checkpoints.keep, restartable=restartable,
+                      needed=still_needed(self.campaign, trials), trainers=trainers)
         for tid, keep in plan.items():  # first: a quantized trial's trainer still has its weights
             if keep != MAY_RUN and tid in records and quant_policy(records[tid]["config"]):
                 self._quantized(records[tid], keep, records)
@@ -181,7 +198,7 @@ class Retention:
         return plan
 
     def quantized_uri(self, trial_id: str) -> str:
-        return f"{self.exp}/{WEIGHTS_DIR}/{trial_id}{QUANTIZED_SUFFIX}"
+        return f"{self.campaign.exp}/{WEIGHTS_DIR}/{trial_id}{QUANTIZED_SUFFIX}"
 
     def _quantized(self, rec: dict, keep: Keep, records: dict) -> None:
         """A completed front member's quantized weights (module docstring) written once; removed off the front."""
@@ -211,7 +228,7 @@ class Retention:
         write_bytes(uri, buf.getbuffer())
 
     def weights_uri(self, trial_id: str) -> str:
-        return f"{self.exp}/{WEIGHTS_DIR}/{trial_id}.pt"
+        return f"{self.campaign.exp}/{WEIGHTS_DIR}/{trial_id}.pt"
 
     def run_dir(self, rec: dict) -> str:
         return f"{self.settings.train_storage.rstrip('/')}/{train_run_name(self.settings, rec['config'], rec['trial_id'])}"
@@ -323,8 +340,8 @@ def remove_file(uri: str) -> None:
     fs.delete_file(path)
 
 
-def retention_callback(exp: str, spec, recorder, settings: TrialSettings) -> RetentionCallback:
-    return RetentionCallback(Retention(exp, spec, recorder, settings))
+def retention_callback(campaign: OpenedCampaign, recorder, settings: TrialSettings) -> RetentionCallback:
+    return RetentionCallback(Retention(campaign, recorder, settings))
 
 
 __all__ = ["Keep", "NONE", "STATE", "WEIGHTS", "Retention", "RetentionCallback", "decide", "retention_callback",

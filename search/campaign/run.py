@@ -1,9 +1,9 @@
 """One run of a campaign's driver, launched or resumed: what both build once — the per-trial settings, the
 searcher, the recorder, retention, trackers, the stages beside the trials — then Tune's fit, then the stages.
 
-    CampaignRun(spec, exp, folder, cluster)   .fit(restoring=False)  a new Tuner
-                                              .fit(restoring=True)   Tuner.restore, the searcher built anew
-                                                                     from the spec, its saved state restored
+    CampaignRun(campaign, folder, cluster)   .fit(restoring=False)  a new Tuner
+                                             .fit(restoring=True)   Tuner.restore, the searcher built anew
+                                                                    from the spec, its saved state restored
 
 Tune pickles its searcher and run config into ``tuner.pkl`` at launch; a resume replaces both with this run's
 (search._root.ray_private: Tune has no public way to pass new ones to ``Tuner.restore``), so what a campaign
@@ -31,6 +31,7 @@ from qkvsearch.search.campaign.driver import (
 )
 from qkvsearch.search.campaign.interrupts import CampaignInterrupted, StopSignals
 from qkvsearch.search.campaign.measured import measure_settings
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.recording import TrialRecorder
 from qkvsearch.search.campaign.retention import retention_callback
 from qkvsearch.search.campaign.tracking import study_storage, tracking_callbacks
@@ -71,8 +72,9 @@ class _Describe:
         return trial_name(trial.config["config"], trial.trial_id)
 
 
-def trial_settings(spec, exp: str) -> TrialSettings:
+def trial_settings(campaign: OpenedCampaign) -> TrialSettings:
     """What every trial of the campaign shares (built once per driver)."""
+    spec, exp = campaign.spec, campaign.exp
     res = spec.resources
     return TrialSettings(
         objectives=tuple((o.metric, o.mode) for o in spec.objectives),
@@ -80,24 +82,25 @@ def trial_settings(spec, exp: str) -> TrialSettings:
         cpus_per_worker=res.cpus_per_worker, gpus_per_worker=res.gpus_per_worker,
         placement_strategy=res.placement_strategy, train_storage=f"{exp}/{TRAIN_RUNS_DIR}", experiment=exp,
         faults=tuple(read_faults()),  # trial processes do not see this process's environment
-        campaign=spec.name, max_failures=res.max_failures, measure=measure_settings(spec, exp))
+        campaign=spec.name, max_failures=res.max_failures, measure=measure_settings(campaign))
 
 
 class CampaignRun:
-    """One driver's run of a campaign (module docstring). folder: its campaign file (search.records.layout.
-    CampaignFolder), opened once by the command; cluster: the connected Ray (search.cluster.capacity)."""
+    """One driver's run of a campaign (module docstring). campaign: what it runs (search.campaign.opened);
+    folder: its campaign file (search.records.layout.CampaignFolder), opened once by the command; cluster: the
+    connected Ray (search.cluster.capacity)."""
 
-    def __init__(self, spec, exp: str, folder, cluster: Cluster, version: str, *, supernet: dict | None = None,
-                 describe: dict | None = None, init_weights: dict | None = None):
-        self.spec, self.exp, self.folder, self.cluster = spec, exp, folder, cluster
-        self.settings = replace(trial_settings(spec, exp), supernet=supernet, init_weights=init_weights or None)
+    def __init__(self, campaign: OpenedCampaign, folder, cluster: Cluster, version: str, *,
+                 supernet: dict | None = None, describe: dict | None = None, init_weights: dict | None = None):
+        self.campaign, self.folder, self.cluster = campaign, folder, cluster
+        self.settings = replace(trial_settings(campaign), supernet=supernet, init_weights=init_weights or None)
         self.describe = _Describe(describe or {}, init_weights)
-        self.recorder = TrialRecorder(exp, spec.name, self.describe)
-        self.retention = retention_callback(exp, spec, self.recorder, self.settings)
-        storage = study_storage(spec, exp)  # the searcher's study lives in the optuna tracker's storage
-        self.searcher = build_search(spec, exp, storage)
-        self.tracking = tracking_callbacks(spec, exp, self.recorder, version, study_in_storage=storage is not None)
-        self.early = _early_stages(spec, exp, self.settings)
+        self.recorder = TrialRecorder(campaign.exp, campaign.spec.name, self.describe)
+        self.retention = retention_callback(campaign, self.recorder, self.settings)
+        storage = study_storage(campaign)  # the searcher's study lives in the optuna tracker's storage
+        self.searcher = build_search(campaign, storage)
+        self.tracking = tracking_callbacks(campaign, self.recorder, version, study_in_storage=storage is not None)
+        self.early = _early_stages(campaign, self.settings)
 
     def callbacks(self, stop: StopSignals) -> list:
         return [self.recorder, *self.tracking, stop, *self.early, self.retention]
@@ -113,11 +116,11 @@ class CampaignRun:
         with StopSignals() as stop, tune_settings_applied():
             self.searcher.stopping = lambda: stop.received is not None  # endings then are the stop's
             if restoring:
-                tuner = tune.Tuner.restore(self.exp, trainable=self.trainable(), resume_unfinished=True,
+                tuner = tune.Tuner.restore(self.campaign.exp, trainable=self.trainable(), resume_unfinished=True,
                                            resume_errored=False)
                 pickled = ray_private.restored_searcher(tuner)
                 if isinstance(pickled, Unbuilt):
-                    pickled.check(f"{self.exp}/tuner.pkl")
+                    pickled.check(f"{self.campaign.exp}/tuner.pkl")
                 ray_private.replace_restored_searcher(tuner, self.searcher)
                 run_config = ray_private.restored_run_config(tuner)
                 run_config.callbacks = self.callbacks(stop)
@@ -126,15 +129,15 @@ class CampaignRun:
                 tuner = tune.Tuner(
                     self.trainable(),
                     tune_config=tune.TuneConfig(
-                        search_alg=self.searcher, scheduler=_scheduler(self.spec, self.exp),
-                        num_samples=self.spec.search.num_trials, max_concurrent_trials=concurrency,
+                        search_alg=self.searcher, scheduler=_scheduler(self.campaign),
+                        num_samples=self.campaign.spec.search.num_trials, max_concurrent_trials=concurrency,
                         # A finished trial's process serves the next trial (no new process; Ray, torch and
                         # timm imported already): Tune's stop reaches every trial inside tune.report. Not when
                         # the campaign measures: Tune keeps one idle trial process (and its CPUs) for reuse,
                         # which a measurement holding the whole node would wait for (search.campaign.measured).
                         reuse_actors=self.searcher.measurer is None,
                         trial_name_creator=self.describe.name, trial_dirname_creator=self.describe.name),
-                    run_config=_run_config(self.spec, self.exp, self.callbacks(stop), verbose))
+                    run_config=_run_config(self.campaign, self.callbacks(stop), verbose))
             try:
                 self._fit(tuner, stop, view, verbose)
             except BaseException:
@@ -150,13 +153,13 @@ class CampaignRun:
 
         views = [CampaignMetrics(self.recorder.campaign)] + ([view] if view is not None else [])
         ray_private.count_callbacks_by_name()  # Tune's usage tag would import mlflow and wandb to count callbacks
-        with CampaignMonitor(self.exp, views), _tune_environment(verbose):
+        with CampaignMonitor(self.campaign.exp, views), _tune_environment(verbose):
             tuner.fit()
             if stop.received:  # before the monitor's last snapshot: no trial shows as running after a stop
                 interrupted = self.recorder.mark_interrupted()
         if stop.received:
             self.folder.mark(INTERRUPTED_KEY)
-            raise CampaignInterrupted(self.exp, stop.received, interrupted)
+            raise CampaignInterrupted(self.campaign.exp, stop.received, interrupted)
         self.folder.mark(ENDED_KEY)
         self.retention.close()  # no other quantization policy can come: trainers kept for them let go
 
@@ -167,17 +170,18 @@ class CampaignRun:
 
         main = threading.current_thread() is threading.main_thread()
         before = signal.signal(signal.SIGTERM, sigterm_interrupts) if main else None  # Ray's ends the process
+        staged = bool(self.campaign.spec.stages)
         try:
-            if self.spec.stages:  # the campaign ends with its last stage (`watch` follows the stages)
+            if staged:  # the campaign ends with its last stage (`watch` follows the stages)
                 self.folder.mark(None)
             for callback in self.early:
                 callback.finish()
-            run_stages(self.spec, self.exp, self.settings, self.retention.retention)
-            if self.spec.stages:
+            run_stages(self.campaign, self.settings, self.retention.retention)
+            if staged:
                 self.folder.mark(ENDED_KEY)
         except KeyboardInterrupt as err:
             self.folder.mark(INTERRUPTED_KEY)
-            raise CampaignInterrupted(self.exp, "a stop signal", []) from err
+            raise CampaignInterrupted(self.campaign.exp, "a stop signal", []) from err
         finally:
             if main:
                 signal.signal(signal.SIGTERM, before)
@@ -196,28 +200,29 @@ def _trial_slot(cluster: Cluster, trains: bool) -> dict:
     return {} if trains else {"node:__internal_head__": 0.001}
 
 
-def _scheduler(spec, exp: str):
+def _scheduler(campaign: OpenedCampaign):
     """The spec's trial scheduler (search.scheduling.tune_schedulers.SCHEDULERS). Each makes Tune save its
     experiment state whenever trials were added or ended (CheckpointsTrialChanges), so a killed driver's
     campaign resumes with every trial and the searcher as they were. Tune does not save schedulers with the
     experiment: a restored MO-ASHA rebuilds its rungs from the records."""
     from qkvsearch.search.scheduling.tune_schedulers import make_scheduler
 
+    spec = campaign.spec
     sched = spec.scheduler
     return make_scheduler(sched.type, max_t=spec.train.epochs, grace=sched.grace_epochs, rf=sched.reduction_factor,
                           brackets=sched.bracket_count(spec.train.epochs),
                           metrics=[ranked_by(o.metric) for o in spec.objectives],   # top1_q's rungs: top1
                           modes=[o.mode for o in spec.objectives],
-                          metric=sched.metric, mode=sched.mode, experiment=exp)  # asha: the loader resolved them
+                          metric=sched.metric, mode=sched.mode, experiment=campaign.exp)  # asha: the loader resolved them
 
 
-def _run_config(spec, exp: str, callbacks: list, verbose: bool):
-    storage, name = exp.rsplit("/", 1)
+def _run_config(campaign: OpenedCampaign, callbacks: list, verbose: bool):
+    storage, name = campaign.exp.rsplit("/", 1)
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=_tune_verbosity(verbose), callbacks=callbacks,
         # A trial whose process is lost is restarted from its checkpoint; one whose training fails reports
         # it as a result (search.campaign.driver.run_trial) and is not retried.
-        failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+        failure_config=tune.FailureConfig(max_failures=campaign.spec.resources.max_failures),
     )
 
 
@@ -241,10 +246,11 @@ def _tune_environment(verbose: bool):
         yield
 
 
-def _early_stages(spec, exp: str, settings: TrialSettings) -> list:
+def _early_stages(campaign: OpenedCampaign, settings: TrialSettings) -> list:
     """[the callback that runs stages as trials complete] under stages.select as_completed, else []."""
-    if not spec.stages or spec.stages.select != "as_completed":
+    stages = campaign.spec.stages
+    if not stages or stages.select != "as_completed":
         return []
     from qkvsearch.search.campaign.stages import StagesAsCompleted
 
-    return [StagesAsCompleted(spec, exp, settings)]
+    return [StagesAsCompleted(campaign, settings)]

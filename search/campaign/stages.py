@@ -32,6 +32,7 @@ from ray.tune import Callback
 from qkvsearch.search.analysis.front import objective_columns
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
 from qkvsearch.search.analysis.results import collect
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.layout import STAGE_RUNS_DIR
 from qkvsearch.search.records.stages import (
     read_selection,
@@ -53,8 +54,9 @@ class StageStopped(Exception):
 log = logging.getLogger(__name__)
 
 
-def select_trials(spec, exp: str) -> list[dict]:
+def select_trials(campaign: OpenedCampaign) -> list[dict]:
     """{"trial_id", "trial_name", "config", "checkpoint"} of the completed trials the stages run for."""
+    spec, exp = campaign.spec, campaign.exp
     trials, _ = collect(exp)
     df = trials.to_pandas()
     ok = (df["status"] == "completed").to_numpy() & df["checkpoint_path"].notna().to_numpy()
@@ -89,38 +91,39 @@ def finetune_config(trial_config: dict, stage) -> dict:
     return fill(cfg)
 
 
-def run_stages(spec, exp: str, settings, retention=None) -> None:
+def run_stages(campaign: OpenedCampaign, settings, retention=None) -> None:
     """Run every stage not yet completed for the selected configurations (spec.stages: none, nothing to do);
     then a final pass of ``retention`` (search.campaign.retention.Retention), which keeps until then what
     the stages may need. KeyboardInterrupt (a stop signal) leaves the running stage's record interrupted."""
-    if not spec.stages:
+    stages = campaign.spec.stages
+    if not stages:
         return
-    chosen = select_trials(spec, exp)
-    write_selection_of(spec, exp, chosen)
-    log.info(f"stages: {len(chosen)} configuration(s) go on ({spec.stages.select} of the pretraining)")
+    chosen = select_trials(campaign)
+    write_selection_of(campaign, chosen)
+    log.info(f"stages: {len(chosen)} configuration(s) go on ({stages.select} of the pretraining)")
     for trial in chosen:
-        run_chain(spec, exp, settings, trial)
+        run_chain(campaign, settings, trial)
     if retention is not None:
         retention.run(final=True)
-    _log_front(spec, exp)
+    _log_front(campaign)
 
 
-def run_chain(spec, exp: str, settings, trial: dict, stop: threading.Event | None = None) -> None:
+def run_chain(campaign: OpenedCampaign, settings, trial: dict, stop: threading.Event | None = None) -> None:
     """Every stage of one selected trial not yet completed: its fine-tunings, then OOD detection."""
     finetuned = {}
-    for stage in spec.stages.finetune:
-        finetuned[stage.dataset] = _finetune(spec, exp, settings, trial, stage, stop)
-    ood = spec.stages.ood
+    for stage in campaign.spec.stages.finetune:
+        finetuned[stage.dataset] = _finetune(campaign, settings, trial, stage, stop)
+    ood = campaign.spec.stages.ood
     if ood is not None and (up := finetuned.get(ood.in_distribution)) and up.get("status") == "completed":
-        _ood(spec, exp, settings, trial, up, stop)
+        _ood(campaign, settings, trial, up, stop)
 
 
-def write_selection_of(spec, exp: str, chosen: list[dict]) -> None:
+def write_selection_of(campaign: OpenedCampaign, chosen: list[dict]) -> None:
     """The selection file names exactly ``chosen`` (written only when it changes)."""
-    selection = read_selection(exp)
+    selection = read_selection(campaign.exp)
     ids = [t["trial_id"] for t in chosen]
     if selection is None or sorted(selection["trial_ids"]) != sorted(ids):
-        write_selection(exp, spec.stages.select, ids, time.time())
+        write_selection(campaign.exp, campaign.spec.stages.select, ids, time.time())
 
 
 class StagesAsCompleted(Callback):
@@ -130,22 +133,24 @@ class StagesAsCompleted(Callback):
     campaign's trials. ``finish`` waits for them; ``stop`` ends them (the running stage's record
     interrupted; `resume` runs it again)."""
 
-    def __init__(self, spec, exp: str, settings):
-        self.spec, self.exp, self.settings = spec, exp, settings
+    def __init__(self, campaign: OpenedCampaign, settings):
+        self.campaign, self.settings = campaign, settings
         self.sent: set[str] = set()
         self.todo: queue.Queue = queue.Queue()
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._work, name="qkvsearch-stages", daemon=True)
 
-    def __getstate__(self):  # Tune pickles its run config (tuner.pkl); a resumed driver brings its own callback
-        return {"spec": self.spec, "exp": self.exp, "settings": self.settings}
+    # Tune pickles its run config (tuner.pkl); a resumed driver brings its own callback. The pickled form stays
+    # spec and exp, as every version wrote it: an earlier campaign's tuner.pkl reads, and none names OpenedCampaign.
+    def __getstate__(self):
+        return {"spec": self.campaign.spec, "exp": self.campaign.exp, "settings": self.settings}
 
     def __setstate__(self, state):
-        self.__init__(state["spec"], state["exp"], state["settings"])
+        self.__init__(OpenedCampaign(state["spec"], state["exp"]), state["settings"])
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        chosen = select_trials(self.spec, self.exp)
-        write_selection_of(self.spec, self.exp, chosen)
+        chosen = select_trials(self.campaign)
+        write_selection_of(self.campaign, chosen)
         for t in chosen:
             if t["trial_id"] not in self.sent:
                 self.sent.add(t["trial_id"])
@@ -161,7 +166,7 @@ class StagesAsCompleted(Callback):
             except queue.Empty:
                 continue
             try:
-                run_chain(self.spec, self.exp, self.settings, trial, self.halt)
+                run_chain(self.campaign, self.settings, trial, self.halt)
             except StageStopped:
                 return
             finally:
@@ -190,19 +195,21 @@ def stage_resources(stage, settings) -> tuple[int, float, float]:
             own.get("gpus_per_worker", settings.gpus_per_worker))
 
 
-def _log_front(spec, exp: str) -> None:
+def _log_front(campaign: OpenedCampaign) -> None:
     """The configurations ranked on the stages' objectives (the report's Stages section, in short)."""
     from qkvsearch.search.analysis.stages import stage_table
 
-    df = stage_table(exp, spec.stages, collect(exp)[0])
-    metrics = [o.metric for o in spec.stages.objectives]
+    stages = campaign.spec.stages
+    df = stage_table(campaign.exp, stages, collect(campaign.exp)[0])
+    metrics = [o.metric for o in stages.objectives]
     log.info(f"stages' front on {', '.join(metrics)} ({int(df['on_stage_front'].sum())} of {len(df)}):")
     for _, row in df.iterrows():
         values = "  ".join(f"{m} {row.get(m, float('nan')):.4g}" for m in metrics if m in row)
         log.info(f"  rank {row['stage_rank']:.0f}  {row['trial_name']:<32} {values}")
 
 
-def _finetune(spec, exp: str, settings, trial: dict, stage, stop=None) -> dict:
+def _finetune(campaign: OpenedCampaign, settings, trial: dict, stage, stop=None) -> dict:
+    spec, exp = campaign.spec, campaign.exp
     settings_dict = result_settings(stage)
     key = stage_key(identity(trial["config"]), trial["upstream"], settings_dict)
     done = read_stage(exp, key)
@@ -225,7 +232,8 @@ def _finetune(spec, exp: str, settings, trial: dict, stage, stop=None) -> dict:
     return _run(exp, key, stage.name, trial, settings_dict, "finetune", kwargs, finish, stop)
 
 
-def _ood(spec, exp: str, settings, trial: dict, upstream: dict, stop=None) -> dict:
+def _ood(campaign: OpenedCampaign, settings, trial: dict, upstream: dict, stop=None) -> dict:
+    spec, exp = campaign.spec, campaign.exp
     ood = spec.stages.ood
     settings_dict = result_settings(ood)
     key = stage_key(identity(trial["config"]), upstream["key"], settings_dict)  # the fine-tuning's

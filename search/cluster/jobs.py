@@ -24,12 +24,14 @@ _SUBMISSION_ID_KEY = "job_submission_id"
 _JOB_NAME_KEY = "job_name"  # the Jobs page's Name column
 
 
-def job_metadata(spec, exp: str, num_trials: int, code_version: str) -> dict[str, str]:
-    """Jobs-page metadata of a campaign (Ray keeps str -> str): name, spec, results, code, trials."""
+def job_metadata(campaign, num_trials: int, code_version: str) -> dict[str, str]:
+    """Jobs-page metadata of a campaign (Ray keeps str -> str): name, spec, results, code, trials. campaign: its
+    ``spec`` (a CampaignSpec) and ``exp`` (its folder), as the campaign layer opens it."""
+    spec = campaign.spec
     return {
         f"{METADATA_PREFIX}campaign": spec.name,
         f"{METADATA_PREFIX}spec": json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":")),
-        f"{METADATA_PREFIX}results": exp,
+        f"{METADATA_PREFIX}results": campaign.exp,
         f"{METADATA_PREFIX}code_version": code_version,
         f"{METADATA_PREFIX}trials": str(num_trials),
     }

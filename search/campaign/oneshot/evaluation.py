@@ -25,6 +25,7 @@ import ray
 
 from qkvsearch.search.campaign.assemble import campaign_measurer, record_proposal
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
 from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.search.searchers import make_searcher
@@ -44,14 +45,14 @@ CONTROL = "control"  # an evaluation's ``selected_for``: scored after the search
 class Scoring:
     """One campaign's scoring: its searcher, its ledger and its measurements, over the recorded evaluations."""
 
-    def __init__(self, spec, exp: str, scorers: ScorerPool, supernet_id: str, space: str):
-        self.spec, self.exp, self.scorers = spec, exp, scorers
+    def __init__(self, campaign: OpenedCampaign, scorers: ScorerPool, supernet_id: str, space: str):
+        self.campaign, self.scorers = campaign, scorers
         self.supernet_id, self.space = supernet_id, space
-        self.base = base_config(spec)
-        self.records = inherited.read_evaluations(exp)
-        self.ledger = Ledger(spec.constraints, share_training=False)
-        self.measurer = campaign_measurer(spec, exp)
-        self.batches = inherited.batches_written(exp)
+        self.base = base_config(campaign.spec)
+        self.records = inherited.read_evaluations(campaign.exp)
+        self.ledger = Ledger(campaign.spec.constraints, share_training=False)
+        self.measurer = campaign_measurer(campaign)
+        self.batches = inherited.batches_written(campaign.exp)
         self.ids = _Ids(self.records)
         for r in self.records:
             self.ledger.earlier(r["subnet_id"], _subnet_key(r["config"]), _subnet_key(r["config"]), _outcome(r))
@@ -60,10 +61,10 @@ class Scoring:
     def search(self) -> list[dict]:
         """Score ``search.num_trials`` subnets (counting those recorded before); -> every evaluation."""
         searched = [r for r in self.records if r.get("selected_for") != CONTROL]
-        target = self.spec.search.num_trials
+        target = self.campaign.spec.search.num_trials
         if len(searched) >= target:
             return self.records
-        searcher = make_searcher(self.spec.search.algorithm, spec_problem(self.spec))
+        searcher = make_searcher(self.campaign.spec.search.algorithm, spec_problem(self.campaign.spec))
         for r in searched:
             searcher.tell_earlier(EarlierTrial(inherited.subnet_identity(r["config"]), r["subnet_id"], r["keys"],
                                                r.get("status", "completed"), r["metrics"], r["cost"]))
@@ -130,7 +131,7 @@ class Scoring:
             self.ledger.end(sid, {})
             searcher.on_trial_complete(sid, None, error=True)
         elif kind == rules.INFEASIBLE:
-            record_proposal(self.exp, self.spec.name, f"{sid}-infeasible", sid, trial, rec["error"])
+            record_proposal(self.campaign.exp, self.campaign.spec.name, f"{sid}-infeasible", sid, trial, rec["error"])
             searcher.tell_infeasible(sid, trial["cost"])
         elif kind == rules.DUPLICATE:
             searcher.constrain(sid, trial["cost"])
@@ -169,7 +170,7 @@ class Scoring:
                    **({"selected_for": t["selected_for"]} if t.get("selected_for") else {}),
                    "supernet": self.supernet_id, "space": self.space}
                   for t, r in zip(batch, results)]
-        inherited.write_batch(self.exp, self.batches, scored)
+        inherited.write_batch(self.campaign.exp, self.batches, scored)
         self.batches += 1
         for r in scored:
             self.records.append(r)
@@ -191,10 +192,10 @@ class Scoring:
         constraint is on a measured cost (the actors are idle)."""
         from qkvsearch.spaces.schema import violations
 
-        if violations(self.spec.constraints, cost) or self.measurer is None:
-            return not violations(self.spec.constraints, cost)
+        if violations(self.campaign.spec.constraints, cost) or self.measurer is None:
+            return not violations(self.campaign.spec.constraints, cost)
         found = self._measured(config)
-        return not isinstance(found, str) and not violations(self.spec.constraints, {**cost, **found[0]})
+        return not isinstance(found, str) and not violations(self.campaign.spec.constraints, {**cost, **found[0]})
 
     def score_selected(self, selection: dict) -> list[dict]:
         """Score the control subnets not scored yet (drawn from the space, most were not proposed); -> every

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from dataclasses import replace
 
 from qkvsearch.search.campaign.interrupts import CampaignInterrupted
 from qkvsearch.search.campaign.oneshot.evaluation import Scoring, export_subnets
@@ -30,6 +31,7 @@ from qkvsearch.search.campaign.oneshot.plan import (
 )
 from qkvsearch.search.campaign.oneshot.retrain import init_weights, retrain_spec, selected_records, selection
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.run import CampaignRun
 from qkvsearch.search.records.inherited import FIDELITY_STANDALONE, FIDELITY_SUPERNET
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder, read_campaign
@@ -40,13 +42,15 @@ from qkvsearch.storage import exists, read_json, write_json
 log = logging.getLogger(__name__)
 
 
-def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verbose=False, view=None) -> None:
-    """Every phase of the one-shot campaign at ``exp`` (module docstring)."""
+def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=None, verbose=False,
+        view=None) -> None:
+    """Every phase of the one-shot campaign (module docstring)."""
+    spec, exp = campaign.spec, campaign.exp
     source = spec.supernet.source
     with _watched(exp, view):
         if source is None:
             supernet_dir = f"{exp}/{SUPERNET_DIR}"
-            plan = _train_supernet(spec, exp, supernet_dir, cluster, version, verbose)
+            plan = _train_supernet(campaign, supernet_dir, cluster, version, verbose)
         else:
             supernet_dir = f"{source}/{SUPERNET_DIR}"
             plan = trained_plan(supernet_dir, spec)
@@ -54,17 +58,17 @@ def run(spec, exp: str, folder, cluster, version: str, *, concurrency=None, verb
         log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
         size = pool_size(spec.resources, cluster, concurrency)
         with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
-            scoring = Scoring(spec, exp, scorers, supernet_id, space_hash(spec))
+            scoring = Scoring(campaign, scorers, supernet_id, space_hash(spec))
             records = scoring.search()
-            chosen = selection(spec, exp, records, scoring.feasible)
+            chosen = selection(campaign, records, scoring.feasible)
             records = scoring.score_selected(chosen)
             chosen_records, control_records = selected_records(records, chosen)
             files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
              "subnet(s), these under two seeds")
-    retrain = retrain_spec(spec, chosen)
+    retrain = replace(campaign, spec=retrain_spec(spec, chosen))
     restoring = exists(f"{exp}/tuner.pkl")
-    CampaignRun(retrain, exp, folder, cluster, version, init_weights=init_weights(chosen, chosen_records, files),
+    CampaignRun(retrain, folder, cluster, version, init_weights=init_weights(chosen, chosen_records, files),
                 describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(
         concurrency, restoring=restoring, verbose=verbose, view=view)
 
@@ -82,7 +86,7 @@ def _watched(exp: str, view):
         yield
 
 
-def _train_supernet(spec, exp: str, supernet_dir: str, cluster, version: str, verbose) -> dict:
+def _train_supernet(campaign: OpenedCampaign, supernet_dir: str, cluster, version: str, verbose) -> dict:
     """Train the supernet unless trained; -> the plan it is trained over (the one written when it started: a
     campaign resumed by a later version keeps its own)."""
     if exists(f"{supernet_dir}/{CAMPAIGN_FILE}"):
@@ -92,17 +96,17 @@ def _train_supernet(spec, exp: str, supernet_dir: str, cluster, version: str, ve
             return plan
         sub = sub_folder.campaign.spec
     else:
-        plan = supernet_plan(spec)
-        sub = supernet_spec(spec, exp, plan)
+        plan = supernet_plan(campaign.spec)
+        sub = supernet_spec(campaign, plan)
         write_json(f"{supernet_dir}/{PLAN_FILE}", plan)
         sub_folder = CampaignFolder.create(supernet_dir, sub, version)
     log.info(f"training the supernet over the space: {supernet_dir}")
     try:
-        CampaignRun(sub, supernet_dir, sub_folder, cluster, version, supernet=plan,
+        CampaignRun(OpenedCampaign(sub, supernet_dir), sub_folder, cluster, version, supernet=plan,
                     describe={"fidelity": FIDELITY_SUPERNET}).fit(1, restoring=exists(f"{supernet_dir}/tuner.pkl"),
                                                                    verbose=verbose)
     except CampaignInterrupted as stop:  # what resumes is this campaign, not the nested one
-        raise CampaignInterrupted(exp, stop.signal_name, stop.trials) from None
+        raise CampaignInterrupted(campaign.exp, stop.signal_name, stop.trials) from None
     return plan
 
 

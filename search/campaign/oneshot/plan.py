@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.inherited import SUPERNET_DIR
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.errors import BadInput
@@ -55,16 +56,17 @@ def _plan_text(spec_text: str) -> str:
     return json.dumps(plan_dict(subnet_space(spec), random_subnets=s.random_subnets, distill=s.distill))
 
 
-def supernet_spec(spec, exp: str, plan: dict):
-    """The nested campaign at <exp>/supernet: one trial, the teacher's configuration trained with the supernet's
+def supernet_spec(campaign: OpenedCampaign, plan: dict):
+    """The spec of the nested campaign at <exp>/supernet (exp: the campaign's folder): one trial, the teacher's configuration trained with the supernet's
     recipe on its own resources (``supernet.resources`` over the campaign's); its trial settings carry the plan
     (search.campaign.driver.TrialSettings.supernet), so it trains the supernet; every checkpoint kept (the
     supernet is what is searched)."""
+    spec = campaign.spec
     d = spec.to_dict()
     for section in ("supernet", "stages", "constraints", "measure"):
         d.pop(section, None)
     teacher = {k: v for k, v in plan["teacher_keys"].items() if not is_policy_key(k)}   # trained in full precision
-    d.update(name=SUPERNET_DIR, storage=exp, space={"variants": [teacher]} if teacher else {},
+    d.update(name=SUPERNET_DIR, storage=campaign.exp, space={"variants": [teacher]} if teacher else {},
              train={**d["train"], **dict(spec.supernet.recipe)}, search={"algorithm": "grid"},
              scheduler={"type": "fifo"}, objectives=[{"metric": "top1", "mode": "max"}],
              checkpoints={"keep": "all"},

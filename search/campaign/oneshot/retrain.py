@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
 from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill, identity
@@ -92,12 +93,12 @@ def _subnet(base: dict, keys: dict) -> str | None:
     return inherited.subnet_identity(config) if cost else None
 
 
-def selection(spec, exp: str, records: list[dict], feasible=None) -> dict:
+def selection(campaign: OpenedCampaign, records: list[dict], feasible=None) -> dict:
     """The campaign's selection: the one written, else made now and written."""
-    found = inherited.read_selection(exp)
+    found = inherited.read_selection(campaign.exp)
     if found is None:
-        found = select(spec, records, feasible)
-        inherited.write_selection(exp, found)
+        found = select(campaign.spec, records, feasible)
+        inherited.write_selection(campaign.exp, found)
     return found
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.tracking.base import tracker_class
 from qkvsearch.search.campaign.tracking.optuna_tracker import study_storage
 from qkvsearch.spaces import SpecError
@@ -41,13 +42,13 @@ def track_more(spec, names) -> object:
     return spec if all(n in spec.tracking for n in names) else add_trackers(spec, names)
 
 
-def tracking_callbacks(spec, exp: str, recorder, code_version, study_in_storage: bool = False) -> list:
+def tracking_callbacks(campaign: OpenedCampaign, recorder, code_version, study_in_storage: bool = False) -> list:
     """[the TrackingCallback] when the spec has trackers, else []: for Tune's callback list, after the recorder."""
-    if not spec.tracking:
+    if not campaign.spec.tracking:
         return []
     from qkvsearch.search.campaign.tracking.fanout import TrackingCallback
 
-    return [TrackingCallback(spec, exp, recorder, code_version, study_in_storage)]
+    return [TrackingCallback(campaign, recorder, code_version, study_in_storage)]
 
 
 __all__ = ["check_trackers", "study_storage", "track_more", "tracker_class", "tracking_callbacks"]

@@ -18,9 +18,11 @@ import logging
 import os
 import queue
 import threading
+from dataclasses import replace
 
 from ray.tune import Callback
 
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.tracking.base import CampaignInfo, Tracker, tracker_class
 from qkvsearch.search.records.layout import STATUS_KEY
 from qkvsearch.search.records.proposals import as_trial_record, read_proposals
@@ -91,32 +93,35 @@ class _Worker:
 class TrackingCallback(Callback):
     """Fans Tune's trial events out to the campaign's trackers (spaces.tracking.TRACKERS)."""
 
-    def __init__(self, spec, exp: str, recorder, code_version: str | None, study_in_storage: bool = False):
-        self.spec, self.exp, self.recorder = spec, exp.rstrip("/"), recorder
+    def __init__(self, campaign: OpenedCampaign, recorder, code_version: str | None, study_in_storage: bool = False):
+        self.campaign, self.recorder = replace(campaign, exp=campaign.exp.rstrip("/")), recorder
         self.code_version, self.study_in_storage = code_version, study_in_storage
         self.workers: list[_Worker] = []
         self.progress_key = None
         self._lock = threading.Lock()
 
-    def __getstate__(self):  # Tune pickles its run config (tuner.pkl); a resumed driver brings its own callback
-        return {"spec": self.spec, "exp": self.exp}
+    # Tune pickles its run config (tuner.pkl); a resumed driver brings its own callback. The pickled form stays
+    # spec and exp, as every version wrote it: an earlier campaign's tuner.pkl reads, and none names OpenedCampaign.
+    def __getstate__(self):
+        return {"spec": self.campaign.spec, "exp": self.campaign.exp}
 
     def __setstate__(self, state):
-        self.__init__(state["spec"], state["exp"], None, None)
+        self.__init__(OpenedCampaign(state["spec"], state["exp"]), None, None)
 
     # -- set-up and the tracking file ------------------------------------------------------------
     def setup(self, **info) -> None:
-        local = self.exp[len("file://"):] if self.exp.startswith("file://") else self.exp
+        spec, exp = self.campaign.spec, self.campaign.exp
+        local = exp[len("file://"):] if exp.startswith("file://") else exp
         self.state = self._read_state()
-        spec_dict = self.spec.to_dict()
-        for name, settings in self.spec.tracking.items():
-            info = CampaignInfo(self.spec.name, local, spec_dict, self.code_version, dict(settings),
+        spec_dict = spec.to_dict()
+        for name, settings in spec.tracking.items():
+            info = CampaignInfo(spec.name, local, spec_dict, self.code_version, dict(settings),
                                 self.study_in_storage)
             tracker = tracker_class(name)(info, self.state.setdefault(name, {}))
             self.workers.append(_Worker(tracker, self._save))
 
     def _read_state(self) -> dict:
-        uri = f"{self.exp}/{RUNS_FILE}"
+        uri = f"{self.campaign.exp}/{RUNS_FILE}"
         try:
             return read_json(uri) if exists(uri) else {}
         except Exception as exc:  # noqa: BLE001  (the campaign goes on; the trackers start new runs)
@@ -126,7 +131,7 @@ class TrackingCallback(Callback):
 
     def _save(self) -> None:
         with self._lock:
-            write_json(f"{self.exp}/{RUNS_FILE}", copy.deepcopy(self.state))
+            write_json(f"{self.campaign.exp}/{RUNS_FILE}", copy.deepcopy(self.state))
 
     def _send(self, method: str, *args) -> None:
         for worker in self.workers:
@@ -140,7 +145,7 @@ class TrackingCallback(Callback):
     def _proposals(self) -> None:
         """Infeasible proposals not yet sent, each as a record that ended (a run marked not trained)."""
         sent = self.state.setdefault(PROPOSALS_SENT, [])
-        new = [p for p in read_proposals(self.exp) if p.get("proposal_id") not in sent]
+        new = [p for p in read_proposals(self.campaign.exp) if p.get("proposal_id") not in sent]
         for proposal in new:
             self._send("on_trial_end", as_trial_record(proposal))
         if new:
@@ -181,7 +186,7 @@ class TrackingCallback(Callback):
         """The completed front and its hypervolume, sent when they changed."""
         from qkvsearch.search.monitor.progress import read_progress
 
-        p = read_progress(self.exp)
+        p = read_progress(self.campaign.exp)
         key = (tuple(sorted(str(sorted(f.items())) for f in p.front)), p.hypervolume)
         if key != self.progress_key:
             self.progress_key = key
@@ -203,7 +208,7 @@ class TrackingCallback(Callback):
         from qkvsearch.search.analysis.report import build_report
 
         try:
-            paths = build_report(self.exp, static=False)
+            paths = build_report(self.campaign.exp, static=False)
         except Exception as exc:  # noqa: BLE001  (`qkvsearch report` says what is wrong; trackers get none)
             log.warning(f"tracking: the report could not be written for the trackers ({type(exc).__name__}: {exc})")
             return {}

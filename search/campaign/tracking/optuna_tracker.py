@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.tracking.base import Tracker, last_line, numeric
 from qkvsearch.search.searchers.optuna_samplers import TRIAL_ID_ATTR
 from qkvsearch.spaces import dimensions
@@ -45,12 +46,12 @@ def open_storage(location: str):
     return optuna.storages.JournalStorage(JournalFileBackend(path))
 
 
-def study_storage(spec, exp: str):
+def study_storage(campaign: OpenedCampaign):
     """The storage an Optuna searcher's study is to live in, or None (no optuna tracker, or a grid)."""
-    settings = spec.tracking.get("optuna")
-    if settings is None or spec.search.algorithm == "grid":
+    settings = campaign.spec.tracking.get("optuna")
+    if settings is None or campaign.spec.search.algorithm == "grid":
         return None
-    return open_storage(storage_location(settings, exp))
+    return open_storage(storage_location(settings, campaign.exp))
 
 
 class OptunaTracker(Tracker):

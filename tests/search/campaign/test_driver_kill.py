@@ -145,10 +145,11 @@ def _checkpoint_ahead(exp: Path, rec: dict) -> bool:
 
 def _rungs(spec: dict, exp: Path, trial_ids) -> dict:
     """MO-ASHA's state rebuilt from the records at exp, as a restored campaign's scheduler rebuilds it."""
+    from qkvsearch.search.campaign.opened import OpenedCampaign
     from qkvsearch.search.campaign.run import _scheduler
     from qkvsearch.spaces import load_campaign
 
-    sched = _scheduler(load_campaign(spec), str(exp))
+    sched = _scheduler(OpenedCampaign(load_campaign(spec), str(exp)))
     for trial_id in trial_ids:  # one bracket: the order Tune adds trials back does not matter
         sched.on_trial_add(None, SimpleNamespace(trial_id=trial_id, experiment_tag=""))
     state = sched.get_state()

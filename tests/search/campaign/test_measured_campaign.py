@@ -130,11 +130,12 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
 
     from qkvsearch.search.campaign.assemble import build_search
     from qkvsearch.search.campaign.measured import measured_key
+    from qkvsearch.search.campaign.opened import OpenedCampaign
 
     spec = _spec(tmp_path)
     spec["space"] = {"variants": [{"depth": 1, "lr": 1e-3}, {**LARGE, "lr": 1e-3}, {**LARGE, "lr": 2e-3},
                                   {"depth": 1, "lr": 2e-3}, {"depth": 1, "lr": 1e-3, "embedding": "sne"}]}
-    searcher = build_search(load_campaign(spec), str(tmp_path))
+    searcher = build_search(OpenedCampaign(load_campaign(spec), str(tmp_path)))
     searcher.set_max_concurrency(2)
     assert searcher.suggest("t0") is None          # both first models measured at once: none is a trial yet
     waiting = searcher.ledger.parked("measuring")
@@ -162,7 +163,7 @@ def test_proposals_wait_for_their_measurement_while_the_searcher_proposes_on(ray
     assert sne["measured_on"]["held"]["CPU"] == ray_total_cpus() and sne["measured_on"]["env"]["threads"] == 1
     assert len(list(tmp_path.glob("qs_measurements/*.json"))) == 3 and searcher.ledger.parked("measuring") == []
     assert measured_key(sne["config"]) in searcher.measurer.done and searcher.live == {"t0", "t1", "t2"}
-    restored = build_search(load_campaign(spec), str(tmp_path))
+    restored = build_search(OpenedCampaign(load_campaign(spec), str(tmp_path)))
     restored.set_state(json.loads(json.dumps(searcher.get_state())))  # what was measured is plain data
     assert restored.measurer.done == searcher.measurer.done and restored.measurer._pending == {}
 
@@ -176,6 +177,7 @@ def test_ehvi_learns_what_waited_for_its_measurement_under_the_trial_that_traine
     from helpers.campaign_files import earlier_campaign
 
     from qkvsearch.search.campaign.assemble import build_search
+    from qkvsearch.search.campaign.opened import OpenedCampaign
     from qkvsearch.search.searchers.ehvi import config_key
 
     spec = _spec(tmp_path)
@@ -187,7 +189,7 @@ def test_ehvi_learns_what_waited_for_its_measurement_under_the_trial_that_traine
                                {"fast": ({"depth": 1, "embed_dim": 128, "lr": 3e-3}, 40.0)})
     spec["search"] = {"algorithm": "ehvi", "num_trials": 5, "n_startup_trials": 1, "seed": 0,
                       "warm_start": str(tmp_path / "earlier")}
-    searcher = build_search(load_campaign(spec), str(tmp_path))
+    searcher = build_search(OpenedCampaign(load_campaign(spec), str(tmp_path)))
     searcher.set_max_concurrency(2)
     ehvi = searcher.inner
 

@@ -14,6 +14,7 @@ from qkvsearch.search.campaign.oneshot.plan import (
     supernet_spec,
 )
 from qkvsearch.search.campaign.oneshot.retrain import retrain_spec, select
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.layout import CampaignFolder
 from qkvsearch.spaces import BadInput, load_campaign
 from qkvsearch.spaces.keys import identity
@@ -41,7 +42,7 @@ def test_the_supernet_trains_as_one_trial_of_the_teacher_with_its_own_recipe(tmp
     spec = load_campaign(_spec(tmp_path))
     trials = candidates(spec)
     plan = supernet_plan(spec)
-    sub = supernet_spec(spec, str(tmp_path / "p"), plan)
+    sub = supernet_spec(OpenedCampaign(spec, str(tmp_path / "p")), plan)
     assert sub.storage.rstrip("/").endswith("p") and sub.name == SUPERNET_DIR
     (variant,) = sub.space.variants
     largest = max(trials, key=lambda t: t["cost"]["gmacs"])
@@ -55,7 +56,7 @@ def test_the_supernet_trains_on_its_own_resources_and_the_subnets_retrain_on_the
     spec = load_campaign({**_spec(tmp_path, resources={"workers_per_trial": 2, "cpus_per_worker": 0.5}),
                           "resources": {"workers_per_trial": 1, "cpus_per_worker": 1, "max_concurrent_trials": 2}})
     trials = candidates(spec)
-    sub = supernet_spec(spec, str(tmp_path / "p"), supernet_plan(spec))
+    sub = supernet_spec(OpenedCampaign(spec, str(tmp_path / "p")), supernet_plan(spec))
     assert (sub.resources.workers_per_trial, sub.resources.cpus_per_worker) == (2, 0.5)
     assert sub.resources.max_concurrent_trials == 1
     retrain = retrain_spec(spec, {"chosen": [trials[0]["keys"]], "control": [], "seed": 5})
@@ -77,7 +78,7 @@ def test_a_supernet_no_node_can_hold_is_refused_naming_its_field(tmp_path, monke
     monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(preflight.os, "cpu_count", lambda: 2)
     with pytest.raises(preflight.ResourceError, match=r"^supernet\.resources: expected the supernet's training to fit"):
-        launch._check_launchable(spec, str(tmp_path / "p"), overwrite=False)
+        launch._check_launchable(OpenedCampaign(spec, str(tmp_path / "p")), overwrite=False)
 
 
 def _records(trials):
@@ -106,7 +107,7 @@ def _trained_elsewhere(tmp_path, name: str, spec: dict) -> str:
     other = load_campaign({**spec, "name": name})
     folder = tmp_path / name / SUPERNET_DIR
     plan = supernet_plan(other)
-    CampaignFolder.create(str(folder), supernet_spec(other, str(tmp_path / name), plan), "test")
+    CampaignFolder.create(str(folder), supernet_spec(OpenedCampaign(other, str(tmp_path / name)), plan), "test")
     write_json(str(folder / PLAN_FILE), plan)
     return str(folder)
 

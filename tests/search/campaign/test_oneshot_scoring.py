@@ -17,6 +17,7 @@ from qkvsearch.search.campaign.oneshot.evaluation import CONTROL, Scoring
 from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
 from qkvsearch.search.campaign.oneshot.retrain import selection
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.cluster.capacity import Cluster, ResourceError
 from qkvsearch.search.records.proposals import read_proposals
 from qkvsearch.spaces import base_config, load_campaign
@@ -100,7 +101,7 @@ def test_the_pool_is_sized_by_cpus_and_gpus_and_an_actor_no_node_holds_is_named(
 
 def test_a_subnet_its_supernet_cannot_hold_fails_alone_and_the_scoring_goes_on(narrow_pool, tmp_path):
     spec = load_campaign(_spec(tmp_path, search={"algorithm": "grid"}, resources=GPU_RESOURCES))
-    records = Scoring(spec, str(tmp_path / "exp"), narrow_pool, "supernet:test", "space").search()
+    records = Scoring(OpenedCampaign(spec, str(tmp_path / "exp")), narrow_pool, "supernet:test", "space").search()
     failed = [r for r in records if r["status"] == "failed"]
     done = [r for r in records if r["status"] == "completed"]
     assert len(records) == len(candidates(spec))   # every subnet scored or failed, none left out
@@ -116,10 +117,11 @@ def test_constrained_scoring_with_a_measured_objective_scores_and_chooses_feasib
                                objectives=[{"metric": "top1", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}],
                                measure={"batch": 4, "max_s": 0.1}))
     exp = str(tmp_path / "exp")
+    campaign = OpenedCampaign(spec, exp)
     with _pool(spec, tmp_path, 1) as pool:
-        scoring = Scoring(spec, exp, pool, "supernet:test", "space")
+        scoring = Scoring(campaign, pool, "supernet:test", "space")
         records = scoring.search()
-        chosen = selection(spec, exp, records, scoring.feasible)
+        chosen = selection(campaign, records, scoring.feasible)
         records = scoring.score_selected(chosen)
     searched = [r for r in records if r.get("selected_for") != CONTROL]
     assert len(searched) == 5 and all(r["status"] == "completed" for r in records)

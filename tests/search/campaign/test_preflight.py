@@ -101,12 +101,13 @@ def test_overwrite_keeps_the_old_campaign_when_the_new_spec_fails(tmp_path, caps
 
 
 def test_single_objective_asha_uses_the_mode_the_spec_resolved(tmp_path):
+    from qkvsearch.search.campaign.opened import OpenedCampaign
     from qkvsearch.search.campaign.run import _scheduler
 
     spec = load_campaign(spec_dict(tmp_path, objectives=[{"metric": "val_loss"}, {"metric": "gmacs"}],
                                    scheduler={"type": "asha"}))
     assert (spec.scheduler.metric, spec.scheduler.mode) == ("val_loss", "min")
-    asha = _scheduler(spec, str(tmp_path))
+    asha = _scheduler(OpenedCampaign(spec, str(tmp_path)))
     assert (asha.metric, asha._metric_op) == ("val_loss", -1.0)  # minimised: keeps the lowest losses
 
 

@@ -15,6 +15,7 @@ from helpers.live_campaign import tiny_spec
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.campaign.driver import TrialSettings
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.retention import NONE, STATE, WEIGHTS, Retention, decide, weights_only
 from qkvsearch.search.cli import main
 from qkvsearch.search.records.layout import FINAL_STATUSES, WEIGHTS_DIR
@@ -97,7 +98,7 @@ def test_retention_strips_the_front_to_weights_removes_the_rest_and_records_it(t
     settings = TrialSettings(objectives=(), train_storage=f"{exp}/train_runs", campaign="synth")
     spec = load_campaign({**tiny_spec(tmp_path, "synth", workers=1, epochs=6, variants=[{"embedding": "linear"}],
                                       keep="front"), "objectives": OBJECTIVES}, check_names=False)
-    retention = Retention(exp, spec, Recorder(exp, "synth", describe=None), settings)
+    retention = Retention(OpenedCampaign(spec, exp), Recorder(exp, "synth", describe=None), settings)
     for i, rec in enumerate(records):
         if rec["epochs"]:
             rec["checkpoint_path"] = f"{retention.run_dir(rec)}/checkpoint_epoch_0006"

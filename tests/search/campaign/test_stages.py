@@ -11,6 +11,7 @@ from helpers.campaign_files import write_campaign
 from qkvsearch.search.analysis.pareto import nondominated_mask
 from qkvsearch.search.analysis.results import collect
 from qkvsearch.search.analysis.stages import stage_markdown, stage_table
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.retention import still_needed
 from qkvsearch.search.campaign.stages import finetune_config, select_trials
 from qkvsearch.search.records.stages import stage_key, write_selection, write_stage
@@ -35,7 +36,7 @@ def exp(tmp_path):
 
 
 def test_the_front_of_the_completed_trials_goes_on_and_no_trial_stopped_early(exp):
-    chosen = {t["trial_id"] for t in select_trials(_spec(), exp)}
+    chosen = {t["trial_id"] for t in select_trials(OpenedCampaign(_spec(), exp))}
     trials, _ = collect(exp)
     df = trials.to_pandas()
     done = df[df["status"] == "completed"]
@@ -44,20 +45,20 @@ def test_the_front_of_the_completed_trials_goes_on_and_no_trial_stopped_early(ex
 
 
 def test_top_k_goes_by_non_dominated_rank(exp):
-    front = {t["trial_id"] for t in select_trials(_spec(), exp)}
-    chosen = select_trials(_spec(select="top_k", top_k=len(front) + 1), exp)
+    front = {t["trial_id"] for t in select_trials(OpenedCampaign(_spec(), exp))}
+    chosen = select_trials(OpenedCampaign(_spec(select="top_k", top_k=len(front) + 1), exp))
     assert len(chosen) == len(front) + 1 and front < {t["trial_id"] for t in chosen}
     assert all(t["upstream"].endswith("@epoch6") for t in chosen)
-    assert len(select_trials(_spec(select="top_k", top_k=99), exp)) == STATUSES.count("completed")
+    assert len(select_trials(OpenedCampaign(_spec(select="top_k", top_k=99), exp))) == STATUSES.count("completed")
 
 
 def test_as_completed_keeps_those_chosen_earlier_and_adds_the_front(exp):
-    front = {t["trial_id"] for t in select_trials(_spec(), exp)}
-    assert {t["trial_id"] for t in select_trials(_spec(select="as_completed"), exp)} == front
+    front = {t["trial_id"] for t in select_trials(OpenedCampaign(_spec(), exp))}
+    assert {t["trial_id"] for t in select_trials(OpenedCampaign(_spec(select="as_completed"), exp))} == front
     trials = collect(exp)[0].to_pandas()
     dominated = next(t for t, s in zip(trials["trial_id"], trials["status"]) if s == "completed" and t not in front)
     write_selection(exp, "as_completed", [dominated, "t00001"], time.time())  # t00001 stopped early: never
-    chosen = select_trials(_spec(select="as_completed"), exp)
+    chosen = select_trials(OpenedCampaign(_spec(select="as_completed"), exp))
     assert {t["trial_id"] for t in chosen} == front | {dominated}
 
 
@@ -83,14 +84,14 @@ def test_a_fine_tuning_config_is_the_trials_on_the_stages_dataset():
 def test_retention_keeps_every_completed_trial_until_the_selection_then_those_with_stages_to_run(exp):
     spec, (trials, _) = _spec(), collect(exp)
     completed = {r for r, s in zip(trials.column("trial_id").to_pylist(), STATUSES) if s == "completed"}
-    assert still_needed(spec, trials, exp) == completed
-    assert still_needed(load_campaign("quickstart"), trials, exp) == set()  # no stages: nothing held
+    assert still_needed(OpenedCampaign(spec, exp), trials) == completed
+    assert still_needed(OpenedCampaign(load_campaign("quickstart"), exp), trials) == set()  # no stages: nothing held
     chosen = ["t00000", "t00002"]
     write_selection(exp, "front", chosen, time.time())
-    assert still_needed(spec, trials, exp) == set(chosen)
+    assert still_needed(OpenedCampaign(spec, exp), trials) == set(chosen)
     for stage in ("finetune@digits_0to8", "finetune@digits", "ood"):
         _record(exp, "t00000", stage, {})
-    assert still_needed(spec, trials, exp) == {"t00002"}
+    assert still_needed(OpenedCampaign(spec, exp), trials) == {"t00002"}
 
 
 def _record(exp, tid, stage, metrics, status="completed", started=None):

@@ -179,7 +179,7 @@ def test_job_metadata_and_the_dashboard_line_never_hold_the_token(monkeypatch):
     from types import SimpleNamespace
 
     spec = SimpleNamespace(name="c1", to_dict=lambda: {"name": "c1", "train": {"epochs": 3}})
-    meta = jobs.job_metadata(spec, "s3://bucket/c1", 12, "0.1.0+abc")
+    meta = jobs.job_metadata(SimpleNamespace(spec=spec, exp="s3://bucket/c1"), 12, "0.1.0+abc")
     assert meta == {"qkvsearch_campaign": "c1", "qkvsearch_spec": '{"name":"c1","train":{"epochs":3}}',
                     "qkvsearch_results": "s3://bucket/c1", "qkvsearch_code_version": "0.1.0+abc",
                     "qkvsearch_trials": "12"}

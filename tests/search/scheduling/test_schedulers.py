@@ -642,18 +642,19 @@ def test_spec_brackets_mistakes(scheduler, message):
 
 
 def test_spec_brackets_default_and_what_the_campaign_builds(tmp_path):
+    from qkvsearch.search.campaign.opened import OpenedCampaign
     from qkvsearch.search.campaign.run import _scheduler
     from qkvsearch.spaces import load_campaign, smoke_test
 
     spec = _spec(type="moasha")
     assert spec.scheduler.brackets is None and spec.scheduler.bracket_count(9) == 2  # 3, at most the 2 rungs
     assert load_campaign(spec.to_dict()) == spec
-    assert _scheduler(spec, str(tmp_path)).bracket_rungs == [[1, 3], [3]]
+    assert _scheduler(OpenedCampaign(spec, str(tmp_path))).bracket_rungs == [[1, 3], [3]]
     assert smoke_test(spec).scheduler.bracket_count(2) == 1  # shrunk epochs: the default shrinks too
     assert _spec(type="moasha", brackets=1).scheduler.bracket_count(9) == 1
-    asha = _scheduler(_spec(type="asha", brackets=2), str(tmp_path))
+    asha = _scheduler(OpenedCampaign(_spec(type="asha", brackets=2), str(tmp_path)))
     assert isinstance(asha, ASHAScheduler) and len(asha._brackets) == 2  # Ray's own brackets
-    assert len(_scheduler(_spec(type="asha"), str(tmp_path))._brackets) == 1  # Ray's default
+    assert len(_scheduler(OpenedCampaign(_spec(type="asha"), str(tmp_path)))._brackets) == 1  # Ray's default
 
 
 # ---- (3) a real Tune run -------------------------------------------------------------------------

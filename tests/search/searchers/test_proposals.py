@@ -10,6 +10,7 @@ from helpers.campaign_files import earlier_campaign
 from ray.tune.search import Searcher
 
 from qkvsearch.search.campaign.assemble import build_search
+from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.searchers.grid import GridSearcher
 from qkvsearch.search.searchers.problem import spec_problem
 from qkvsearch.spaces import dimensions, load_campaign
@@ -138,7 +139,7 @@ def test_an_infeasible_proposal_takes_no_trial_slot_is_recorded_and_learnt(tmp_p
     from qkvsearch.search.records.proposals import PROPOSALS_DIR, count_proposals
 
     s = load_campaign({**CONSTRAINED, "search": {"algorithm": "random", "num_trials": 6, "seed": 0}})
-    searcher = build_search(s, str(tmp_path))
+    searcher = build_search(OpenedCampaign(s, str(tmp_path)))
     for i in range(6):
         trial = searcher.suggest(f"t{i}")
         assert not s.violations(trial["cost"]) and "invalid" not in trial  # every trial is feasible
