@@ -51,11 +51,15 @@ def test_a_measurement_says_how_it_was_made_and_what_is_exact_repeats_exactly(on
         assert stats["n"] + stats["outliers"] >= MIN_CALLS and stats["warmup"] >= 10 and stats["ci_rel"] < 1
 
 
-def test_more_blocks_measure_slower_and_larger():
+def test_more_blocks_measure_larger():
+    # The memory of a CPU training step is tensor bytes, exact: more blocks hold more. Which of two models times
+    # faster is not a property a test can hold on a shared machine (under a full suite's load a depth-1 step once
+    # timed 84 ms against a depth-6 one's 82 ms): benchmarks/bench_latency.py measures how timings order against
+    # MACs.
     small, large = (measure(_cfg(depth=d), "cpu", batch=8, train_batch=8, max_s=0.3) for d in (1, 6))
-    for metric in ("latency_ms", "train_step_ms", "peak_mem_gb"):
-        assert large[metric] > small[metric], metric
-    assert large["throughput"] < small["throughput"]
+    assert large["peak_mem_gb"] > small["peak_mem_gb"]
+    for metric in ("latency_ms", "train_step_ms", "throughput"):
+        assert small[metric] > 0 and large[metric] > 0, metric
 
 
 def test_only_the_metrics_asked_for_are_measured():
