@@ -25,6 +25,9 @@ if not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:  # Ray reads 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # Token auth, the default of a new local Ray, said explicitly: Ray then does not warn about it.
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # Ray ends a worker past its soft limit after 1 s idle; one-shot scoring's measurement tasks come seconds
+    # apart, and each new worker imports torch and timm again (about 20 s on 2 cores).
+    os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "60000")
 
 import ray  # noqa: E402
 
