@@ -17,7 +17,7 @@ from qkvsearch.spaces.checks import POS_INT, POS_NUM
 from qkvsearch.spaces.errors import Collector, hint, show
 from qkvsearch.spaces.fields import Field, nonempty, table
 from qkvsearch.spaces.metrics import MEASURED_METRICS
-from qkvsearch.spaces.schema import MeasureSpec
+from qkvsearch.spaces.schema import FrozenMap, MeasureSpec
 
 # The section's fields (spaces.fields); defaults: MeasureSpec's.
 MEASURE_FIELDS = table(
@@ -31,6 +31,9 @@ MEASURE_FIELDS = table(
     Field("max_s", POS_NUM, MeasureSpec.max_s,
           "seconds one metric's warm-up and timing may take (5 timed calls at least; it stops earlier once the "
           "median is within 1 %)"),
+    Field("resources", "a mapping {Ray resource: amount}", {},
+          "the Ray resources of the node measurements run on (a deployment target's: spaces.targets)",
+          default_doc="{} (a node of the trials' kind)"),
 )
 MEASURE_KEYS = tuple(MEASURE_FIELDS)
 
@@ -41,6 +44,7 @@ def parse_measure(raw, c: Collector) -> MeasureSpec:
     if raw is None:
         return MeasureSpec()
     values = {name: MEASURE_FIELDS[name].read(raw, c, "measure") for name in ("batch", "latency_batch", "max_s")}
+    values["resources"] = ray_resources(raw.get("resources"), "measure.resources", c)
     metrics = raw.get("metrics") or []
     if not isinstance(metrics, list):
         c.expected("measure.metrics", MEASURE_FIELDS["metrics"].expected, metrics)
@@ -59,3 +63,20 @@ def measured_metrics(spec) -> tuple[str, ...]:
     spaces.metrics.MEASURED order; () when none (nothing is measured)."""
     named = {o.metric for o in spec.objectives} | {c.metric for c in spec.constraints} | set(spec.measure.metrics)
     return tuple(m for m in MEASURED_METRICS if m in named)
+
+
+def ray_resources(raw, where: str, c: Collector) -> FrozenMap:
+    """A mapping {Ray resource name: amount > 0} (CPU and GPU among them), each entry checked and named."""
+    if raw is None:
+        return FrozenMap()
+    if not isinstance(raw, dict):
+        c.expected(where, "a mapping {Ray resource: amount}", raw)
+        return FrozenMap()
+    out = {}
+    for name, amount in raw.items():
+        if not isinstance(name, str) or not name or isinstance(amount, bool) \
+                or not isinstance(amount, (int, float)) or amount <= 0:
+            c.expected(f"{where}.{name}", "a positive amount of a named Ray resource", amount)
+        else:
+            out[name] = float(amount)
+    return FrozenMap(out)

@@ -280,6 +280,10 @@ class MeasureSpec:
     metrics: tuple[str, ...] = ()       # measured metrics recorded besides those objectives and constraints name
     cache: str | None = None            # folder or URI of measurements; None: <campaign folder>/qs_measurements
     max_s: float = 10.0                 # seconds of timing one metric may take (caps the ±1 % rule)
+    resources: FrozenMap = FrozenMap()  # Ray resources of the node measurements run on ({}: the trials' kind)
+
+    def to_dict(self) -> dict:  # the fields added later only when set: earlier campaign files read back unchanged
+        return {k: v for k, v in vars_of(self).items() if v or k not in ("resources",)}
 
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
@@ -419,7 +423,7 @@ class CampaignSpec:
             "checkpoints": vars_of(self.checkpoints),
             "storage": self.storage,
             **({"tracking": plain(self.tracking)} if self.tracking else {}),
-            **({"measure": vars_of(self.measure)} if self.measure != MeasureSpec() else {}),
+            **({"measure": self.measure.to_dict()} if self.measure != MeasureSpec() else {}),
             **({"stages": self.stages.to_dict()} if self.stages else {}),
             **({"supernet": self.supernet.to_dict()} if self.supernet else {}),
         }

@@ -39,6 +39,7 @@ class MeasureSettings:
     latency_batch: int = 1
     cache: str = ""                    # folder or URI of the cache
     max_s: float = 10.0                # seconds of timing per metric at most
+    resources: tuple = ()              # (Ray resource, amount) of the node it runs on; (): a node of the trials' kind
 
 
 def measure_settings(campaign: OpenedCampaign) -> MeasureSettings:
@@ -47,7 +48,7 @@ def measure_settings(campaign: OpenedCampaign) -> MeasureSettings:
 
     m = campaign.spec.measure
     return MeasureSettings(measured_metrics(campaign.spec), m.batch, m.latency_batch,
-                           m.cache or f"{campaign.exp}/{CACHE_DIR}", m.max_s)
+                           m.cache or f"{campaign.exp}/{CACHE_DIR}", m.max_s, tuple(sorted(m.resources.items())))
 
 
 def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | None = None) -> tuple[dict, dict]:
@@ -74,7 +75,31 @@ def _measure_holding(cfg: dict, how: MeasureSettings, workers: int, threads: int
 
     metrics, record = measure_here(cfg, how, workers, threads)
     held = ray.get_runtime_context().get_assigned_resources()
-    return metrics, {**record, "held": {k: v for k, v in held.items() if k in ("CPU", "GPU")}, "idle": idle}
+    kept = ("CPU", "GPU", *(name for name, _ in how.resources))
+    return metrics, {**record, "held": {k: v for k, v in held.items() if k in kept}, "idle": idle,
+                     "node": ray.get_runtime_context().get_node_id()}
+
+
+def placed_options(resources: tuple, cpus_per_worker: float, idle: bool) -> dict:
+    """Ray options of a measurement task on a node with ``resources`` (a deployment target's: measure.resources;
+    CPU and GPU among them say what it holds). Busy (trials live): all of them. Idle (no trial live, the
+    scoring actors holding the CPUs): its custom resources only, pinned to a node that has every one of them
+    in all, every GPU of that node visible where it asks for a GPU (as task_options)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from qkvsearch.ray_private import all_gpus_visible
+
+    wanted = dict(resources)
+    cpus, gpus = wanted.pop("CPU", cpus_per_worker), wanted.pop("GPU", 0.0)
+    if not idle:
+        return {"num_cpus": cpus, "num_gpus": gpus, "resources": wanted}
+    needs = {**wanted, "CPU": cpus, "GPU": gpus}
+    nodes = [n for n in ray.nodes() if n.get("Alive")
+             and all(n["Resources"].get(k, 0.0) >= v for k, v in needs.items() if v)]
+    pinned = {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[0]["NodeID"], soft=False)} if nodes else {}
+    return {"num_cpus": 0, "num_gpus": 0, "resources": wanted,
+            "runtime_env": all_gpus_visible() if gpus else None, **pinned}
 
 
 def task_options(cpus_per_worker: float, gpus_per_worker: float, idle: bool) -> dict:
@@ -122,8 +147,9 @@ class Measurer:
 
         if key in self._pending:
             ray.cancel(self._pending[key][0])
-        options = task_options(self.cpus_per_worker, self.gpus_per_worker, idle)
-        threads = max(1, int(self.cpus_per_worker))
+        options = placed_options(self.how.resources, self.cpus_per_worker, idle) if self.how.resources \
+            else task_options(self.cpus_per_worker, self.gpus_per_worker, idle)
+        threads = max(1, int(dict(self.how.resources).get("CPU", self.cpus_per_worker)))
         ref = ray.remote(_measure_holding).options(max_retries=1, **options).remote(
             cfg, self.how, self.workers, threads, idle)
         self._pending[key] = (ref, idle)

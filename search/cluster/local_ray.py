@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 # controller report each state change to it.
 RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_STATE_TRACKING")
 TRIAL_SLOT = "trial_slot"   # the custom resource that caps how many trials run at once
+RESOURCES_ENV = "QKVSEARCH_RAY_RESOURCES"   # JSON {name: amount}: what a local Ray declares besides (ray start
+                                            # --resources for a cluster's nodes), e.g. a deployment target's
 STOP_WAIT_S = 10.0          # how long what Ray started may take to end after its shutdown
 
 _started: list = []         # the processes ray.init started in this process (psutil.Process)
@@ -66,7 +68,7 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dic
             "RAY_ADDRESS": f"127.0.0.1:{port}",
             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
         }
-        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources={TRIAL_SLOT: trial_slots},
+        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources={**declared(), TRIAL_SLOT: trial_slots},
                        _node_ip_address="127.0.0.1",
                        include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
                        logging_level=logging.WARNING,  # the campaign's own lines say what Ray's info lines did
@@ -75,6 +77,25 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dic
         del os.environ["RAY_GCS_SERVER_PORT"]
     _started[:] = [p for p in psutil.Process().children() if p.pid not in before]
     return ctx
+
+
+def declared() -> dict[str, float]:
+    """The custom resources RESOURCES_ENV declares ({} when unset); BadInput naming it when it is no mapping of
+    names to positive amounts."""
+    import json
+
+    from qkvsearch.spaces.errors import BadInput
+
+    text = os.environ.get(RESOURCES_ENV, "").strip()
+    try:
+        found = json.loads(text) if text else {}
+        ok = isinstance(found, dict) and all(isinstance(v, (int, float)) and v > 0 for v in found.values())
+    except ValueError:
+        ok = False
+    if not ok:
+        raise BadInput(f"{RESOURCES_ENV}: expected a JSON mapping of resource names to positive amounts, "
+                       f"e.g. {{\"cpu_node\": 1}}, given {text!r}")
+    return {k: float(v) for k, v in found.items()}
 
 
 def stop_local_ray(wait_s: float = STOP_WAIT_S) -> list[int]:
