@@ -34,6 +34,9 @@ MEASURE_FIELDS = table(
     Field("resources", "a mapping {Ray resource: amount}", {},
           "the Ray resources of the node measurements run on (a deployment target's: spaces.targets)",
           default_doc="{} (a node of the trials' kind)"),
+    Field("predict_after", POS_INT, MeasureSpec.predict_after,
+          "one-shot scoring: model shapes measured before a model fitted on them predicts the rest (the chosen "
+          "subnets are always measured)", default_doc="null (every shape measured)"),
 )
 MEASURE_KEYS = tuple(MEASURE_FIELDS)
 
@@ -43,7 +46,8 @@ def parse_measure(raw, c: Collector) -> MeasureSpec:
     raw = c.section("measure", raw, MEASURE_KEYS, f"a mapping ({', '.join(MEASURE_KEYS)})")
     if raw is None:
         return MeasureSpec()
-    values = {name: MEASURE_FIELDS[name].read(raw, c, "measure") for name in ("batch", "latency_batch", "max_s")}
+    values = {name: MEASURE_FIELDS[name].read(raw, c, "measure")
+              for name in ("batch", "latency_batch", "max_s", "predict_after")}
     values["resources"] = ray_resources(raw.get("resources"), "measure.resources", c)
     metrics = raw.get("metrics") or []
     if not isinstance(metrics, list):

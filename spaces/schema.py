@@ -281,9 +281,10 @@ class MeasureSpec:
     cache: str | None = None            # folder or URI of measurements; None: <campaign folder>/qs_measurements
     max_s: float = 10.0                 # seconds of timing one metric may take (caps the ±1 % rule)
     resources: FrozenMap = FrozenMap()  # Ray resources of the node measurements run on ({}: the trials' kind)
+    predict_after: int | None = None    # shapes measured before a fitted model predicts the rest (one-shot)
 
     def to_dict(self) -> dict:  # the fields added later only when set: earlier campaign files read back unchanged
-        return {k: v for k, v in vars_of(self).items() if v or k not in ("resources",)}
+        return {k: v for k, v in vars_of(self).items() if v or k not in ("resources", "predict_after")}
 
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",

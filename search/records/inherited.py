@@ -5,6 +5,8 @@ batch of evaluations, written once, atomically, and the searcher's state beside 
                                      "fidelity": "inherited", "supernet": its checkpoint, "space": the space's
                                      hash, "evaluated_at"}, ...]
     qs_inherited/selection.json    the subnets chosen to train on their own, and the control sample
+    qs_inherited/measured.json     {subnet_id: {"cost", "measured_on"} or {"error"}}: costs measured for real
+                                   where they were predicted (search.campaign.oneshot.predictor), read in place
     subnets/<subnet_id>.pt         each selected subnet as a stand-alone checkpoint: {"model": the state dict
                                    build_model(config) loads, BatchNorm recalibrated; "config"; "supernet"}
     supernet/                      the nested campaign whose one trial trains the supernet (its own records)
@@ -19,6 +21,7 @@ from qkvsearch.storage import exists, list_files, loads_json, open_location, rea
 
 INHERITED_DIR = "qs_inherited"
 SELECTION_FILE = "selection.json"
+MEASURED_FILE = "measured.json"
 SUBNETS_DIR = "subnets"
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign (search.campaign.oneshot.plan)
 FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
@@ -54,7 +57,25 @@ def read_evaluations(exp) -> list[dict]:
                 out.extend(loads_json(data))
             except ValueError:
                 continue  # a batch cut short by a kill is written again
-    return out
+    uri = f"{str(exp).rstrip('/')}/{INHERITED_DIR}/{MEASURED_FILE}"
+    measured = read_json(uri) if exists(uri) else {}
+    return [_measured(e, measured[e["subnet_id"]]) if e.get("subnet_id") in measured else e for e in out]
+
+
+def _measured(evaluation: dict, found: dict) -> dict:
+    """An evaluation whose predicted costs were measured for real since: the measured ones in their place."""
+    out = {k: v for k, v in evaluation.items() if k != "predicted"}
+    if "error" in found:
+        return {**out, "status": "failed", "error": found["error"]}
+    predicted = {m: evaluation["cost"][m] for m in evaluation.get("predicted") or () if m in evaluation["cost"]}
+    return {**out, "cost": {**evaluation["cost"], **found["cost"]}, "measured_on": found["measured_on"],
+            "confirmed": True, "predicted_cost": predicted}
+
+
+def write_measured(exp: str, found: dict) -> None:
+    """Add costs measured for real (subnet_id -> {"cost", "measured_on"} or {"error"}) to those written."""
+    uri = f"{exp.rstrip('/')}/{INHERITED_DIR}/{MEASURED_FILE}"
+    write_json(uri, {**(read_json(uri) if exists(uri) else {}), **found})
 
 
 def batches_written(exp) -> int:

@@ -8,6 +8,7 @@ space, its subnets scored with the weights they inherit, the chosen ones retrain
     evaluation  subnets proposed by the campaign's searcher under its proposal rules, scored by the actors
     retrain     which subnets train on their own (the chosen, a control sample of the space), and the
                 campaign they train in
+    predictor   a target's measured costs predicted from counted ones once enough shapes are measured
 
 Every phase resumes: the supernet's training is a campaign of its own (<exp>/supernet/), the scores are
 recorded as they come (search.records.inherited), the retraining is the campaign's own Tune experiment.

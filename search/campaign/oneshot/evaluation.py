@@ -24,6 +24,7 @@ import logging
 import ray
 
 from qkvsearch.search.campaign.assemble import campaign_measurer, record_proposal
+from qkvsearch.search.campaign.oneshot.predictor import PREDICTED, CostPredictor, agreement
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
@@ -54,8 +55,11 @@ class Scoring:
         self.measurer = campaign_measurer(campaign)
         self.batches = inherited.batches_written(campaign.exp)
         self.ids = _Ids(self.records)
+        self.predictor = CostPredictor(self.measurer.how.metrics, campaign.spec.measure.predict_after) \
+            if self.measurer is not None else None
         for r in self.records:
-            self.ledger.earlier(r["subnet_id"], _subnet_key(r["config"]), _subnet_key(r["config"]), _outcome(r))
+            self.ledger.earlier(r["subnet_id"], subnet_key(r["config"]), subnet_key(r["config"]), _outcome(r))
+            self._learn(r["config"], r["cost"], r)
 
     # -- the search ----------------------------------------------------------------------------------------
     def search(self) -> list[dict]:
@@ -113,11 +117,14 @@ class Scoring:
             if keys is None or keys == FINISHED:
                 return None
             trial = {**build_trial(self.base, keys), "keys": keys}
-            key = None if trial.get("invalid") else _subnet_key(trial["config"])
+            key = None if trial.get("invalid") else subnet_key(trial["config"])
             found, measure = None, self.measurer is not None and key is not None
             if measure:
                 mkey = self.measurer.key(trial["config"])
                 found, trial = self.measurer.result(mkey), {**trial, "measured_key": mkey}
+                if found is None and self.predictor.ready():
+                    found = (self.predictor.predict(trial["config"], trial["cost"]),
+                             {PREDICTED: list(self.predictor.metrics)})
             rec = self.ledger.propose(sid, trial, key, key, found=found, measure=measure)
             got = self._dispatch(searcher, rec)
             if got is not False or rec["kind"] == rules.MEASURING:
@@ -155,7 +162,10 @@ class Scoring:
         self.measurer.wait()
         out = []
         for rec in parked:
-            judged = self.ledger.measured(rec["id"], rec["id"], self.measurer.result(rec["measured"]))
+            found = self.measurer.result(rec["measured"])
+            if not isinstance(found, str):
+                self._learn(rec["trial"]["config"], rec["trial"]["cost"], {"cost": found[0]})
+            judged = self.ledger.measured(rec["id"], rec["id"], found)
             got = self._dispatch(searcher, judged)
             if got:
                 out.append(got)
@@ -167,6 +177,7 @@ class Scoring:
                    "metrics": r.get("metrics", {}), "status": "failed" if "error" in r else "completed",
                    **({"error": r["error"]} if "error" in r else {}),
                    **({"measured_on": t["measured_on"]} if t.get("measured_on") else {}),
+                   **({PREDICTED: t["measured_on"][PREDICTED]} if PREDICTED in (t.get("measured_on") or {}) else {}),
                    **({"selected_for": t["selected_for"]} if t.get("selected_for") else {}),
                    "supernet": self.supernet_id, "space": self.space}
                   for t, r in zip(batch, results)]
@@ -186,7 +197,43 @@ class Scoring:
                 searcher.on_trial_complete(dup["id"], result, error=result is None)
         return scored
 
+    def _learn(self, config: dict, cost: dict, record: dict) -> None:
+        """A measured shape for the predictor (a predicted cost teaches it nothing)."""
+        if self.predictor is not None and PREDICTED not in record:
+            self.predictor.add(self.measurer.key(config), config, cost, record["cost"])
+
     # -- after the search -------------------------------------------------------------------------------
+    def confirm(self, chosen_of) -> list[dict]:
+        """Measure for real every subnet ``chosen_of(records)`` (space keys) picks whose cost was predicted,
+        until the subnets it picks were all measured (each round measures at least one); -> every evaluation,
+        the measured costs in place of the predicted (search.records.inherited.write_measured)."""
+        while True:
+            picked = {inherited.keys_text(k) for k in chosen_of(self.records)}
+            todo = [r for r in self.records if inherited.keys_text(r["keys"]) in picked and r.get(PREDICTED)]
+            if not todo:
+                return self.records
+            found = {r["subnet_id"]: self._measured(r["config"]) for r in todo}
+            inherited.write_measured(self.campaign.exp, {sid: {"cost": f[0], "measured_on": f[1]} if not
+                                                         isinstance(f, str) else {"error": f}
+                                                         for sid, f in found.items()})
+            self.records = inherited.read_evaluations(self.campaign.exp)
+            for r in todo:
+                if not isinstance(found[r["subnet_id"]], str):
+                    self._learn(r["config"], r["cost"], {"cost": found[r["subnet_id"]][0]})
+
+    def predictor_report(self) -> dict:
+        """What the predictor did: shapes measured, evaluations predicted and confirmed (measured since), its error
+        on held-out measured shapes and on the confirmed subnets (their predictions against their measurements)."""
+        if self.predictor is None:
+            return {}
+        confirmed = [r for r in self.records if r.get("predicted_cost")]
+        return {"predict_after": self.predictor.after, "shapes_measured": len(self.predictor.samples),
+                "predicted": sum(1 for r in self.records if r.get(PREDICTED)), "confirmed": len(confirmed),
+                "held_out": self.predictor.held_out(),
+                "confirmed_error": {m: {"subnets": len(pairs), **agreement(*zip(*pairs))} for m in self.predictor.metrics
+                                    if (pairs := [(r["predicted_cost"][m], r["cost"][m]) for r in confirmed
+                                                  if m in r["predicted_cost"]])}}
+
     def feasible(self, keys: dict, config: dict, cost: dict) -> bool:
         """Whether a configuration drawn for the control sample meets the constraints, measured where a
         constraint is on a measured cost (the actors are idle)."""
@@ -253,7 +300,7 @@ class _Ids:
         return f"subnet_{self.next - 1:06d}"
 
 
-def _subnet_key(config: dict) -> str:
+def subnet_key(config: dict) -> str:
     """What the ledger knows a subnet by: its identity and policy (one scored per policy), as a digest."""
     return _key(inherited.subnet_identity(config))
 

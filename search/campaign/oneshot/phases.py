@@ -29,7 +29,13 @@ from qkvsearch.search.campaign.oneshot.plan import (
     supernet_plan,
     supernet_spec,
 )
-from qkvsearch.search.campaign.oneshot.retrain import init_weights, retrain_spec, selected_records, selection
+from qkvsearch.search.campaign.oneshot.retrain import (
+    init_weights,
+    retrain_spec,
+    select,
+    selected_records,
+    selection,
+)
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.run import CampaignRun
@@ -60,6 +66,8 @@ def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=
         with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
             scoring = Scoring(campaign, scorers, supernet_id, space_hash(spec))
             records = scoring.search()
+            if spec.measure.predict_after:   # the subnets chosen on predicted costs, measured for real
+                records = scoring.confirm(lambda rs: select(spec, rs)["chosen"])
             chosen = selection(campaign, records, scoring.feasible)
             records = scoring.score_selected(chosen)
             chosen_records, control_records = selected_records(records, chosen)
