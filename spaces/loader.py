@@ -36,6 +36,7 @@ from qkvsearch.spaces.sections import (
 )
 from qkvsearch.spaces.stages import parse_stages
 from qkvsearch.spaces.supernet import check_served, check_shareable, parse_supernet
+from qkvsearch.spaces.targets import check_targets, parse_targets
 from qkvsearch.spaces.tracking import parse_tracking
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,11 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     measure = parse_measure(raw.get("measure"), c)
     stages = parse_stages(raw.get("stages"), c)
     supernet = parse_supernet(raw.get("supernet"), c)
+    targets = parse_targets(raw.get("targets"), c)
+    if targets and not supernet:
+        c.add("targets", "only with a supernet section (one supernet serves the targets; a campaign of trials "
+                         "measures on the trials' device)")
+    check_targets(targets, space, c)
     if supernet:
         check_shareable(space, c)
         check_served(objectives, raw.get("scheduler"), c)
@@ -128,7 +134,7 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
         return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
                             scheduler, resources, storage, description if isinstance(description, str) else "",
                             checkpoints=checkpoints, tracking=tracking, measure=measure, stages=stages,
-                            supernet=supernet)
+                            supernet=supernet, targets=targets)
     if c.errors:
         return None
     cross_check(train, space, resources, c)
@@ -136,4 +142,5 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
         return None
     return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
                         scheduler, resources, storage, description, source, checkpoints, tracking, stages, measure=measure,
-                        supernet=supernet)
+                        supernet=supernet, targets=targets)
+

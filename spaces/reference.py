@@ -16,6 +16,7 @@ from qkvsearch.spaces.search_options import SEARCH_FIELDS
 from qkvsearch.spaces.sections import CHECKPOINTS_FIELDS, RESOURCES_FIELDS, SCHEDULER_FIELDS
 from qkvsearch.spaces.stages import FINETUNE_STAGE_FIELDS, OOD_SET_FIELDS, OOD_STAGE_FIELDS, STAGES_FIELDS
 from qkvsearch.spaces.supernet import SUPERNET_FIELDS
+from qkvsearch.spaces.targets import TARGET_FIELDS
 from qkvsearch.spaces.tracking import TRACKERS
 
 KEY_SECTIONS = ("model", "data", "train")   # the sections whose fields are trial keys
@@ -27,6 +28,7 @@ SECTION_TABLES: dict[str, dict[str, Field]] = {
     "checkpoints": CHECKPOINTS_FIELDS,
     "measure": MEASURE_FIELDS,
     "supernet": SUPERNET_FIELDS,
+    "targets[]": TARGET_FIELDS,
     "stages": STAGES_FIELDS,
     "stages.finetune[]": FINETUNE_STAGE_FIELDS,
     "stages.ood": OOD_STAGE_FIELDS,

@@ -289,7 +289,7 @@ class MeasureSpec:
 
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
             "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages", "measure",
-            "supernet")
+            "supernet", "targets")
 
 
 @dataclass(frozen=True)
@@ -406,6 +406,7 @@ class CampaignSpec:
     stages: StagesSpec = field(default_factory=StagesSpec)  # empty: none (spaces.stages parses it)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
     supernet: SupernetSpec = field(default_factory=SupernetSpec)
+    targets: tuple = ()                 # spaces.targets.TargetSpec: the deployment targets a supernet serves
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
@@ -427,6 +428,7 @@ class CampaignSpec:
             **({"measure": self.measure.to_dict()} if self.measure != MeasureSpec() else {}),
             **({"stages": self.stages.to_dict()} if self.stages else {}),
             **({"supernet": self.supernet.to_dict()} if self.supernet else {}),
+            **({"targets": [t.to_dict() for t in self.targets]} if self.targets else {}),
         }
 
     def violations(self, cost: Mapping[str, float]) -> list[str]:

@@ -62,6 +62,15 @@ def ray_local():
     stop_local_ray()
 
 
+@pytest.fixture(scope="session")
+def trained_oneshot(tmp_path_factory):
+    """The folder of a small one-shot campaign trained once per test session, its supernet, scores, selection and
+    retrained subnet (helpers.trained_supernet: its space and settings, and campaigns that take its supernet)."""
+    from helpers.trained_supernet import train_oneshot
+
+    yield train_oneshot(tmp_path_factory.mktemp("trained_oneshot"))
+
+
 # ---------------------------------------------------------------------------------- nothing left running
 RAY_PROCESS_MARKS = ("ray::", "raylet", "gcs_server", "default_worker.py", "ray/dashboard/", "runtime_env/agent")
 ORPHAN_GRACE_S = 30  # a shut-down Ray's workers notice their raylet is gone within seconds

@@ -85,6 +85,12 @@ def front_info(trials: pa.Table, objectives, front_statuses=("completed",), refe
     """The collected trials table (search.analysis.results.collect) -> FrontInfo on ``objectives``.
     reference: the campaign's fixed hypervolume reference (search.analysis.hv_reference); None: these
     trials' own (search.analysis.pareto.reference_point), for other objectives or a campaign without one."""
+    from qkvsearch.spaces.metrics import METRICS
+
+    for obj in objectives:   # a known metric no trial has reported yet (a one-shot target that retrains none)
+        col = metric_column(trials.column_names, (obj or {}).get("metric"))
+        if col not in trials.column_names and (obj or {}).get("metric") in METRICS and not trials.num_rows:
+            trials = trials.append_column(col, pa.nulls(0, pa.float64()))
     metrics, cols, dirs = objective_columns(trials, objectives)
     # Integer columns stay integers where a trial has no value (code_size of a linear trial): 4, not 4.0.
     df = trials.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)

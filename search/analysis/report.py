@@ -49,6 +49,7 @@ from qkvsearch.search.analysis.results import (
 )
 from qkvsearch.search.analysis.stages import stage_report
 from qkvsearch.search.analysis.static_export import export_static
+from qkvsearch.search.analysis.targets_report import target_folders, targets_report
 from qkvsearch.search.records.layout import FINAL_STATUSES, Campaign, open_campaign
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.storage import write_bytes
@@ -318,6 +319,9 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
         oneshot, oneshot_figures = fidelity_report(experiment_dir, out, campaign, trials, paths["md"], reference)
         paths.update(oneshot)
         figures.update(oneshot_figures)  # exported beside the page's own
+        for folder in target_folders(experiment_dir, campaign):   # each deployment target's own report
+            build_report(folder, static=static)
+        paths.update(targets_report(experiment_dir, out, campaign, paths["md"]))
         paths.update(write_results(experiment_dir, out_dir=out, files=parquet.result()))
     if static:
         paths.update(export_static(figures, out))  # a child process, bounded in time

@@ -64,14 +64,17 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
 def check_oneshot(spec) -> None:
     """A one-shot campaign's space makes a supernet plan (its extremes, its tensors sized for every
     configuration), and a supernet it takes from another campaign (``supernet.from``) was trained on its data
-    and holds its space: BadInput naming the field otherwise, before Ray starts."""
+    and holds its space, and the space's smallest subnet meets every counted constraint (the targets'
+    included): BadInput naming the field otherwise, before Ray starts."""
     from qkvsearch.search.campaign.oneshot.phases import trained_plan
     from qkvsearch.search.campaign.oneshot.plan import SUPERNET_DIR, supernet_plan
+    from qkvsearch.search.campaign.oneshot.targets import check_reachable
 
     if spec.supernet.source is None:
-        supernet_plan(spec)
+        plan = supernet_plan(spec)
     else:
-        trained_plan(f"{spec.supernet.source}/{SUPERNET_DIR}", spec)
+        plan = trained_plan(f"{spec.supernet.source}/{SUPERNET_DIR}", spec)
+    check_reachable(spec, plan)
 
 
 def check_warm_start(spec) -> None:

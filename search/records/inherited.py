@@ -10,6 +10,8 @@ batch of evaluations, written once, atomically, and the searcher's state beside 
     subnets/<subnet_id>.pt         each selected subnet as a stand-alone checkpoint: {"model": the state dict
                                    build_model(config) loads, BatchNorm recalibrated; "config"; "supernet"}
     supernet/                      the nested campaign whose one trial trains the supernet (its own records)
+    targets/<name>/                a deployment target's own campaign folder (search.campaign.oneshot.targets):
+                                   its campaign file, qs_inherited/ and subnets/ as above, and predictor.json
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from qkvsearch.storage import exists, list_files, loads_json, open_location, rea
 INHERITED_DIR = "qs_inherited"
 SELECTION_FILE = "selection.json"
 MEASURED_FILE = "measured.json"
+PREDICTOR_FILE = "predictor.json"   # <target>/predictor.json: the measured-cost predictor's use and held-out error
 SUBNETS_DIR = "subnets"
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign (search.campaign.oneshot.plan)
+TARGETS_DIR = "targets"     # <exp>/targets/<name>/: a deployment target's folder (search.campaign.oneshot.targets)
 FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
 
 
@@ -106,3 +110,8 @@ def retrained_variants(selection: dict) -> list[dict]:
 def subnet_file(exp: str, subnet_id: str) -> str:
     """Where a selected subnet's stand-alone checkpoint is written."""
     return f"{exp.rstrip('/')}/{SUBNETS_DIR}/{subnet_id}.pt"
+
+
+def target_dir(exp: str, target: str | None) -> str:
+    """The folder of a deployment target's evaluations, selection and subnets (the campaign's own without one)."""
+    return exp.rstrip("/") if target is None else f"{exp.rstrip('/')}/{TARGETS_DIR}/{target}"

@@ -1,5 +1,6 @@
 """What several test files share: ``campaign_files`` (campaign folders written without training),
-``live_campaign`` (a ``qkvsearch`` command in its own process with its own Ray), ``browser`` (headless
+``live_campaign`` (a ``qkvsearch`` command in its own process with its own Ray), ``trained_supernet`` (a
+one-shot campaign trained once per session, and campaigns that take its supernet), ``browser`` (headless
 Chromium). Test files import helpers from here only, never from each other."""
 from pathlib import Path
 

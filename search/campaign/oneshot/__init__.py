@@ -8,6 +8,8 @@ space, its subnets scored with the weights they inherit, the chosen ones retrain
     evaluation  subnets proposed by the campaign's searcher under its proposal rules, scored by the actors
     retrain     which subnets train on their own (the chosen, a control sample of the space), and the
                 campaign they train in
+    targets     deployment targets (a campaign file's ``targets``): each scored, chosen, exported and retrained
+                in its own folder, its costs measured where it runs
     predictor   a target's measured costs predicted from counted ones once enough shapes are measured
 
 Every phase resumes: the supernet's training is a campaign of its own (<exp>/supernet/), the scores are

@@ -46,9 +46,12 @@ CONTROL = "control"  # an evaluation's ``selected_for``: scored after the search
 class Scoring:
     """One campaign's scoring: its searcher, its ledger and its measurements, over the recorded evaluations."""
 
-    def __init__(self, campaign: OpenedCampaign, scorers: ScorerPool, supernet_id: str, space: str):
+    def __init__(self, campaign: OpenedCampaign, scorers: ScorerPool, supernet_id: str, space: str,
+                 known: dict | None = None):
+        """known: subnet key -> (its inherited metrics, the folder that scored it): scores of the same supernet's
+        subnets recorded for another deployment target, recorded here without scoring them again."""
         self.campaign, self.scorers = campaign, scorers
-        self.supernet_id, self.space = supernet_id, space
+        self.supernet_id, self.space, self.known = supernet_id, space, known or {}
         self.base = base_config(campaign.spec)
         self.records = inherited.read_evaluations(campaign.exp)
         self.ledger = Ledger(campaign.spec.constraints, share_training=False)
@@ -151,7 +154,11 @@ class Scoring:
             self._record([{"subnet_id": sid, **trial}], [{"error": trial[rules.MEASURE_ERROR]}], searcher)
         elif kind == rules.NEW:
             searcher.constrain(sid, trial["cost"])
-            return {"subnet_id": sid, **{k: v for k, v in trial.items() if k != "measured_key"}}
+            todo = {"subnet_id": sid, **{k: v for k, v in trial.items() if k != "measured_key"}}
+            known = self.known.get(subnet_key(trial["config"]))
+            if known is None:
+                return todo
+            self._record([{**todo, "scored_in": known[1]}], [{"metrics": known[0]}], searcher)
         return False
 
     def _measure_parked(self, searcher) -> list[dict]:
@@ -178,6 +185,7 @@ class Scoring:
                    **({"error": r["error"]} if "error" in r else {}),
                    **({"measured_on": t["measured_on"]} if t.get("measured_on") else {}),
                    **({PREDICTED: t["measured_on"][PREDICTED]} if PREDICTED in (t.get("measured_on") or {}) else {}),
+                   **({"scored_in": t["scored_in"]} if t.get("scored_in") else {}),
                    **({"selected_for": t["selected_for"]} if t.get("selected_for") else {}),
                    "supernet": self.supernet_id, "space": self.space}
                   for t, r in zip(batch, results)]

@@ -37,6 +37,7 @@ from qkvsearch.search.campaign.oneshot.retrain import (
     selection,
 )
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
+from qkvsearch.search.campaign.oneshot.targets import check_placeable, retrain_targets, score_targets
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.run import CampaignRun
 from qkvsearch.search.records.inherited import FIDELITY_STANDALONE, FIDELITY_SUPERNET
@@ -53,6 +54,8 @@ def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=
     """Every phase of the one-shot campaign (module docstring)."""
     spec, exp = campaign.spec, campaign.exp
     source = spec.supernet.source
+    if spec.targets:
+        check_placeable(spec.targets)   # before the supernet trains
     with _watched(exp, view):
         if source is None:
             supernet_dir = f"{exp}/{SUPERNET_DIR}"
@@ -64,14 +67,20 @@ def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=
         log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
         size = pool_size(spec.resources, cluster, concurrency)
         with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
-            scoring = Scoring(campaign, scorers, supernet_id, space_hash(spec))
-            records = scoring.search()
-            if spec.measure.predict_after:   # the subnets chosen on predicted costs, measured for real
-                records = scoring.confirm(lambda rs: select(spec, rs)["chosen"])
-            chosen = selection(campaign, records, scoring.feasible)
-            records = scoring.score_selected(chosen)
-            chosen_records, control_records = selected_records(records, chosen)
-            files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
+            if spec.targets:    # each target scored, chosen and exported in its own folder
+                opened = score_targets(campaign, scorers, supernet_id, version)
+            else:
+                scoring = Scoring(campaign, scorers, supernet_id, space_hash(spec))
+                records = scoring.search()
+                if spec.measure.predict_after:   # the subnets chosen on predicted costs, measured for real
+                    records = scoring.confirm(lambda rs: select(spec, rs)["chosen"])
+                chosen = selection(campaign, records, scoring.feasible)
+                records = scoring.score_selected(chosen)
+                chosen_records, control_records = selected_records(records, chosen)
+                files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
+    if spec.targets:
+        retrain_targets(opened, supernet_id, cluster, version, concurrency=concurrency, verbose=verbose)
+        return
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
              "subnet(s), these under two seeds")
     retrain = replace(campaign, spec=retrain_spec(spec, chosen))

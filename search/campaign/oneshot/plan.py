@@ -63,7 +63,7 @@ def supernet_spec(campaign: OpenedCampaign, plan: dict):
     supernet is what is searched)."""
     spec = campaign.spec
     d = spec.to_dict()
-    for section in ("supernet", "stages", "constraints", "measure"):
+    for section in ("supernet", "stages", "constraints", "measure", "targets"):
         d.pop(section, None)
     teacher = {k: v for k, v in plan["teacher_keys"].items() if not is_policy_key(k)}   # trained in full precision
     d.update(name=SUPERNET_DIR, storage=campaign.exp, space={"variants": [teacher]} if teacher else {},
