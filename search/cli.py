@@ -14,6 +14,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 # chain a launch with its report tell it apart.
 EXIT_ALL_FAILED = 3
 MESSAGE_LIMIT = 4000   # characters of a bad-input message; the rest is cut
+GP_ESTIMATE_TRIALS = 12  # validate: a GP suggestion costs about a second here
 
 _EPILOG = textwrap.dedent("""\
     examples:
@@ -46,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_spec_commands(sub)
     _add_campaign_commands(sub)
     _add_simulate(sub)
+    from qkvsearch.search.campaign.oneshot.export import add_export_parser  # torch loads only as it runs
+    add_export_parser(sub)
     return p
 
 
@@ -328,9 +331,6 @@ def _infeasible_shares(spec) -> str:
     return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
 
 
-GP_ESTIMATE_TRIALS = 12  # a GP suggestion costs about a second here
-
-
 def _distinct(spec) -> str:
     from qkvsearch.search.campaign.costs import distinct_configurations
     from qkvsearch.spaces import dimensions
@@ -358,8 +358,14 @@ def cmd_cost(args) -> int:
 
 
 def cmd_status(args) -> int:
-    print(_status_table(args.dir))
+    from qkvsearch.search.monitor.status import status_table
+    print(status_table(args.dir))
     return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    from qkvsearch.search.campaign.oneshot.export import cmd_export as export
+    return export(args)
 
 
 def cmd_report(args) -> int:
@@ -435,15 +441,9 @@ def cmd_simulate(args) -> int:
     return EXIT_OK
 
 
-def _status_table(exp: str) -> str:
-    from qkvsearch.search.monitor.status import status_table
-
-    return status_table(exp)
-
-
 _COMMANDS = {"launch": cmd_launch, "resume": cmd_resume, "validate": cmd_validate, "cost": cmd_cost,
              "status": cmd_status, "watch": cmd_watch, "report": cmd_report, "simulate": cmd_simulate,
-             "grafana-dashboard": cmd_grafana_dashboard}
+             "grafana-dashboard": cmd_grafana_dashboard, "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())

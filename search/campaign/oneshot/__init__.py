@@ -11,6 +11,7 @@ space, its subnets scored with the weights they inherit, the chosen ones retrain
     targets     deployment targets (a campaign file's ``targets``): each scored, chosen, exported and retrained
                 in its own folder, its costs measured where it runs
     predictor   a target's measured costs predicted from counted ones once enough shapes are measured
+    export      ``qkvsearch export``: any subnet of a trained supernet as a stand-alone checkpoint
 
 Every phase resumes: the supernet's training is a campaign of its own (<exp>/supernet/), the scores are
 recorded as they come (search.records.inherited), the retraining is the campaign's own Tune experiment.
