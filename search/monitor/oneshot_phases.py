@@ -3,7 +3,8 @@
 
     supernet    the nested campaign <exp>/supernet/: its one trial's epochs of those it plans; with
                 ``supernet.from`` trained in that campaign already
-    scoring     the evaluations recorded in qs_inherited/ of search.num_trials
+    scoring     the evaluations recorded in qs_inherited/ of search.num_trials (with deployment targets: summed
+                over the targets' folders, of search.num_trials per target; selection and retraining alike)
     selection   qs_inherited/selection.json: the chosen and control subnets
     retraining  the campaign's own trials (qs_trials/) ended, of those the selection plans
 
@@ -115,11 +116,24 @@ def read_phases(exp, campaign=None, records: list[dict] | None = None) -> OneSho
     if not is_one_shot(campaign):
         return None
     root = str(exp).rstrip("/")
-    records = records if records is not None else read_trials(root).records
-    selection = inherited.read_selection(root)
-    scored = len(inherited.read_evaluations(root))
-    retraining = bool(records) or exists(f"{root}/{TUNER_FILE}")
-    to_retrain = _planned(selection)
+    targets = getattr(campaign.spec, "targets", ()) or ()
+    if targets:   # each target scores, selects and retrains in its own folder: the campaign's sums
+        folders = [inherited.target_dir(root, t.name) for t in targets]
+        retrains = [f for t, f in zip(targets, folders) if t.retrain]
+        records = [r for f in retrains if exists(f"{f}/{CAMPAIGN_FILE}") for r in read_trials(f).records]
+        selections = [inherited.read_selection(f) for f in folders]
+        selection = None if None in selections else {
+            role: [k for sel in selections for k in sel.get(role) or []] for role in ("chosen", "control")}
+        planned = [_planned(inherited.read_selection(f)) for f in retrains]
+        to_retrain = None if selection is None or None in planned else sum(planned)
+        retraining = bool(records) or any(exists(f"{f}/{TUNER_FILE}") for f in retrains)
+        scored = sum(len(inherited.read_evaluations(f)) for f in folders)
+    else:
+        records = records if records is not None else read_trials(root).records
+        selection = inherited.read_selection(root)
+        scored = len(inherited.read_evaluations(root))
+        retraining = bool(records) or exists(f"{root}/{TUNER_FILE}")
+        to_retrain = _planned(selection)
     retrained = sum(1 for r in records if r.get("status") in FINAL_STATUSES)
     # done: the driver recorded its end, or (its driver stopped before it could) every planned training ended
     if campaign.ended or (to_retrain is not None and len(records) >= to_retrain and retrained >= to_retrain):
@@ -138,7 +152,8 @@ def read_phases(exp, campaign=None, records: list[dict] | None = None) -> OneSho
         phase = "scoring" if source is not None or supernet[2] == "completed" else "supernet"
     return OneShotPhases(
         phase=phase, supernet_epochs=supernet[0], supernet_planned=supernet[1], supernet_status=supernet[2],
-        supernet_source=source, scored=scored, to_score=campaign.trials_planned,
+        supernet_source=source, scored=scored,
+        to_score=None if campaign.trials_planned is None else campaign.trials_planned * max(1, len(targets)),
         chosen=_length(selection, "chosen"), control=_length(selection, "control"),
         retrained=retrained, to_retrain=to_retrain)
 

@@ -21,6 +21,7 @@ from qkvsearch.search.analysis.report import build_report
 from qkvsearch.search.campaign.measured import CACHE_DIR
 from qkvsearch.search.campaign.oneshot.targets import check_placeable
 from qkvsearch.search.cluster.capacity import ResourceError
+from qkvsearch.search.monitor.oneshot_phases import read_phases
 from qkvsearch.search.records import inherited
 from qkvsearch.search.records.lease import STALE_ENV, read_lease
 from qkvsearch.spaces.keys import quant_policy
@@ -108,6 +109,9 @@ def test_two_targets_measure_where_they_run_choose_apart_and_resume_without_repe
     predictor = json.loads((edge / inherited.PREDICTOR_FILE).read_text())
     assert predictor["shapes_measured"] >= 3 and predictor["held_out"]["latency_ms"]["mape"] >= 0
 
+    phases = read_phases(str(exp))   # what status, watch and the live line say: the targets' sums
+    assert phases.phase == "done" and phases.texts()["scoring"] == \
+        f"scoring done: {sum(map(len, by_target.values()))} subnets scored"
     build_report(str(exp), static=False)
     table = pq.read_table(exp / "report" / "targets.parquet").to_pandas()
     assert list(table["target"]) == ["edge", "server"] and list(table["chosen"]) == [
