@@ -71,9 +71,13 @@ def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | N
 
 def _measure_holding(cfg: dict, how: MeasureSettings, workers: int, threads: int, idle: bool) -> tuple[dict, dict]:
     """measure_here inside a Ray task; the record names what the task held and whether trials were live."""
+    import time
+
     import ray
 
+    began = time.time()
     metrics, record = measure_here(cfg, how, workers, threads)
+    record["span"] = [began, time.time()]   # when it ran: two idle measurements never overlap (Measurer.start)
     held = ray.get_runtime_context().get_assigned_resources()
     kept = ("CPU", "GPU", *(name for name, _ in how.resources))
     return metrics, {**record, "held": {k: v for k, v in held.items() if k in kept}, "idle": idle,
@@ -134,14 +138,23 @@ class Measurer:
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
         self.done: dict[str, tuple[dict, dict] | str] = {}
         self._pending: dict = {}  # key -> (ObjectRef, idle)
+        self._queued: dict = {}   # key -> cfg: idle measurements waiting for the one under way
 
     def result(self, key: str):
         return self.done.get(key)
 
     def start(self, key: str, cfg: dict, idle: bool) -> None:
         """Measure cfg's model unless known or under way; idle: no trial is live (a busy task still waiting
-        for its device is given up for an idle one)."""
+        for its device is given up for an idle one). An idle task holds no CPU, so nothing but this keeps two
+        from timing on the same cores at once: idle measurements run one at a time, the others queued."""
         if key in self.done or (key in self._pending and (self._pending[key][1] or not idle)):
+            return
+        if key in self._queued:
+            if idle:
+                return
+            del self._queued[key]   # trials are live now: it waits for its whole device, as a busy task
+        elif idle and any(i for _, i in self._pending.values()):
+            self._queued[key] = cfg
             return
         import ray
 
@@ -155,7 +168,7 @@ class Measurer:
         self._pending[key] = (ref, idle)
 
     def poll(self) -> None:
-        """Collect the measurements that have finished (never waits)."""
+        """Collect the measurements that have finished, and start the next idle one queued (never waits)."""
         if not self._pending:
             return
         import ray
@@ -170,18 +183,24 @@ class Measurer:
                 self.done[key] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001  (the task's error: this configuration's failure)
                 self.done[key] = ERROR_PREFIX + str(exc).strip()[-ERROR_CHARS:]
+        if self._queued and not any(i for _, i in self._pending.values()):
+            key = next(iter(self._queued))
+            self.start(key, self._queued.pop(key), idle=True)
 
     def wait(self) -> None:
-        """Wait for every measurement under way, then collect them."""
-        if self._pending:
-            import ray
+        """Wait for every measurement under way or queued, then collect them."""
+        import ray
 
+        while self._pending:
             refs = [ref for ref, _ in self._pending.values()]
-            ray.wait(refs, num_returns=len(refs))
-        self.poll()
+            ray.wait(refs, num_returns=1)
+            self.poll()
 
     def __getstate__(self):
-        return {**self.__dict__, "_pending": {}}
+        return {**self.__dict__, "_pending": {}, "_queued": {}}
+
+    def __setstate__(self, state):   # a measurer pickled before the queue existed has none
+        self.__dict__.update({"_queued": {}, **state})
 
     @staticmethod
     def key(config: dict) -> str:

@@ -46,3 +46,22 @@ def test_a_local_ray_declares_the_resources_it_is_told(monkeypatch):
         monkeypatch.setenv(RESOURCES_ENV, bad)
         with pytest.raises(BadInput, match=RESOURCES_ENV):
             declared()
+
+
+def test_idle_measurements_run_one_at_a_time(ray_local, tmp_path):
+    """An idle measurement holds no CPU (the scoring actors hold them): the measurer itself keeps two from timing
+    on the same cores at once."""
+    from helpers import tiny_model
+
+    from qkvsearch.search.campaign.measured import Measurer, MeasureSettings
+    from qkvsearch.spaces.keys import fill
+
+    measurer = Measurer(MeasureSettings(("latency_ms",), batch=2, cache=str(tmp_path), max_s=0.01), 1, 1.0, 0.0)
+    model = {("model" if k == "name" else k): v for k, v in tiny_model().items()}   # the section as trial keys
+    configs = {e: fill({**model, "epochs": 1, "depth": 1, "embedding": e}) for e in ("linear", "sne", "psne")}
+    for key, cfg in configs.items():
+        measurer.start(key, cfg, idle=True)
+    assert len(measurer._pending) == 1 and len(measurer._queued) == 2
+    measurer.wait()
+    spans = sorted(measurer.result(key)[1]["span"] for key in configs)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))   # none began before the one before it ended
