@@ -184,13 +184,25 @@ def oneshot_compute(exp: str, spec: dict, seed: int, supernet_from: str | None =
 def run_standalone(args, storage: str, seed: int, budget_ws: float, full_training_ws: float) -> dict:
     """The stand-alone campaign, stopped (as Ctrl-C stops it) once its ended trials have spent ``budget_ws``;
     -> its trials in the order they started (status, worker-seconds, MACs, final top-1, GMACs)."""
-    from qkvsearch.search.campaign.interrupts import CampaignInterrupted
     from qkvsearch.search.monitor.status import load_records
 
     # MO-ASHA stops most trials after a rung or two: room for trials at a third of a full training's cost
     spec = standalone_spec(args, storage, seed, int(min(126, max(8, math.ceil(budget_ws / (full_training_ws / 3))))))
-    exp = f"{storage}/{spec['name']}"
-    if not args.analyse:
+    exp = launch_until_spent(spec, budget_ws, args.analyse)
+    records = [r for r in load_records(exp) if r.get("status") != "duplicate"]  # ordered by start
+    val = int(next((r["epochs"][-1].get("val_images") for r in records if r["epochs"]), 1800) or 1800)
+    return {"trials": [{"ws": worker_seconds(r, 1), "macs": trial_macs(r, val),
+                        "point": (r["epochs"][-1]["top1"], r["cost"]["gmacs"]) if r.get("status") == "completed"
+                        else None} for r in records]}
+
+
+def launch_until_spent(spec: dict, budget_ws: float, analyse: bool) -> str:
+    """Launch ``spec`` (unless ``analyse``) and stop it, as Ctrl-C stops it, once its ended trials have spent
+    ``budget_ws``; -> its folder."""
+    from qkvsearch.search.campaign.interrupts import CampaignInterrupted
+
+    exp = f"{spec['storage']}/{spec['name']}"
+    if not analyse:
         done = threading.Event()
         watcher = threading.Thread(target=_stop_when_spent, args=(exp, budget_ws, done), daemon=True)
         watcher.start()
@@ -200,11 +212,7 @@ def run_standalone(args, storage: str, seed: int, budget_ws: float, full_trainin
             pass
         finally:
             done.set()
-    records = [r for r in load_records(exp) if r.get("status") != "duplicate"]  # ordered by start
-    val = int(next((r["epochs"][-1].get("val_images") for r in records if r["epochs"]), 1800) or 1800)
-    return {"trials": [{"ws": worker_seconds(r, 1), "macs": trial_macs(r, val),
-                        "point": (r["epochs"][-1]["top1"], r["cost"]["gmacs"]) if r.get("status") == "completed"
-                        else None} for r in records]}
+    return exp
 
 
 def standalone_at(alone: dict, budget_ws: float) -> dict:
