@@ -25,6 +25,7 @@ import ray
 
 from qkvsearch.search.campaign.assemble import campaign_measurer, record_proposal
 from qkvsearch.search.campaign.oneshot.predictor import PREDICTED, CostPredictor, agreement
+from qkvsearch.search.campaign.oneshot.retrain import select, selection
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
@@ -211,6 +212,17 @@ class Scoring:
             self.predictor.add(self.measurer.key(config), config, cost, record["cost"])
 
     # -- after the search -------------------------------------------------------------------------------
+    def choose(self) -> tuple[dict, list[dict]]:
+        """The whole scoring phase: the search, the chosen subnets' predicted costs measured for real (with
+        ``measure.predict_after``), the selection (search.campaign.oneshot.retrain) and its control subnets
+        scored; -> (the selection, every evaluation)."""
+        spec = self.campaign.spec
+        records = self.search()
+        if spec.measure.predict_after:   # the subnets chosen on predicted costs, measured for real
+            records = self.confirm(lambda rs: select(spec, rs)["chosen"])
+        chosen = selection(self.campaign, records, self.feasible)
+        return chosen, self.score_selected(chosen)
+
     def confirm(self, chosen_of) -> list[dict]:
         """Measure for real every subnet ``chosen_of(records)`` (space keys) picks whose cost was predicted,
         until the subnets it picks were all measured (each round measures at least one); -> every evaluation,

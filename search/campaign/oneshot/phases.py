@@ -32,9 +32,7 @@ from qkvsearch.search.campaign.oneshot.plan import (
 from qkvsearch.search.campaign.oneshot.retrain import (
     init_weights,
     retrain_spec,
-    select,
     selected_records,
-    selection,
 )
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
 from qkvsearch.search.campaign.oneshot.targets import check_placeable, retrain_targets, score_targets
@@ -70,12 +68,7 @@ def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=
             if spec.targets:    # each target scored, chosen and exported in its own folder
                 opened = score_targets(campaign, scorers, supernet_id, version)
             else:
-                scoring = Scoring(campaign, scorers, supernet_id, space_hash(spec))
-                records = scoring.search()
-                if spec.measure.predict_after:   # the subnets chosen on predicted costs, measured for real
-                    records = scoring.confirm(lambda rs: select(spec, rs)["chosen"])
-                chosen = selection(campaign, records, scoring.feasible)
-                records = scoring.score_selected(chosen)
+                chosen, records = Scoring(campaign, scorers, supernet_id, space_hash(spec)).choose()
                 chosen_records, control_records = selected_records(records, chosen)
                 files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
     if spec.targets:

@@ -26,9 +26,7 @@ from qkvsearch.search.campaign.oneshot.plan import space_hash
 from qkvsearch.search.campaign.oneshot.retrain import (
     init_weights,
     retrain_spec,
-    select,
     selected_records,
-    selection,
 )
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.run import CampaignRun
@@ -112,11 +110,7 @@ def score_targets(campaign: OpenedCampaign, scorers, supernet_id: str, version: 
     for target, tc in opened:
         log.info(f"target {target.name}: scoring subnets under its constraints ({tc.exp})")
         scoring = Scoring(tc, scorers, supernet_id, space_hash(tc.spec), known)
-        records = scoring.search()
-        if tc.spec.measure.predict_after:
-            records = scoring.confirm(lambda rs, s=tc.spec: select(s, rs)["chosen"])
-        chosen = selection(tc, records, scoring.feasible)
-        records = scoring.score_selected(chosen)
+        chosen, records = scoring.choose()
         if scoring.predictor is not None:
             write_json(f"{tc.exp}/{PREDICTOR_FILE}", {"target": target.name, **scoring.predictor_report()})
         _learn(known, records, tc.exp)
