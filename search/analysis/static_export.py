@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from qkvsearch.spaces.errors import reason
@@ -25,6 +27,7 @@ from qkvsearch.storage import write_bytes
 logger = logging.getLogger("qkvsearch.search.analysis.report")  # the report's warnings, under one name
 
 EXPORT_TIMEOUT_S = 120   # every figure of a report renders in seconds; a browser that hangs never does
+STOP_WAIT_S = 30         # SIGKILL takes effect at once on an idle machine, within a second on a loaded one
 FORMATS = ("png", "svg")
 WIDTH, HEIGHT = 1100, 650
 SKIPPED = "static png/svg figures skipped"
@@ -58,12 +61,15 @@ def _run_child(folder: str) -> str | None:
     try:
         _, err = proc.communicate(timeout=EXPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        _stop(proc)
-        return (f"plotly's image exporter (kaleido) did not finish within {EXPORT_TIMEOUT_S} s; it was stopped "
-                "with its browser")
+        left = _stop(proc)
+        stopped = "it was stopped with its browser" if not left else \
+            f"processes {left} it started were still running {STOP_WAIT_S} s after SIGKILL"
+        return f"plotly's image exporter (kaleido) did not finish within {EXPORT_TIMEOUT_S} s; {stopped}"
     finally:
         if proc.poll() is None:  # interrupted while waiting (Ctrl-C, SIGTERM): the browser goes too
-            _stop(proc)
+            if left := _stop(proc):
+                logger.warning("processes %s of the image exporter were still running %s s after SIGKILL",
+                               left, STOP_WAIT_S)
     if proc.returncode == 0:
         return None
     marked = [line[len(REASON_MARK):] for line in err.splitlines() if line.startswith(REASON_MARK)]
@@ -71,17 +77,61 @@ def _run_child(folder: str) -> str | None:
     return marked[-1] if marked else f"the image exporter failed ({tail[0][:300]})"
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen) -> list[int]:
     """SIGKILL the child and every process it started: its own process group, and the browser kaleido starts
-    in a session of its own (found by parentage, before the child is gone)."""
-    tree = _descendants(proc.pid)
-    for pid in [proc.pid, *tree]:
+    in a session of its own (found by parentage, before the child is gone). Returns once each is gone (ended:
+    reaped, or a zombie left for its parent), within `STOP_WAIT_S`; the pids still running then, which the
+    caller names."""
+    # Stopped first, then killed: a stopped process starts no other, so the tree found is the whole tree.
+    tree = new = [proc.pid]
+    while new:
+        _signal(new, signal.SIGSTOP)
+        new = [p for p in _descendants(proc.pid) if p not in tree]
+        tree = tree + new
+    _signal(tree, signal.SIGKILL)
+    end = time.monotonic() + STOP_WAIT_S
+    try:
+        proc.wait(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    return [pid for pid in tree if not _ended(pid, end - time.monotonic())]
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
         for kill in (os.killpg, os.kill):  # the group it leads, if it leads one; the process itself
             try:
-                kill(pid, signal.SIGKILL)
+                kill(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
-    proc.wait()
+
+
+def _ended(pid: int, timeout_s: float) -> bool:
+    """Whether ``pid`` ends within ``timeout_s``: a pidfd turns readable when its process exits (Linux >= 5.3),
+    whoever its parent is; elsewhere its /proc entry is read until it is gone or a zombie."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):  # no pidfds here
+        end = time.monotonic() + max(timeout_s, 0)
+        while _running(pid):
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+        return True
+    try:
+        return bool(select.select([fd], [], [], max(timeout_s, 0))[0])
+    finally:
+        os.close(fd)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the command's name
+    except OSError:
+        return False
 
 
 def _descendants(pid: int) -> list[int]:
