@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from helpers.live_campaign import LiveCampaign, ray_processes, tiny_spec, wait_while_advancing, write_spec
@@ -69,10 +70,12 @@ def test_a_ddp_campaign_on_bucket_shards_resumes_a_killed_worker_group_and_reads
             lambda: run._check_alive() or (any(r["epochs"] for r in _records(exp)) and _train_workers(run)),
             lambda: run.advancing(exp), "the first epoch recorded", every=0.05)
         assert len(workers) == RANKS, workers
+        killed_at = time.time()
         os.kill(workers[-1], signal.SIGKILL)
         assert run.finish(exp) == 0, run.stderr()[-3000:]
     (rec,) = read_trial_records(exp)[0]
     assert rec["status"] == "completed", rec["error"]
+    assert rec["started_at"] < killed_at < rec["ended_at"]   # the trial went on: not a new one
     epochs = rec["epochs"]
     assert [int(e["epoch"]) for e in epochs] == list(range(1, EPOCHS + 1))          # each epoch once
     assert [int(e["step"]) for e in epochs] == [UPDATES * (i + 1) for i in range(EPOCHS)]
