@@ -1,11 +1,11 @@
 """Campaigns an earlier version of qkvsearch launched resume with this one: tests/fixtures/earlier/<algorithm>/,
-one per searcher, launched under MO-ASHA with the code of the commit its MADE_BY names and stopped by SIGTERM
-once a trial had completed, while trials remained to be suggested (tests/fixtures/make_earlier_campaigns.py
-makes them again). Their pickles name that version's classes. The searchers of 2969ba8 pickled their state
-as objects, not today's plain data; mfehvi came later, and its fixture (4525885) saved the model settings of
-its time (a keys kernel over values ranked together), not today's. Resumed, the searcher is asked for the
-trials still to come: every planned trial ends in a final status, no trial completed before the stop trains
-again, and the campaign reports."""
+launched under MO-ASHA with the code of the commit its MADE_BY names and stopped by SIGTERM once a trial had
+completed, while trials remained to be suggested (tests/fixtures/make_earlier_campaigns.py makes them again).
+Their pickles name that version's classes: the searchers of 2969ba8 pickled their state as objects, not today's
+plain data. Resumed, the searcher is asked for the trials still to come: every planned trial ends in a final
+status, no trial completed before the stop trains again, and the campaign reports. A searcher whose saved state
+of that commit is resumed from the middle of a trial (tests/fixtures/mid_training/<commit>-<algorithm>/:
+test_mid_training_campaigns.py) has no fixture here: that resume checks all of this and more."""
 import json
 import shutil
 
@@ -14,10 +14,12 @@ from helpers import REPO
 from helpers.resumes import resume_checked
 
 from qkvsearch.search.records.readers import read_trial_records
-from qkvsearch.search.searchers.mfehvi import MF_DEFAULT
 from qkvsearch.spaces.search_options import ALGORITHMS
 
-EARLIER = REPO / "tests" / "fixtures" / "earlier"
+FIXTURES = REPO / "tests" / "fixtures"
+EARLIER = FIXTURES / "earlier"
+HERE = sorted(p.name for p in EARLIER.iterdir() if p.is_dir())
+MID_TRAINING = {tuple(p.name.split("-", 1)) for p in (FIXTURES / "mid_training").iterdir() if p.is_dir()}
 PICKLED_STATE = "--commit 2969ba8"   # the MADE_BY of the fixtures whose searchers pickled their state
 
 
@@ -26,21 +28,25 @@ def _tune_trials(exp) -> list[str]:
     return [json.loads(t[0])["trial_id"] for t in state["trial_data"]]
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_searcher_resumes_from_a_campaign_an_earlier_version_stopped():
+    assert set(ALGORITHMS) <= set(HERE) | {algorithm for _, algorithm in MID_TRAINING}
+    made_by = {((EARLIER / a / "MADE_BY").read_text().split("--commit ")[1].split()[0], a) for a in HERE}
+    assert not made_by & MID_TRAINING   # a saved format resumed once: each resume costs a real campaign
+
+
+@pytest.mark.parametrize("algorithm", HERE)
 def test_each_fixture_was_stopped_with_trials_left_to_suggest(algorithm):
     exp = EARLIER / algorithm
     planned = json.loads((exp / "qs_campaign.json").read_text())["spec"]["search"]["num_trials"]
     statuses = [r["status"] for r in read_trial_records(exp)[0]]
     assert "completed" in statuses and len(_tune_trials(exp)) < planned
     saved = next(exp.glob("searcher-state-*.pkl")).read_bytes()
-    if PICKLED_STATE in (exp / "MADE_BY").read_text():
-        assert b"qkvsearch-searcher-state" not in saved  # the earlier format
-    else:   # mfehvi: the model settings of its time
-        assert json.loads(saved)["searcher"]["core"]["model"]["settings"] != vars(MF_DEFAULT)
+    assert PICKLED_STATE in (exp / "MADE_BY").read_text()
+    assert b"qkvsearch-searcher-state" not in saved  # the earlier format
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", HERE)
 def test_an_earlier_campaign_resumes_and_reports(ray_local, tmp_path, algorithm):
     import pyarrow.parquet as pq
 

@@ -15,6 +15,7 @@ from helpers.resumes import records_by_id, resume_checked
 
 from qkvsearch.search.records.layout import FINAL_STATUSES
 from qkvsearch.search.records.readers import read_trial_records
+from qkvsearch.search.searchers.mfehvi import MF_DEFAULT
 from qkvsearch.spaces.keys import KEYS, identity
 from qkvsearch.spaces.upgrade import upgraded
 
@@ -38,6 +39,10 @@ def test_each_fixture_holds_a_trial_stopped_with_its_checkpoint_and_the_oldest_l
         assert saved["epoch"] > len(stopped[0].get("epochs") or []) - 1, name
     raw = json.loads(next((MID_TRAINING / "67e2551-random" / "qs_trials").glob("*.json")).read_text())["config"]
     assert not {"key", "attention", "depth", "quant_qkv"} & raw.keys()
+    saved = json.loads(next((MID_TRAINING / "4525885-mfehvi").glob("searcher-state-*.pkl")).read_bytes())
+    assert saved["searcher"]["core"]["model"]["settings"] != vars(MF_DEFAULT)   # the model settings of its time
+    pickled = next((MID_TRAINING / "2969ba8-tpe").glob("searcher-state-*.pkl")).read_bytes()
+    assert b"qkvsearch-searcher-state" not in pickled   # the searchers of 2969ba8 pickled their state as objects
 
 
 def test_a_config_of_before_a_key_reads_as_todays_of_the_same_training():
