@@ -64,11 +64,34 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def trained_oneshot(tmp_path_factory):
-    """The folder of a small one-shot campaign trained once per test session, its supernet, scores, selection and
-    retrained subnet (helpers.trained_supernet: its space and settings, and campaigns that take its supernet)."""
+    """The folder of a small one-shot campaign, its supernet, scores, selection and retrained subnet
+    (helpers.trained_supernet: its space and settings, and campaigns that take its supernet). Trained once per
+    test run: under pytest-xdist the first process to ask trains it and the others wait for it. Each process
+    gets a copy of its own, as tests write beside it and one checks that a refused export writes nothing."""
+    import fcntl
+    import shutil
+
     from helpers.trained_supernet import train_oneshot
 
-    yield train_oneshot(tmp_path_factory.mktemp("trained_oneshot"))
+    shared = run_folder(tmp_path_factory)
+    with open(shared / "trained_oneshot.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released as the file closes, or as this process ends
+        done = shared / "trained_oneshot.done"   # the trained folder's path, once it is trained
+        if not done.exists():
+            done.write_text(str(train_oneshot(shared / "trained_oneshot")))
+        trained = Path(done.read_text())
+    own = tmp_path_factory.mktemp("trained_oneshot") / trained.name
+    shutil.copytree(trained, own)
+    yield own
+
+
+def run_folder(tmp_path_factory) -> Path:
+    """A folder that every process of this test run shares (pytest-xdist's workers each have a base folder of their
+    own, under one parent that other runs share too)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    folder = tmp_path_factory.getbasetemp().parent / f"run-{run}" if run else tmp_path_factory.getbasetemp() / "run"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 # ---------------------------------------------------------------------------------- nothing left running
