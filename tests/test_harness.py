@@ -45,3 +45,13 @@ def test_a_session_stopped_by_sigterm_stops_the_drivers_its_tests_started(tmp_pa
     finally:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_test_file_the_durations_do_not_know_goes_out_first():
+    from helpers.scheduling import expected_s, read_durations
+
+    known = read_durations()
+    assert known, "tests/durations.json is read"   # the record exists and parses
+    longest = max(known.values())
+    assert expected_s(known, "tests/search/test_brand_new.py") > longest
+    assert expected_s({"a.py": 3.0}, "a.py") == 3.0

@@ -26,13 +26,20 @@ def read_durations() -> dict[str, float]:
         return {}
 
 
+def expected_s(durations: dict[str, float], scope: str) -> float:
+    """How long a test file is expected to take: its recorded seconds, or, for a file the record does not know
+    (new, or renamed), longer than any: it goes out first rather than last, where a slow one would hold the
+    run's end."""
+    return durations.get(scope, float("inf"))
+
+
 class LongestFileFirst(LoadFileScheduling):
     def __init__(self, config, log=None):
         super().__init__(config, log)
         self.durations = read_durations()
 
     def _expected_s(self, scope: str) -> float:
-        return self.durations.get(scope, float("inf"))
+        return expected_s(self.durations, scope)
 
     def _assign_work_unit(self, node) -> None:
         longest = max(self.workqueue, key=self._expected_s)
