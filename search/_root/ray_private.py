@@ -32,6 +32,13 @@ def head_session_dir() -> str | None:
         return None
 
 
+def node_startup_timed_out(exc: BaseException) -> bool:
+    """Whether ``ray.init`` failed because its new node's raylet did not register with the GCS in time: Ray
+    waits a fixed 30 s for it (``ray._private.node.Node``, no setting), which a loaded machine can exceed. Told
+    by the text of the plain ``Exception`` Ray raises (no class of its own)."""
+    return type(exc) is Exception and "timed out during startup" in str(exc)
+
+
 # ------------------------------------------------------------------------------------------- Tune
 def restored_run_config(tuner):
     """The RunConfig a restored ``Tuner`` unpickled, so a resumed driver can replace its callbacks: Tune

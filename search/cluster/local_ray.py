@@ -11,6 +11,7 @@ still there.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -34,6 +35,7 @@ import ray  # noqa: E402
 # isort: split
 import psutil  # noqa: E402  (Ray's own copy: on the path once ray is imported)
 
+from qkvsearch.ray_private import node_startup_timed_out  # noqa: E402
 from qkvsearch.search.cluster.jobs import job_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ TRIAL_SLOT = "trial_slot"   # the custom resource that caps how many trials run 
 RESOURCES_ENV = "QKVSEARCH_RAY_RESOURCES"   # JSON {name: amount}: what a local Ray declares besides (ray start
                                             # --resources for a cluster's nodes), e.g. a deployment target's
 STOP_WAIT_S = 10.0          # how long what Ray started may take to end after its shutdown
+STARTS = 3                  # tries to start the local Ray: Ray gives its node a fixed 30 s to come up
 
 _started: list = []         # the processes ray.init started in this process (psutil.Process)
 
@@ -60,23 +63,38 @@ def start_local_ray(trial_slots: int, num_cpus: int | None = None, metadata: dic
     a stopped trial's placement group is never cleaned up. So the GCS port is chosen up front and
     every process of the job is told the address. metadata: the job's (search.cluster.jobs).
     """
-    port = free_port()
-    before = {p.pid for p in psutil.Process().children()}
-    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-    try:
-        env = ray_env() | {
-            "RAY_ADDRESS": f"127.0.0.1:{port}",
-            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
-        }
-        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources={**declared(), TRIAL_SLOT: trial_slots},
-                       _node_ip_address="127.0.0.1",
-                       include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
-                       logging_level=logging.WARNING,  # the campaign's own lines say what Ray's info lines did
-                       runtime_env={"env_vars": env}, job_config=job_config(metadata or {}))
-    finally:
-        del os.environ["RAY_GCS_SERVER_PORT"]
-    _started[:] = [p for p in psutil.Process().children() if p.pid not in before]
-    return ctx
+    resources = {**declared(), TRIAL_SLOT: trial_slots}
+    for attempt in range(1, STARTS + 1):
+        port = free_port()
+        before = {p.pid for p in psutil.Process().children()}
+        os.environ["RAY_GCS_SERVER_PORT"] = str(port)
+        try:
+            env = ray_env() | {
+                "RAY_ADDRESS": f"127.0.0.1:{port}",
+                "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # one machine: no spot preemption to watch for
+            }
+            ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                           _node_ip_address="127.0.0.1",
+                           include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
+                           logging_level=logging.WARNING,  # the campaign's own lines say what Ray's info lines did
+                           runtime_env={"env_vars": env}, job_config=job_config(metadata or {}))
+        except Exception as exc:
+            if attempt == STARTS or not node_startup_timed_out(exc):
+                raise
+            ray.shutdown()   # whatever the failed init had set up in this process
+            left = _descendants([p for p in psutil.Process().children() if p.pid not in before])
+            for proc in left:  # the half-started node: its GCS, raylet and what they started
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            psutil.wait_procs(left, timeout=STOP_WAIT_S)
+            log.warning("Ray's node did not start within Ray's own 30 s (a loaded machine): starting it again "
+                        "(%d of %d)", attempt + 1, STARTS)
+            continue
+        finally:
+            del os.environ["RAY_GCS_SERVER_PORT"]
+        _started[:] = [p for p in psutil.Process().children() if p.pid not in before]
+        return ctx
+    raise AssertionError("unreachable")
 
 
 def declared() -> dict[str, float]:

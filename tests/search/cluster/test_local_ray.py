@@ -65,3 +65,33 @@ def test_a_process_hanging_in_its_graceful_exit_is_stopped_with_the_local_ray():
     finally:
         if _running(out["pid"]):
             os.kill(out["pid"], 9)
+
+
+SLOW_NODE = """
+import json, subprocess
+import ray
+from qkvsearch.search.cluster import local_ray
+
+real_init, half_started = ray.init, []
+
+def first_node_too_slow(*args, **kwargs):   # as ray._private.node fails a raylet that registers after 30 s
+    if not half_started:
+        half_started.append(subprocess.Popen(["sleep", "600"]))   # stands for the node's GCS and raylet
+        raise Exception("The current node timed out during startup. This could happen because some of the "
+                        "raylet failed to startup or the GCS has become overloaded.")
+    return real_init(*args, **kwargs)
+
+local_ray.ray.init = first_node_too_slow
+local_ray.start_local_ray(trial_slots=1, num_cpus=1)
+up = ray.is_initialized() and ray.cluster_resources().get("trial_slot") == 1.0
+local_ray.stop_local_ray()
+print(json.dumps({"up": up, "left": half_started[0].poll() is None}))
+"""
+
+
+def test_a_node_slower_than_rays_own_limit_is_started_again_and_the_half_started_one_stopped():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", SLOW_NODE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"up": True, "left": False}
+    assert "starting it again (2 of 3)" in done.stderr
