@@ -256,6 +256,25 @@ def wait_while_advancing(predicate, progress, what: str, stall_s: float = STALL_
         time.sleep(every)
 
 
+def run_to_end(argv: list[str], *, env: dict | None = None, cwd=None, folders=(),
+               stall_s: float = STALL_S) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True)`` with no fixed time limit: the command runs as long as
+    its output or ``folders`` keep changing (wait_while_advancing), and is killed, failing the wait, once nothing
+    changed for ``stall_s`` seconds."""
+    with tempfile.TemporaryDirectory(prefix="qs-run-") as tmp:
+        out, err = Path(tmp, "out"), Path(tmp, "err")
+        with open(out, "wb") as o, open(err, "wb") as e:
+            proc = subprocess.Popen(argv, stdout=o, stderr=e, env=env, cwd=cwd)
+        try:
+            wait_while_advancing(lambda: proc.poll() is not None, lambda: folder_state(out, err, *folders),
+                                 f"{' '.join(map(str, argv[:4]))} to exit", stall_s=stall_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read_text(), err.read_text())
+
+
 def wait_for(predicate, timeout: float, what: str, every: float = 0.5):
     end = time.monotonic() + timeout
     while True:

@@ -222,7 +222,9 @@ def test_a_killed_driver_resumes_without_losing_or_retraining_anything(tmp_path)
     wait_for(lambda: read_lease(exp).stale, 2 * STALE_S, "the killed driver's hold to go stale")
     started = time.time()
     resume = _Driver(["resume", str(exp)], tmp_path)
-    assert resume.proc.wait(400) == 0, resume.err.read_text()[-3000:]
+    wait_while_advancing(lambda: resume.proc.poll() is not None, lambda: folder_state(resume.err, exp),
+                         "the resumed campaign to end")
+    assert resume.proc.returncode == 0, resume.err.read_text()[-3000:]
     resume.gone()
     assert "took over the stale hold" in resume.err.read_text()
     assert not (exp / LEASE_FILE).exists()  # released at the end

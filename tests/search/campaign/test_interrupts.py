@@ -66,7 +66,7 @@ def _stop_after_new_epoch(run: LiveCampaign, exp: str, sig: signal.Signals) -> N
 
 
 def _assert_stopped(run: LiveCampaign, exp: str, sig: signal.Signals) -> None:
-    assert run.wait(120) == EXIT_INTERRUPTED, run.stderr()[-3000:]
+    assert run.finish() == EXIT_INTERRUPTED, run.stderr()[-3000:]   # its output: how far the stop is
     err = run.stderr()
     assert f"stopped by {sig.name}" in err and f"qkvsearch resume {exp}" in err
     assert "next: qkvsearch report" not in run.stdout()  # not announced as finished
@@ -118,7 +118,7 @@ def test_a_campaign_in_a_bucket_stopped_twice_resumes_and_reports_from_its_uri(s
         _assert_stopped(run, exp, signal.SIGINT)
 
     with LiveCampaign(["resume", exp], tmp_path) as run:
-        assert run.wait(300) == 0, run.stderr()[-3000:]
+        assert run.finish() == 0, run.stderr()[-3000:]
         assert f"next: qkvsearch report {exp}" in run.stdout()
     assert set(_statuses(exp).values()) == {"completed"}
     epochs = _epochs(exp)

@@ -80,7 +80,7 @@ def test_a_one_shot_campaign_resumes_each_phase_and_reports_its_fidelity(tmp_pat
     assert _supernet_epochs(exp) == list(range(1, SUPERNET_EPOCHS + 1))  # each epoch trained once
 
     with LiveCampaign(["resume", str(exp)], tmp_path, ENV) as run:
-        assert run.wait(900) == 0, run.stderr()[-3000:]
+        assert run.finish(exp) == 0, run.stderr()[-3000:]
 
     after = _batches(exp)
     assert all(after[name] == data for name, data in before.items())  # recorded batches untouched

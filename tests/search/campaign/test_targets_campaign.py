@@ -71,7 +71,7 @@ def test_two_targets_measure_where_they_run_choose_apart_and_resume_without_repe
     before = {"edge": _batches(edge), "server": _batches(server), "cache": _cache(exp)}
 
     with LiveCampaign(["resume", str(exp)], tmp_path, declared) as run:
-        assert run.wait(600) == 0, run.stderr()[-3000:]
+        assert run.finish(exp) == 0, run.stderr()[-3000:]
 
     assert all(_batches(edge)[n] == b for n, b in before["edge"].items()) and _batches(edge)   # recorded: kept
     assert all(_batches(server)[n] == b for n, b in before["server"].items())

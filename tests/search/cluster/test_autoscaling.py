@@ -25,6 +25,7 @@ from helpers.live_campaign import (
     get_json,
     own_token,
     ray_temp_folder,
+    run_to_end,
     stop_head,
     tiny_spec,
     wait_for,
@@ -116,10 +117,9 @@ def autoscaling_cluster(s3, tmp_path):  # after s3: the cluster's nodes inherit 
         cluster.stop()
 
 
-def _launch(cluster: FakeAutoscalingCluster, spec: dict, tmp: Path, timeout: float) -> subprocess.CompletedProcess:
+def _launch(cluster: FakeAutoscalingCluster, spec: dict, tmp: Path) -> subprocess.CompletedProcess:
     spec_file = write_spec(tmp / f"{spec['name']}.yaml", spec)
-    return subprocess.run([*QKVSEARCH, "launch", str(spec_file)], env=cluster.client_env(), cwd=tmp,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_to_end([*QKVSEARCH, "launch", str(spec_file)], env=cluster.client_env(), cwd=tmp)
 
 
 def test_a_trial_waits_for_the_node_the_autoscaler_adds_and_one_no_node_holds_is_refused(
@@ -130,14 +130,14 @@ def test_a_trial_waits_for_the_node_the_autoscaler_adds_and_one_no_node_holds_is
 
     too_big = tiny_spec(storage, "too-big", workers=2, epochs=1, variants=[{"embedding": "linear"}])
     too_big["resources"]["cpus_per_worker"] = 2  # 4 CPUs: the autoscaler may add one 2-CPU node
-    refused = _launch(autoscaling_cluster, too_big, tmp_path, timeout=300)
+    refused = _launch(autoscaling_cluster, too_big, tmp_path)
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "no node type it may add can make room" in refused.stderr and "4 CPUs" in refused.stderr
     assert s3.get_file_info(pafs.FileSelector(f"{BUCKET}/campaigns", allow_not_found=True, recursive=True)) == []
 
     fits = tiny_spec(storage, "waits", workers=2, epochs=2, variants=[{"embedding": "linear"}])
     started = time.time()
-    done = _launch(autoscaling_cluster, fits, tmp_path, timeout=600)
+    done = _launch(autoscaling_cluster, fits, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     waiting = [line for line in done.stdout.splitlines() if line.startswith("waiting for the autoscaler: ")]
     assert len(waiting) == 1 and "2 workers x (1 CPU, 0 GPU)" in waiting[0] and "0 CPUs" in waiting[0]

@@ -23,6 +23,7 @@ from helpers.live_campaign import (
     free_port,
     get_json,
     own_token,
+    run_to_end,
     tiny_spec,
     token_file,
     wait_for,
@@ -117,7 +118,7 @@ def watched(tmp_path_factory):
         seen["targets"] = get_json(f"{url}/api/prometheus/sd", token)
         prom = Prometheus(tmp, url, token_file()) if PROMETHEUS else None
         try:
-            seen["rc"] = run.wait(400)
+            seen["rc"] = run.finish(tmp / "results" / NAME)
             end = time.time()
             if prom is not None:
                 time.sleep(2)
@@ -237,10 +238,10 @@ def test_a_submitted_campaign_shows_its_metadata_on_the_submission(tmp_path):
         wait_for(lambda: _answers(f"{url}/api/jobs/"), 120, "the head's dashboard")
 
         def submitted():  # the head's job agent may start after its dashboard answers
-            run = subprocess.run(
+            run = run_to_end(
                 [ray_bin, "job", "submit", "--address", url, "--submission-id", "qs-submitted", "--",
                  sys.executable, "-m", "qkvsearch.search.cli", "launch", str(spec)],
-                env=env, capture_output=True, text=True, timeout=300)
+                env=env, folders=[tmp_path / "results"])
             return None if "No available agent" in run.stderr + run.stdout else run
 
         submit = wait_for(submitted, 120, "the head's job agent", every=2)
