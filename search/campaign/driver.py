@@ -37,6 +37,7 @@ from qkvsearch.search.records.layout import (
     ORIGINAL_STATUS_KEY,
     PLANNED_KEY,
     STATUS_KEY,
+    for_tune,
 )
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.search.searchers import ledger as rules
@@ -115,7 +116,13 @@ def _report_duplicate(settings: TrialSettings, trial: dict) -> None:
               ORIGINAL_STATUS_KEY: known["status"], EPOCH: 0.0}  # epoch 0: no scheduler rung counts it twice
     for metric, _ in settings.objectives:
         result.setdefault(metric, math.nan)
-    tune.report(result)
+    report(settings, result)
+
+
+def report(settings: TrialSettings, result: dict) -> None:
+    """Hand ``result`` to Tune: the numbers its schedulers and searchers read as numbers (the objectives, the
+    epoch, the planned epochs), the others packed (search.records.layout.for_tune)."""
+    tune.report(for_tune(result, (*(metric for metric, _ in settings.objectives), EPOCH, PLANNED_KEY)))
 
 
 def _terminal_report(settings: TrialSettings, status: str, error: str, measured: dict) -> dict:
@@ -142,7 +149,7 @@ def trial_resources(settings: TrialSettings, slot: dict) -> dict:
     return {"cpu": settings.cpus_per_worker, **gpu, **slot}
 
 
-def _report_to_tune(epochs_planned: int, measured: dict, run_dir: str):
+def _report_to_tune(settings: TrialSettings, epochs_planned: int, measured: dict, run_dir: str):
     """Train -> Tune: on_report(metrics, checkpoint_path | None) in the trial's training thread, whether
     the trial trains (local mode) or drives a Train run (search.campaign.bridge). An epoch reported without a
     checkpoint names its epoch's checkpoint where the run has one (the epoch a resumed run reports again).
@@ -163,7 +170,7 @@ def _report_to_tune(epochs_planned: int, measured: dict, run_dir: str):
             path = epoch_checkpoint(run_dir, metrics[EPOCH]) if EPOCH in metrics else None
         if path:
             result[CHECKPOINT_PATH_KEY] = path
-        tune.report(result)
+        report(settings, result)
 
     return on_report
 
@@ -198,18 +205,19 @@ def _run_duplicate(trial: dict, cfg: dict, settings: TrialSettings) -> None:
 def _run_policy(trial: dict, cfg: dict, settings: TrialSettings) -> None:
     """Another policy of a configuration trained: quantize its weights (seconds)."""
     try:
-        run_policy(trial, cfg, settings.objectives, settings.experiment, settings.workers,
-                   int(settings.cpus_per_worker))
+        result = run_policy(trial, cfg, settings.objectives, settings.experiment, settings.workers,
+                            int(settings.cpus_per_worker))
     except Exception as exc:  # noqa: BLE001  (Tune's stop is a SystemExit: it goes through)
-        tune.report(_terminal_report(settings, "failed", error_text(exc), {}))
+        result = _terminal_report(settings, "failed", error_text(exc), {})
+    report(settings, result)
 
 
 def _run_invalid(trial: dict, cfg: dict, settings: TrialSettings) -> None:
-    tune.report(_terminal_report(settings, "infeasible", trial["invalid"], {}))
+    report(settings, _terminal_report(settings, "infeasible", trial["invalid"], {}))
 
 
 def _run_measure_error(trial: dict, cfg: dict, settings: TrialSettings) -> None:
-    tune.report(_terminal_report(settings, "failed", trial["measure_error"], {}))
+    report(settings, _terminal_report(settings, "failed", trial["measure_error"], {}))
 
 
 def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
@@ -224,11 +232,11 @@ def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
         if measured is None:
             return
     if broken:  # never start a TorchTrainer for a configuration that cannot be kept
-        tune.report(_terminal_report(settings, "infeasible", "; ".join(broken), measured))
+        report(settings, _terminal_report(settings, "infeasible", "; ".join(broken), measured))
         return
     local = trains_in_trial_process(settings.workers)
     run_name = train_run_name(settings, cfg, tune.get_context().get_trial_id())
-    on_report = _report_to_tune(cfg["epochs"], measured, f"{settings.train_storage.rstrip('/')}/{run_name}")
+    on_report = _report_to_tune(settings, cfg["epochs"], measured, f"{settings.train_storage.rstrip('/')}/{run_name}")
     init = (settings.init_weights or {}).get(identity(cfg))
 
     def fit(callbacks=()):
@@ -249,9 +257,9 @@ def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
         # Only a trial whose process is lost (a node gone) reaches Tune as an error, which Tune retries.
         diverged = find_divergence(exc)
         if diverged is not None:
-            tune.report(_terminal_report(settings, "diverged", str(diverged), measured))
+            report(settings, _terminal_report(settings, "diverged", str(diverged), measured))
         else:
-            tune.report(_terminal_report(settings, "failed", error_text(exc), measured))
+            report(settings, _terminal_report(settings, "failed", error_text(exc), measured))
 
 
 # What a trial of each kind runs in its process (the kinds a proposal becomes a trial as: search.searchers.ledger).
@@ -265,7 +273,7 @@ def _measured(settings: TrialSettings, cfg: dict, cost: dict) -> tuple[dict | No
     try:
         metrics, how = measure_here(cfg, settings.measure, settings.workers)
     except Exception as exc:  # noqa: BLE001  (e.g. out of memory at the measure batch: this trial's failure)
-        tune.report(_terminal_report(settings, "failed", ERROR_PREFIX + error_text(exc), {}))
+        report(settings, _terminal_report(settings, "failed", ERROR_PREFIX + error_text(exc), {}))
         return None, []
     return {**metrics, MEASURED_ON_KEY: json.dumps(how)}, violations(settings.constraints, {**cost, **metrics})
 

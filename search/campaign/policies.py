@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 
-from ray import tune
-
 from qkvsearch.search.records.layout import ERROR_KEY, STATUS_KEY, TRAINED_BY_KEY, UNSCORED_STATUSES
 from qkvsearch.search.records.readers import read_record
 from qkvsearch.spaces.metrics import EPOCH
@@ -49,8 +47,8 @@ def _weights(experiment: str, trained_by: str) -> dict:
     raise AssertionError("unreachable")
 
 
-def run_policy(trial: dict, cfg: dict, objectives, experiment: str, workers: int, threads: int) -> None:
-    """Report the result of a ``trained_by`` trial (module docstring) to Tune; errors raise to the caller."""
+def run_policy(trial: dict, cfg: dict, objectives, experiment: str, workers: int, threads: int) -> dict:
+    """The result of a ``trained_by`` trial (module docstring), for Tune; errors raise to the caller."""
     import torch
 
     from qkvsearch.trainers.deploy.policy_eval import evaluate_policy
@@ -69,4 +67,4 @@ def run_policy(trial: dict, cfg: dict, objectives, experiment: str, workers: int
         result["top1_q"] = quantized["top1"]
     for metric, _ in objectives:
         result.setdefault(metric, math.nan)
-    tune.report(result)
+    return result

@@ -25,6 +25,7 @@ results (never a trial config key, never a metric).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -55,6 +56,35 @@ MEASURED_ON_KEY = "qs_measured_on"
 
 
 ERROR_CHARS = 4000  # the end of a failed trial's traceback kept in its record (the cause is at the end)
+
+# The numbers of a result that Tune does not steer by, as one JSON object. Tune's controller keeps, in the
+# campaign's driver until the run ends, running statistics and two deques of recent values for every numeric
+# key of every trial's last result (about 2 KB a key and trial: benchmarks/README.md, "Driver scale"); a string
+# costs it nothing. The records hold every number, read back whole (`from_tune`).
+METRICS_KEY = "qs_metrics"
+
+
+def for_tune(result: dict, steering) -> dict:
+    """``result`` as a trial hands it to Tune: the numbers named in ``steering`` (what schedulers and searchers
+    read: the objectives, the epoch, the planned epochs) and every value that is not a number as they are; the
+    other numbers under METRICS_KEY."""
+    steering = set(steering)
+    kept, packed = {}, {}
+    for key, value in result.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        (packed if number and key not in steering else kept)[key] = value
+    if packed:
+        kept[METRICS_KEY] = json.dumps(packed)  # NaN and infinities as JSON's NaN, Infinity: read back as such
+    return kept
+
+
+def from_tune(result: dict | None) -> dict | None:
+    """The result a trial reported, whole again (``for_tune`` undone); a result of a campaign from before
+    results were packed, as it is."""
+    if not result or METRICS_KEY not in result:
+        return result
+    whole = {k: v for k, v in result.items() if k != METRICS_KEY}
+    return {**json.loads(result[METRICS_KEY]), **whole}
 
 
 logger = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ from qkvsearch.search.records.layout import (
     UNSCORED_STATUSES,
     UNTRAINED_STATUSES,
     code_version,
+    from_tune,
 )
 from qkvsearch.search.records.readers import TrialRecords, _read_record
 from qkvsearch.spaces.checks import finite
@@ -233,6 +234,7 @@ class Recorder:
         self._save(rec)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        result = from_tune(result)
         rec = self._record(trial)
         _note_measured(rec, result)
         status = result.get(STATUS_KEY)
@@ -277,17 +279,18 @@ class Recorder:
         self._save(rec)
         self._ended.append(rec["trial_id"])
 
-    def forget_ended(self) -> None:
+    def forget_ended(self) -> int:
         """Drop from memory the records of the trials that ended since the last call: their files hold them, and
         a trial that starts again (Tune restarts it, or retention notes what it kept) has its record read back.
         Called once every callback has seen the end (search.campaign.recording: at Tune's next step), so that
-        the driver's memory does not grow with the campaign's trials."""
+        the driver's memory does not grow with the campaign's trials. Returns how many ended."""
         ended, self._ended = self._ended, []
         for trial_id in ended:
             rec = self.records.get(trial_id)
             if rec is not None and rec.get("ended_at") is not None:
                 del self.records[trial_id]
                 self.epoch_logs.pop(trial_id, None)
+        return len(ended)
 
     def note_checkpoint(self, trial_id: str, path: str | None, kept: str, note: str) -> None:
         """What an ended trial keeps of its checkpoints (search.campaign.retention): ``path`` its

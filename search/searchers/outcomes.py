@@ -2,7 +2,13 @@
 searcher learn from it (one rule for all of them)."""
 from __future__ import annotations
 
-from qkvsearch.search.records.layout import _TUNE_KEYS, ORIGINAL_STATUS_KEY, PLANNED_KEY, STATUS_KEY
+from qkvsearch.search.records.layout import (
+    _TUNE_KEYS,
+    ORIGINAL_STATUS_KEY,
+    PLANNED_KEY,
+    STATUS_KEY,
+    from_tune,
+)
 from qkvsearch.spaces.checks import finite
 from qkvsearch.spaces.metrics import EPOCH
 
@@ -11,7 +17,7 @@ COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"   # the names of Optuna's 
 
 def outcome_of_result(result: dict | None, error: bool) -> dict:
     """A finished trial's outcome from its last result: {"status", "metrics": finite numbers it reported}."""
-    result = result or {}
+    result = from_tune(result) or {}
     status = result.get(STATUS_KEY) or ("failed" if error else None)
     if status is None:
         planned = result.get(PLANNED_KEY)

@@ -396,3 +396,31 @@ def test_read_trials_gives_columns_counts_and_last_epochs(tmp_path):
     cols = trials.epoch_columns()
     assert cols.names[0] == "epoch" and cols.values.shape == (sum(trials.epoch_counts()), len(cols.names))
     assert cols.counts.tolist() == trials.epoch_counts() and "epochs" not in trials.records[0]
+
+
+def test_tune_gets_the_numbers_it_steers_by_and_the_records_get_every_number(tmp_path):
+    """Tune keeps statistics of every numeric key of a trial's last result in the driver: a trial hands it the
+    objectives, the epoch and the planned epochs as numbers and the rest packed; what the records and the
+    searchers read is the whole result, packed or not."""
+    from qkvsearch.search.records.layout import METRICS_KEY, PLANNED_KEY, STATUS_KEY, for_tune
+    from qkvsearch.search.searchers.outcomes import outcome_of_result
+
+    whole = {"epoch": 2.0, "top1": 22.0, "epoch_s": 2.5, "train_s": 2.0, "val_loss": float("nan"),
+             "qs_world_size": 2.0, "qs_first_step_at": 1.7e9, PLANNED_KEY: 3.0, "checkpoint_path": "/c/2"}
+    packed = for_tune(whole, ("top1", "epoch", PLANNED_KEY))
+    numbers = {k for k, v in packed.items() if isinstance(v, float)}
+    assert numbers == {"top1", "epoch", PLANNED_KEY} and packed["checkpoint_path"] == "/c/2"
+    assert isinstance(packed[METRICS_KEY], str)
+    assert for_tune({STATUS_KEY: "failed", "top1": 1.0}, ("top1",)) == {STATUS_KEY: "failed", "top1": 1.0}
+
+    for result, exp in ((whole, tmp_path / "whole"), (packed, tmp_path / "packed")):
+        trial = SimpleNamespace(trial_id="t1")
+        recorder = Recorder(str(exp), "c", _describe)
+        recorder.on_trial_start(0, [], trial)
+        recorder.on_trial_result(0, [], trial, {**result, "done": False})
+        recorder.on_trial_complete(0, [], trial)
+    assert _record(tmp_path / "packed")["epochs"] == _record(tmp_path / "whole")["epochs"]
+    assert _record(tmp_path / "packed")["first_step_at"] == 1.7e9
+    as_packed, as_whole = outcome_of_result(packed, False), outcome_of_result(whole, False)
+    assert as_packed["status"] == as_whole["status"] == "stopped_early"
+    assert as_packed["metrics"].keys() == as_whole["metrics"].keys() == {"epoch", "top1", "epoch_s", "train_s"}
