@@ -40,6 +40,19 @@ def node_startup_timed_out(exc: BaseException) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- Tune
+def drop_result_statistics(trial) -> None:
+    """Drop an ended trial's running statistics of its results: for every numeric key of its last result Tune
+    keeps a dict of seven statistics and two deques of recent values (``_TrainingRunMetadata.metric_analysis``,
+    ``metric_n_steps``), in the driver until the run ends, and writes them at every experiment-state save. No
+    setting turns them off; qkvsearch reads them nowhere (its records hold every result)."""
+    try:
+        meta = trial.run_metadata
+        meta.metric_analysis = {}   # each assignment also drops the metadata's cached JSON
+        meta.metric_n_steps = {}
+    except AttributeError:
+        pass
+
+
 def restored_run_config(tuner):
     """The RunConfig a restored ``Tuner`` unpickled, so a resumed driver can replace its callbacks: Tune
     has no public way to pass new callbacks to ``Tuner.restore``."""

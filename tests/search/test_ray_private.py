@@ -37,3 +37,22 @@ def test_tune_usage_tag_counts_callbacks_as_tune_does_without_importing_the_trac
     assert seen["ours"] == seen["tune"] == {"CustomCallback": 2, "CustomLoggerCallback": 1,
                                             "CSVLoggerCallback": 1, "MLflowLoggerCallback": 1}
     assert seen["once"] is True
+
+
+def test_an_ended_trials_result_statistics_are_dropped_and_its_last_result_kept():
+    """Tune keeps statistics of every numeric key a trial reported; an ended trial's are dropped (and so
+    neither kept in the driver nor written at each experiment-state save), its last result is not."""
+    from ray.tune.experiment import Trial
+
+    from qkvsearch import ray_private
+
+    trial = Trial("fn", config={"x": 1}, stub=True)
+    trial.update_last_result({"top1": 50.0, "epoch": 1.0, "training_iteration": 1})
+    trial.update_last_result({"top1": 60.0, "epoch": 2.0, "training_iteration": 2})
+    before = len(trial.run_metadata.get_json_state())
+    assert trial.metric_analysis["top1"]["max"] == 60.0 and trial.metric_n_steps["top1"]["5"]
+    ray_private.drop_result_statistics(trial)
+    assert trial.metric_analysis == {} and trial.metric_n_steps == {}
+    assert trial.last_result["top1"] == 60.0
+    assert len(trial.run_metadata.get_json_state()) < before   # the cached JSON was dropped with them
+
