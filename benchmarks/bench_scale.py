@@ -18,12 +18,14 @@ read by search.campaign.tune_settings) and with the campaign's Tune settings, an
 the allocations still alive by traceback (what the driver keeps per trial), with the object counts by type
 that grew; tracemalloc's own memory inflates the RSS of a traced run. ``--tree DIR`` runs the driver from
 another checkout of the repository (a package shim for DIR goes first on the driver's PYTHONPATH, which Ray's
-processes inherit). ``--plain`` runs the same shape of campaign in Ray Tune alone, without qkvsearch (a function
+processes inherit); ``--against DIR`` runs the campaign with the driver from DIR and from this tree, one after
+the other in one run, and prints the ratios. ``--plain`` runs the same shape of campaign in Ray Tune alone, without qkvsearch (a function
 trainable reporting one result of ``--plain-keys`` numeric keys, the same forced saves): Tune's own share, with
 its loggers on and off under ``--compare``. Whatever happens (success, failure, Ctrl-C, SIGTERM), the driver
 and every process of its Ray are stopped before this script exits.
 
     python benchmarks/bench_scale.py [--trials 300] [--concurrency 2] [--compare] [--trace] [--tree DIR]
+                                     [--against DIR]
                                      [--keep DIR] [--label TEXT] [--plain [--plain-keys 26]]
 """
 from __future__ import annotations
@@ -317,7 +319,7 @@ class Ended:
         return len(self.ended)
 
 
-def run_campaign(label: str, args, work: Path, tune_defaults: bool) -> dict:
+def run_campaign(label: str, args, work: Path, tune_defaults: bool, tree: str | None) -> dict:
     storage = work / "results"
     out = work / "probe"
     out.mkdir()
@@ -345,8 +347,8 @@ def run_campaign(label: str, args, work: Path, tune_defaults: bool) -> dict:
         env.pop("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", None)
         if not tune_defaults:
             env["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
-    if args.tree:
-        shim = package_shim(Path(args.tree).resolve(), work / "shim")
+    if tree:
+        shim = package_shim(Path(tree).resolve(), work / "shim")
         env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
     log = open(work / "driver.log", "wb")
     proc = None
@@ -562,6 +564,8 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="tracemalloc in the driver from 10 %% to 100 %% of the trials")
     ap.add_argument("--top", type=int, default=25, help="lines of the trace and of the object counts")
     ap.add_argument("--tree", help="run the driver from this checkout of the repository")
+    ap.add_argument("--against", metavar="DIR", help="the campaign settings with the driver from DIR (another "
+                    "checkout, e.g. a `git worktree` of an earlier commit) and from this tree, side by side")
     ap.add_argument("--keep", help="copy each campaign folder (less train_runs/) and driver log under this folder")
     ap.add_argument("--label", help="the column's name of a single campaign (default: what it runs)")
     ap.add_argument("--plain", action="store_true", help="Ray Tune alone, no qkvsearch (a reproduction of Tune's "
@@ -577,11 +581,15 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupted)
 
     ours = "Tune loggers off" if args.plain else "campaign settings"
-    plan = [("Tune defaults", True), (ours, False)] if args.compare else \
-        [(args.label or ("Tune defaults" if args.tune_defaults else ours), args.tune_defaults)]
+    if args.against:
+        plan = [(f"{_commit(args.against)} (--against)", False, args.against), (f"{_commit(REPO)} (this tree)", False, None)]
+    elif args.compare:
+        plan = [("Tune defaults", True, args.tree), (ours, False, args.tree)]
+    else:
+        plan = [(args.label or ("Tune defaults" if args.tune_defaults else ours), args.tune_defaults, args.tree)]
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     what = f"Ray Tune alone (--plain, {args.plain_keys} numeric keys a result)" if args.plain else \
-        f"tree: {args.tree or REPO}"
+        f"trees: {args.against} against {REPO}" if args.against else f"tree: {args.tree or REPO}"
     try:
         runs = run_all(args, plan)
     except KeyboardInterrupt:
@@ -592,11 +600,20 @@ def main() -> None:
     print_table(runs, args.trials)
 
 
-def run_all(args, plan: list[tuple[str, bool]]) -> list[dict]:
+def _commit(tree) -> str:
+    """The tree's commit, and `+` where its files differ from it."""
+    git = ["git", "-C", str(tree)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    return (head or str(tree)) + ("+" if dirty else "")
+
+
+def run_all(args, plan: list[tuple[str, bool, str | None]]) -> list[dict]:
     runs = []
-    for label, defaults in plan:
+    for label, defaults, tree in plan:
         with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-            run = run_campaign(label, args, Path(tmp), defaults)
+            run = run_campaign(label, args, Path(tmp), defaults, tree)
             if args.keep:
                 dest = Path(args.keep) / label.replace(" ", "-")
                 shutil.copytree(run["exp"], dest / "campaign", ignore=shutil.ignore_patterns(*WEIGHTS_DIRS))
