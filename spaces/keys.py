@@ -69,6 +69,8 @@ POS_EMBEDS = tuple(POSITION_CHOICES)
 PATCH_EMBEDS = tuple(STEM_CHOICES)
 KEY_KINDS = tuple(KEY_CHOICES)
 KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
+PIPELINES = ("auto", "host", "device", "decode")   # the input paths (trainers.data.pipelines)
+BAD_IMAGE_POLICIES = ("refuse", "skip")
 PRECISIONS = tuple(PRECISION_CHOICES)
 ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}  # of those with one
 QKV_ATTENTIONS = tuple(n for n, c in ATTENTION_CHOICES.items() if c.projects_qkv)   # those with q/k/v projections
@@ -189,6 +191,14 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="data", section_key="path", searchable=False),
     _k("val_fraction", "data", number(0, 1, low_open=True), 0.2,
        "digits and synthetic: share held out for validation", section="data", searchable=False),
+    _k("data_pipeline", "data", one_of(*PIPELINES), "auto",
+       "input path: host (PIL decoding and timm's transforms in loader processes) | device (images decoded once "
+       "into a prepared dataset, or held in memory; loaders ship uint8, augmentation batched on the trial's "
+       "device) | decode (image files decoded on the trial's device, nothing prepared) | auto (device on CUDA, "
+       "host on CPU)", section="data", section_key="pipeline", searchable=False),
+    _k("bad_images", "data", one_of(*BAD_IMAGE_POLICIES), "refuse",
+       "unreadable source images (zero-byte, truncated, corrupt) the device paths find: refuse (name them and "
+       "stop) | skip (leave them out, counted and named)", section="data", searchable=False),
     # train (campaign section `train`)
     _k("epochs", "train", POS_INT, None, "epochs every trial trains for (the schedulers' budget)",
        unit="epochs", section="train", searchable=False, required=True),
@@ -213,6 +223,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        section="train"),
     _k("augment", "train", FLAG, False, "timm training transform (random resized crop + flip)",
        section="train"),
+    _k("random_erasing", "train", FRACTION, 0.0, "timm random erasing probability per image (per-pixel "
+       "noise, as DeiT); 0 = off", section="train"),
     _k("clip_grad", "train", POS_NUM.or_none(), None, "max global gradient norm; null = off", section="train"),
     _k("seed", "train", NONNEG_INT, 0, "seed of weights, data order and augmentation", section="train"),
     _k("checkpoint_every", "train", POS_INT, 1, "epochs between checkpoints (the last is always saved)",
@@ -407,6 +419,15 @@ def fill_from_dataset(cfg: dict) -> None:
     if (cfg.get("augment") or cfg.get("randaugment")) and cfg.get("in_chans", 3) != 3:
         raise config_error("in_chans", "3 when augment or randaugment is on (timm transforms make RGB images)",
                     cfg["in_chans"])
+    pipeline = cfg.get("data_pipeline", "auto")
+    if pipeline == "decode" and not ds.files:
+        why = "its images are held in memory: nothing to decode" if not ds.encoded else \
+            "decode reads one image file per sample by index (imagefolder, cars); device prepares it"
+        raise config_error("data_pipeline", f"auto, host or device for dataset {cfg['dataset']} ({why})", pipeline)
+    aa = cfg.get("randaugment")
+    if pipeline in ("device", "decode") and aa and not str(aa).startswith("rand"):
+        raise config_error("data_pipeline", f"host or auto with randaugment {aa} (the device path runs timm's "
+                           "rand-* RandAugment only)", pipeline)
     if ds.classes is not None:
         if cfg.get("num_classes") is None:
             cfg["num_classes"] = ds.classes

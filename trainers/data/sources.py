@@ -276,14 +276,24 @@ def as_tensors(images, labels):
     return torch.from_numpy(np.ascontiguousarray(images)), torch.as_tensor(labels, dtype=torch.int64)
 
 
+ERASING_MODE = "pixel"   # random erasing fills with per-pixel normal noise (timm's train.py and DeiT)
+
+
+def augments(cfg) -> bool:
+    """Whether a config's training images are augmented per image (else read as the evaluation reads them)."""
+    return bool(cfg["augment"] or cfg["randaugment"] or cfg.get("random_erasing"))
+
+
 def train_transform(cfg):
-    """timm training transform: random resized crop, flip, optional auto_augment (PIL -> tensor)."""
+    """timm training transform: random resized crop, flip, optional auto_augment, optional random erasing
+    (PIL -> tensor)."""
     from timm.data import create_transform
 
     if cfg["randaugment"]:
         _posterize_keeps_a_bit()
     return create_transform(input_size=(3, cfg["img_size"], cfg["img_size"]), is_training=True,
-                            auto_augment=cfg["randaugment"], mean=IMAGENET_MEAN, std=IMAGENET_STD)
+                            auto_augment=cfg["randaugment"], mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                            re_prob=cfg.get("random_erasing") or 0.0, re_mode=ERASING_MODE)
 
 
 def _posterize_keeps_a_bit():
