@@ -30,6 +30,7 @@ from qkvsearch.trainers.data.sources import (  # noqa: F401  (prepare_images, th
     PilSource,
     Source,
     TensorSource,
+    augments,
     eval_shard,
     eval_transform,
     loader_processes,
@@ -120,9 +121,16 @@ def _has_image(folder: str) -> bool:
 # Loading
 
 
-def load_data(cfg: dict):
-    """-> (train source, val source) for a resolved config. Call check_dataset first."""
-    return READERS[cfg["dataset"]].load(cfg)
+def load_data(cfg: dict, device=None, prepared=None):
+    """-> (train source, val source) for a resolved config, on the input path ``data_pipeline`` takes on ``device``
+    (trainers.data.pipelines; None: a CPU's). prepared: where the campaign prepared the dataset (None: prepared in
+    this process when the path needs it). Call check_dataset first."""
+    from qkvsearch.trainers.data.pipelines import device_sources, input_path, is_cuda
+
+    path = input_path(cfg, is_cuda(device))
+    if path == "host":
+        return READERS[cfg["dataset"]].load(cfg)
+    return device_sources(cfg, path, prepared)
 
 
 def _from_arrays(read):
@@ -131,7 +139,7 @@ def _from_arrays(read):
     def load(cfg):
         train, val = read(cfg)
         val_src = TensorSource(*val, cfg["img_size"], cfg["in_chans"])
-        if cfg["augment"] or cfg["randaugment"]:
+        if augments(cfg):
             return PilSource(ArrayImages(*train, train_transform(cfg)), loader_processes(cfg)), val_src
         return TensorSource(*train, cfg["img_size"], cfg["in_chans"]), val_src
 
@@ -140,7 +148,7 @@ def _from_arrays(read):
 
 def _train_tf(cfg):
     """The training split's transform: timm's augmenting one when the config augments, else the eval one."""
-    return train_transform(cfg) if (cfg["augment"] or cfg["randaugment"]) else eval_transform(cfg)
+    return train_transform(cfg) if augments(cfg) else eval_transform(cfg)
 
 
 def _shards(cfg):
@@ -197,6 +205,7 @@ class DatasetReader:
     check: Callable | None = None
     expected: str = ""
     shards: bool = False
+    arrays: Callable | None = None   # a dataset held in memory: cfg -> ((images, labels), (images, labels)) uint8
 
 
 def _cifar_check(cfg, path):
@@ -204,14 +213,18 @@ def _cifar_check(cfg, path):
 
 
 # dataset -> its reader: one entry per name of spaces.datasets.DATASET_INFO (a test holds them equal)
+def _in_memory(read, check=None, expected="") -> DatasetReader:
+    return DatasetReader(_from_arrays(read), check, expected, arrays=read)
+
+
 READERS: dict[str, DatasetReader] = {
-    "digits": DatasetReader(_from_arrays(more.digits)),
-    "digits_0to8": DatasetReader(_from_arrays(more.digits_0to8)),
-    "digits_clutter": DatasetReader(_from_arrays(more.digits_clutter)),
-    "synthetic": DatasetReader(_from_arrays(_synthetic)),
-    **{ds: DatasetReader(_from_arrays(more.cifar), _cifar_check,
-                         f"{files[3]} (the python pickle version of {ds.upper()})") for ds, files in CIFAR_FILES.items()},
-    "stl10": DatasetReader(_from_arrays(more.stl10), lambda cfg, path: more.check_stl10(path), "STL-10's binary files"),
+    "digits": _in_memory(more.digits),
+    "digits_0to8": _in_memory(more.digits_0to8),
+    "digits_clutter": _in_memory(more.digits_clutter),
+    "synthetic": _in_memory(_synthetic),
+    **{ds: _in_memory(more.cifar, _cifar_check, f"{files[3]} (the python pickle version of {ds.upper()})")
+       for ds, files in CIFAR_FILES.items()},
+    "stl10": _in_memory(more.stl10, lambda cfg, path: more.check_stl10(path), "STL-10's binary files"),
     "cars": DatasetReader(_cars, lambda cfg, path: more.check_cars(path), "Stanford Cars' devkit and images"),
     "imagefolder": DatasetReader(_load_imagefolder, _check_imagefolder, "train/ and val/ with one folder per class"),
     "wds": DatasetReader(_shards, _check_shards, "WebDataset tar shards and timm's _info.json", shards=True),

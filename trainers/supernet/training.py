@@ -40,10 +40,10 @@ class SupernetRun(engine.Run):
     LOSSES = ("teacher", "students")
 
     def __init__(self, cfg: dict, dist: engine.Dist | None = None, wrap_model=None, faults=(), *,
-                 plan: SupernetPlan):
+                 plan: SupernetPlan, prepared=None):
         self.plan = plan
         self.refused: set[str] = set()   # students the supernet cannot hold, skipped (logged once each)
-        super().__init__({**cfg, "compile": False}, dist, None, faults)  # no DDP wrapper: gradients by hand
+        super().__init__({**cfg, "compile": False}, dist, None, faults, prepared=prepared)  # no DDP wrapper: gradients by hand
 
     def build_model(self) -> torch.nn.Module:
         return self.plan.supernet(seed=self.cfg["seed"])

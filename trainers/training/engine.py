@@ -136,7 +136,8 @@ def accumulate_gradients(model, micro_batches, criterion, *, autocast=contextlib
 class Run:
     """One rank's training state: model, optimizer, schedule, data, counters and history.
 
-    cfg: a filled trial config; faults: rules of trainers.training.faults (tests of failure handling only).
+    cfg: a filled trial config; faults: rules of trainers.training.faults (tests of failure handling only);
+    prepared: where its campaign prepared the dataset, for the device input path (trainers.data.pipelines).
     What an optimizer update does is the run's own (``update``, ``reduce_gradients``, ``LOSSES``): a trial
     trains its model, a supernet its teacher and students (trainers.supernet.training); everything around the
     update (micro-batches, the divergence check, clipping, the schedule, evaluation, metrics) is this class's.
@@ -144,7 +145,7 @@ class Run:
 
     LOSSES = ("loss",)   # the losses one update reports, checked for divergence; the first is train_loss
 
-    def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None, faults=()):
+    def __init__(self, cfg: dict, dist: Dist | None = None, wrap_model=None, faults=(), *, prepared=None):
         self.created_at = time.time()
         self.cfg = cfg = require_filled(cfg)
         self.faults = faults_for(cfg, list(faults))
@@ -152,7 +153,7 @@ class Run:
         self.bpw, self.accum = batch_plan(cfg, dist.world_size)
         _set_determinism(cfg["deterministic"])
         qdata.check_dataset(cfg)
-        self.train_src, self.val_src = qdata.load_data(cfg)
+        self.train_src, self.val_src = qdata.load_data(cfg, dist.device, prepared)  # the input path: pipelines
         self.updates_per_epoch = self._updates_per_epoch()
         torch.manual_seed(cfg["seed"])  # same initial weights on every rank
         self.raw = self.build_model().to(dist.device)
@@ -412,7 +413,7 @@ def _set_determinism(on: bool):
 
 
 def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, faults=(), init=None,
-        init_head=False, make_run=None) -> list[dict]:
+        init_head=False, make_run=None, prepared=None) -> list[dict]:
     """Train a filled config to cfg["epochs"], resuming from restore() -> state | None; returns every
     epoch's metrics.
 
@@ -422,7 +423,8 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
     model or loading data. init: a checkpoint whose weights a fresh run starts from, with a new head
     (trainers.training.checkpoints.load_pretrained: a fine-tuning), with its head too when ``init_head``; a resumed run
     restores its own state instead.
-    make_run(cfg, dist, wrap_model, faults): the Run to train (default Run; a supernet's: trainers.supernet).
+    make_run(cfg, dist, wrap_model, faults, prepared=...): the Run to train (default Run; a supernet's:
+    trainers.supernet). prepared: where the campaign prepared the dataset (Run).
     """
     cfg = require_filled(cfg)
     state = restore() if restore else None
@@ -431,7 +433,7 @@ def fit(cfg: dict, dist: Dist, *, wrap_model=None, restore=None, report=None, fa
         if report:
             report(state["history"][-1], None)
         return list(state["history"])
-    run = (make_run or Run)(cfg, dist, wrap_model, faults)
+    run = (make_run or Run)(cfg, dist, wrap_model, faults, prepared=prepared)
     if state is None and init:
         from qkvsearch.trainers.training.checkpoints import load_pretrained
 

@@ -58,9 +58,11 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     init = loop_config.get("init")  # a fine-tuning's pretrained checkpoint, or a subnet's inherited weights
     init_head = bool(loop_config.get("init_head"))
     make_run = _supernet_run(loop_config.get("supernet"))
+    prepared = loop_config.get("prepared")  # where the campaign prepared the dataset (trainers.data.pipelines)
     if local is not None:  # world size 1; ray.train's context, report and checkpoint calls raise in a Tune trial
         return engine.fit(cfg, engine.Dist(0, 1, device), restore=_replaying(local.restore, local.report),
-                          report=local.report, faults=faults, init=init, init_head=init_head, make_run=make_run)
+                          report=local.report, faults=faults, init=init, init_head=init_head, make_run=make_run,
+                          prepared=prepared)
     import ray.train
 
     ctx = ray.train.get_context()
@@ -69,7 +71,7 @@ def train_worker(loop_config: dict) -> list[dict] | None:
     report = _RayReporter(rank)
     wrap = None if make_run else ray.train.torch.prepare_model  # DDP if > 1 (a supernet averages its own)
     history = engine.fit(cfg, dist, wrap_model=wrap, restore=_replaying(_ray_restore, report), report=report,
-                         faults=faults, init=init, init_head=init_head, make_run=make_run)
+                         faults=faults, init=init, init_head=init_head, make_run=make_run, prepared=prepared)
     return history if rank == 0 else None
 
 
@@ -147,7 +149,8 @@ class RunSettings:
     (folder or weights file) a fresh run starts from with a new head (fine-tuning), or with its own head too
     when init_head (a subnet trained on from the weights it inherits). supernet: a supernet's
     plan (trainers.supernet.plan.SupernetPlan.as_dict): the run trains that supernet, the config being
-    its teacher's with the supernet's recipe.
+    its teacher's with the supernet's recipe. prepared: where the campaign prepared the dataset for the device
+    input path (trainers.data.pipelines; None: prepared in the run's process when it needs one).
     """
 
     num_workers: int
@@ -164,6 +167,7 @@ class RunSettings:
     init_from: str | None = None
     init_head: bool = False
     supernet: dict | None = None
+    prepared: dict | str | None = None
 
     def __post_init__(self):
         n = self.num_workers
@@ -200,7 +204,7 @@ def run_trainer(config: dict, settings: RunSettings):
         torch_config=ddp("nccl" if run.gpus_per_worker else "gloo") if ddp else None,
         train_loop_config={"config": cfg, "faults": read_faults() if run.faults is None else list(run.faults),
                            "threads": max(1, int(run.cpus_per_worker)), "local": local, "init": run.init_from,
-                           "init_head": run.init_head, "supernet": run.supernet},
+                           "init_head": run.init_head, "supernet": run.supernet, "prepared": run.prepared},
         scaling_config=ray.train.ScalingConfig(
             num_workers=run.num_workers, use_gpu=run.gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=run.placement_strategy),
