@@ -12,8 +12,9 @@ Where each part comes from:
 - random draws: made on the CPU from a seeded torch.Generator, per sample, with timm's rules (the attempts of its
   crop, its magnitude noise and clipping, its level-to-argument rules: ``rand_ops``), so they replay after a resume;
   the batch's work on the device then only follows them (index lists made on the host: no device sync);
-- random resized crop and the evaluation's resize and crop: one ``torchvision.ops.roi_align`` over the batch,
-  a box per image (by hand: torchvision's v2 crop draws one box per batch);
+- random resized crop and the evaluation's resize and crop: PIL's resampling (its bilinear filter, antialiased,
+  within the box) as two batched matrix products, a box per image (by hand: torchvision's v2 crop draws one box
+  per batch, and roi_align samples outside the box);
 - RandAugment's ops: ``torchvision.transforms.v2.functional`` where one call serves images that each have their
   own parameters (autocontrast, equalize, per image and channel); by hand where torchvision takes one parameter
   for the batch: PIL's blends (colour, contrast, brightness, sharpness) with a factor per image, posterize,
@@ -131,8 +132,9 @@ class Recipe:
 
 @dataclass
 class Draws:
-    """One batch's random parameters, per sample (CPU tensors): crop boxes (B, 4) x1 y1 x2 y2 in the source
-    image's pixels, flips (B,) bool, RandAugment's op indices (layers, B) (-1: the layer did nothing) and their
+    """One batch's random parameters, per sample (CPU tensors): crop rows (B, 8) float64: the box x1 y1 x2 y2 in the
+    source image's pixels, the size (width, height) it is resized to, and the left and top of the img_size window
+    of that resized box kept (training: the box resized to img_size, all kept); flips (B,) bool, RandAugment's op indices (layers, B) (-1: the layer did nothing) and their
     magnitudes (layers, B), the colour jitter's order (B, 3) and factors (B, 3)."""
 
     boxes: torch.Tensor
@@ -172,19 +174,36 @@ def crop_boxes(sizes: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     miss = first < 0
     cw, ch = torch.where(miss, fw, cw), torch.where(miss, fh, ch)
     top, left = torch.where(miss, ftop, top), torch.where(miss, fleft, left)
-    return torch.stack([left, top, left + cw, top + ch], 1).float()
+    return torch.stack([left, top, left + cw, top + ch], 1)
 
 
 def centre_boxes(sizes: torch.Tensor, img_size: int) -> torch.Tensor:
-    """The evaluation's crop in source pixels: timm resizes the short side to floor(img_size / crop_pct) (the long
-    side truncated, as torchvision does) and crops img_size x img_size at the centre. -> (B, 4) x1 y1 x2 y2."""
+    """The evaluation's resize and crop as crop rows (``Draws.boxes``): the whole image resized so that its short side
+    is floor(img_size / crop_pct) (the long side truncated, as torchvision's Resize), and the img_size window at its
+    centre (CenterCrop's rounding)."""
     h, w = sizes[:, 0].double(), sizes[:, 1].double()
     short = math.floor(img_size / EVAL_CROP_PCT)
     nh = torch.where(h <= w, torch.full_like(h, short), torch.floor(short * h / w))
     nw = torch.where(h <= w, torch.floor(short * w / h), torch.full_like(w, short))
     top, left = torch.round((nh - img_size) / 2), torch.round((nw - img_size) / 2)
-    sy, sx = h / nh, w / nw
-    return torch.stack([left * sx, top * sy, (left + img_size) * sx, (top + img_size) * sy], 1).float()
+    zero = torch.zeros_like(h)
+    return torch.stack([zero, zero, w, h, nw, nh, left, top], 1)
+
+
+def resize_weights(start, stop, size, offset, out: int, extent: int) -> torch.Tensor:
+    """PIL's resampling coefficients (Resample.c, bilinear) along one axis, per image: the source span [start, stop)
+    resized to ``size`` pixels, of which those from ``offset`` on (``out`` of them) are kept, the filter cut at the
+    span's pixels as when PIL resizes a crop (a span of fractional ends keeps the pixels it touches); -> (B, out,
+    extent) float64 weights over the canvas's ``extent`` pixels, each row summing to 1."""
+    scale = ((stop - start) / size)[:, None]                             # (B, 1)
+    fscale = scale.clamp(min=1.0)
+    center = start[:, None] + (offset[:, None] + torch.arange(out, dtype=torch.float64) + 0.5) * scale   # (B, out)
+    lo = torch.maximum(torch.trunc(center - fscale + 0.5), torch.floor(start)[:, None])
+    hi = torch.minimum(torch.trunc(center + fscale + 0.5), torch.ceil(stop)[:, None])
+    pos = torch.arange(extent, dtype=torch.float64)[None, None]         # (1, 1, extent)
+    c, lo, hi = center[..., None], lo[..., None], hi[..., None]
+    w = (1 - ((pos - c + 0.5) / fscale[..., None]).abs()).clamp(min=0) * ((pos >= lo) & (pos < hi))
+    return w / w.sum(-1, keepdim=True).clamp(min=1e-12)
 
 
 def rand_ops(spec: RandAugmentSpec, b: int, g: torch.Generator):
@@ -238,7 +257,9 @@ def draw(recipe: Recipe, sizes: torch.Tensor, g: torch.Generator) -> Draws:
     b = len(sizes)
     if not recipe.train:
         return Draws(centre_boxes(sizes, recipe.img_size), torch.zeros(b, dtype=torch.bool))
-    boxes = crop_boxes(sizes, g)
+    s = float(recipe.img_size)
+    box = crop_boxes(sizes, g)
+    boxes = torch.cat([box, torch.tensor([s, s, 0.0, 0.0], dtype=box.dtype).expand(b, 4)], 1)
     flips = torch.rand(b, generator=g) < FLIP_P
     out = Draws(boxes, flips)
     if recipe.randaugment is not None:
@@ -369,17 +390,20 @@ class DeviceAugment:
         return self.finish(x)
 
     def crop(self, images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        """Each image's box (source pixels) resized to S x S: roi_align's bins averaging ceil(box / S)^2 bilinear
-        samples (an area filter when shrinking, bilinear when enlarging), rounded to grey levels."""
-        from torchvision.ops import roi_align
-
+        """Each image's box resized and windowed (``Draws.boxes``) to S x S, as PIL crops then resizes (bilinear,
+        antialiased when shrinking: its triangle filter widened by the scale, the weights normalised within the box,
+        each pass rounded to grey levels): two batched matrix products, horizontal then vertical."""
         s = self.recipe.img_size
         x = images.float()
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
-        rois = torch.cat([torch.arange(len(boxes), dtype=torch.float32)[:, None], boxes], 1)
-        out = roi_align(x, _on(rois, x.device), (s, s), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-        return torch.round(out).clamp_(0, 255)
+        b = boxes.double()
+        if b.shape[1] == 4:   # a box resized to S x S, all kept
+            b = torch.cat([b, torch.tensor([s, s, 0.0, 0.0], dtype=b.dtype).expand(len(b), 4)], 1)
+        wh = resize_weights(b[:, 0], b[:, 2], b[:, 4], b[:, 6], s, x.shape[-1]).to(x.device, torch.float32)
+        wv = resize_weights(b[:, 1], b[:, 3], b[:, 5], b[:, 7], s, x.shape[-2]).to(x.device, torch.float32)
+        rows = torch.round(torch.matmul(x, wh.transpose(1, 2)[:, None]))    # (B, 3, H, S)
+        return torch.round(torch.matmul(wv[:, None], rows)).clamp_(0, 255)   # (B, 3, S, S)
 
     def augment(self, x: torch.Tensor, d: Draws) -> torch.Tensor:
         """Flip, then RandAugment or colour jitter, per image, on float (B, 3, S, S) grey levels."""

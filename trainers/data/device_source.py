@@ -42,10 +42,11 @@ def pass_generator() -> torch.Generator:
 
 
 def canvas(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(H, W, 3) uint8 arrays -> (uint8 (B, H, W, 3) with each in its top-left corner, int64 (B, 2) sizes)."""
+    """(H, W, 3) uint8 arrays -> (uint8 (B, H, W, 3) with each in its top-left corner, int64 (B, 2) sizes). The rest
+    of the canvas is left as it is: the crop weighs no pixel outside an image (DeviceAugment.crop)."""
     sizes = np.asarray([a.shape[:2] for a in arrays], dtype=np.int64).reshape(-1, 2)
     h, w = (int(v) for v in sizes.max(0)) if len(arrays) else (1, 1)
-    out = np.zeros((len(arrays), h, w, 3), dtype=np.uint8)
+    out = np.empty((len(arrays), h, w, 3), dtype=np.uint8)
     for i, a in enumerate(arrays):
         out[i, :a.shape[0], :a.shape[1]] = a
     return torch.from_numpy(out), torch.from_numpy(sizes)
@@ -243,7 +244,7 @@ def device_canvas(images: list[torch.Tensor], device) -> tuple[torch.Tensor, tor
     """(3, h, w) uint8 images on the device -> (uint8 (B, 3, H, W) canvas, sizes (B, 2) on the CPU)."""
     sizes = torch.tensor([list(t.shape[-2:]) for t in images], dtype=torch.int64).reshape(-1, 2)
     h, w = (int(v) for v in sizes.max(0).values) if len(images) else (1, 1)
-    out = torch.zeros(len(images), 3, h, w, dtype=torch.uint8, device=device)
-    for i, t in enumerate(images):
+    out = torch.empty(len(images), 3, h, w, dtype=torch.uint8, device=device)
+    for i, t in enumerate(images):   # the rest left as it is (canvas)
         out[i, :, :t.shape[-2], :t.shape[-1]] = t
     return out, sizes
