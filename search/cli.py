@@ -298,6 +298,10 @@ def cmd_validate(args) -> int:
               f"and {sn.control} control subnet(s) under two seeds")
     if spec.constraints and spec.search.algorithm != "grid":
         print(f"  infeasible proposals (estimated, no trial slot): {_infeasible_shares(spec)}")
+    from qkvsearch.search.campaign.prepare import describe
+
+    for line in describe(spec):   # the input path, and what it prepares
+        print(f"  {line}")
     return EXIT_OK
 
 

@@ -71,6 +71,7 @@ class TrialSettings:
     supernet: dict | None = None                    # a supernet's plan: its one trial trains it (search.campaign.oneshot)
     init_weights: dict | None = None                # training identity -> the weights its training starts from,
                                                     # head included (one-shot's ``retrain_from: inherited``)
+    prepared: dict | None = None                    # the prepared datasets its trials read (search.campaign.prepare)
 
 
 def trial_name(cfg: dict, trial_id: str) -> str:
@@ -245,7 +246,7 @@ def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
             gpus_per_worker=settings.gpus_per_worker, placement_strategy=settings.placement_strategy,
             name=run_name, storage_path=settings.train_storage, callbacks=callbacks,
             on_report=on_report if local else None, faults=settings.faults, max_failures=settings.max_failures,
-            supernet=settings.supernet, init_from=init, init_head=init is not None))
+            supernet=settings.supernet, init_from=init, init_head=init is not None, prepared=settings.prepared))
 
     try:
         if local:

@@ -32,6 +32,7 @@ from qkvsearch.search.campaign.preflight import (
     check_spec,
     check_stage_resources,
 )
+from qkvsearch.search.campaign.prepare import prepare_for
 from qkvsearch.search.campaign.run import (
     CampaignRun,
     _Describe,  # noqa: F401  (named by tuner.pkl of campaigns launched before run.py)
@@ -157,6 +158,7 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
             concurrency = plan_concurrency(spec.resources, cluster, ask=ask)
             stage_waits = check_stage_resources(spec, cluster, ask=ask)  # before clear_folder: a refusal loses nothing
             check_shared_storage(exp, _node_hosts(), can_grow=outgrows(spec.resources, cluster, concurrency))
+            prepare_for(spec)  # its prepared datasets made or checked, on this Ray: a refusal loses nothing
             if overwrite and exists(f"{exp}/{CAMPAIGN_FILE}"):
                 lease.clear_folder()  # only now: the new spec passed every check; the lease stays
             _announce(campaign, cluster, f"{_planned(spec)}, up to {concurrency} at a time")

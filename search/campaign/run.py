@@ -32,6 +32,7 @@ from qkvsearch.search.campaign.driver import (
 from qkvsearch.search.campaign.interrupts import CampaignInterrupted, StopSignals
 from qkvsearch.search.campaign.measured import measure_settings
 from qkvsearch.search.campaign.opened import OpenedCampaign
+from qkvsearch.search.campaign.prepare import prepare_for
 from qkvsearch.search.campaign.recording import TrialRecorder
 from qkvsearch.search.campaign.retention import retention_callback
 from qkvsearch.search.campaign.tracking import study_storage, tracking_callbacks
@@ -93,7 +94,8 @@ class CampaignRun:
     def __init__(self, campaign: OpenedCampaign, folder, cluster: Cluster, version: str, *,
                  supernet: dict | None = None, describe: dict | None = None, init_weights: dict | None = None):
         self.campaign, self.folder, self.cluster = campaign, folder, cluster
-        self.settings = replace(trial_settings(campaign), supernet=supernet, init_weights=init_weights or None)
+        self.settings = replace(trial_settings(campaign), supernet=supernet, init_weights=init_weights or None,
+                                prepared=prepare_for(campaign.spec))  # made or checked before any trial starts
         self.describe = _Describe(describe or {}, init_weights)
         self.recorder = TrialRecorder(campaign.exp, campaign.spec.name, self.describe)
         self.retention = retention_callback(campaign, self.recorder, self.settings)
