@@ -148,3 +148,23 @@ def test_a_campaign_prepared_dataset_is_read_where_it_is_named(tmp_path):
     train, _ = qdata.load_data(cfg, prepared=given)
     assert train.split.folder == p.location
     assert json.loads((tmp_path / "campaign-storage" / p.key / "manifest.json").read_text())["short_side"] == 18
+
+
+@pytest.mark.parametrize("dataset", ["wds", "hfds"])
+def test_shards_and_parquet_folders_are_prepared_and_read_by_index(tmp_path, dataset):
+    from helpers.shards import write_parquet_folder, write_wds
+
+    path = tmp_path / dataset
+    if dataset == "wds":
+        write_wds(str(path), {"train": [5, 5], "validation": [4]})
+    else:
+        write_parquet_folder(path, {"train": 10, "validation": 4})
+    cfg = fill({"model": "vit_tiny_patch16_224", "img_size": 16, "dataset": dataset, "data_path": str(path),
+                "num_classes": 3, "epochs": 1, "augment": True, "data_pipeline": "device"})
+    p = prep.plan(cfg, str(tmp_path / "prepared"))
+    manifest = prep.ensure(p)
+    assert [sum(e["images"] for e in manifest["splits"][r]) for r in ("train", "val")] == [10, 4]
+    train, val = qdata.load_data(cfg, prepared=p.location)
+    batches = _batches(train, 0, batch=5)
+    assert [x.shape for x, _ in batches] == [(5, 3, 16, 16)] * 2
+    assert len(val) == 4 and set(val.split.labels.tolist()) <= {0, 1, 2}
