@@ -1,4 +1,5 @@
-"""Data loading: training images/s per DataLoader process, and the loader processes a GPU would need.
+"""Data loading: training images/s per DataLoader process, the loader processes a GPU would need, and the input
+paths side by side (--paths).
 
 Each dataset is the training split as the project builds and reads it for a trial (spaces.keys.fill, then
 trainers.data.datasets's check_dataset, load_data, train_part, and the source's batches on the CPU, as one rank of
@@ -21,8 +22,18 @@ ceil(GPU images/s / images/s of one loader process), for the GPU figures in GPU_
 recorded in benchmarks/README.md; --gpu-rate adds or replaces one). Everything it starts (the S3 server,
 loader processes, the temporary folder) it stops or removes, on Ctrl-C and SIGTERM too.
 
+With --paths, the input paths instead (trainers.data.pipelines), on the same imagefolder, side by side in one run:
+today's path (PIL and timm's rand-m9-mstd0.5-inc1 in --path-workers loader processes, float32 batches) against the
+prepared dataset stored raw (uint8) and as JPEG (quality 90), each read by as many loader processes into the uint8
+batch handed to the device: host CPU per training image (every process of the benchmark during a pass, /proc),
+images/s per core, images/s; beside them the device augmentation's time per image, measured here on one CPU
+thread (no GPU). Then the preparation's cost (CPU per image and per source GB, bytes stored per image) in one
+process, and the prepared short side's parity: the device crop of an image prepared at each side against timm's
+crop of the source image for the same box (PSNR).
+
     python benchmarks/bench_data.py [--images 640] [--workers 0,1,2] [--repeats 3] [--batch 64]
         [--transforms randaugment,augment] [--no-s3] [--max-other 0.25] [--dir TMP] [--gpu-rate XCiT-S12=2000]
+    python benchmarks/bench_data.py --paths [--images 640] [--path-workers 1] [--repeats 3] [--batch 64]
 """
 from __future__ import annotations
 
@@ -383,6 +394,175 @@ def _gpu_label(rate, source) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The input paths side by side: host CPU per training image, today's path against the prepared one
+
+
+def cpu_now() -> float:
+    """CPU seconds this process and its loader processes have used."""
+    return sum(os.times()[:2]) + sum(process_cpu(c.pid) for c in multiprocessing.active_children())
+
+
+def prepare_cost(data_path: str, root: str, fmt: str) -> dict:
+    """Prepare the imagefolder in this process (one core: trainers.data.prepared.serial) -> its cost and size."""
+    from qkvsearch.trainers.data import prepared as prep
+
+    cfg = fill({"model": MODEL, "img_size": IMG_SIZE, "dataset": "imagefolder", "data_path": data_path,
+                "num_classes": CLASSES, "epochs": 1, "data_pipeline": "device", **TRANSFORMS["randaugment"]})
+    p = prep.plan(cfg, root, fmt)
+    source_bytes = sum(os.path.getsize(os.path.join(data_path, rel)) for role in ("train", "val")
+                       for u in p.listing.units[role] for rel, _ in u["files"])
+    t, c = time.perf_counter(), cpu_now()
+    manifest = prep.ensure(p)
+    wall, cpu = time.perf_counter() - t, cpu_now() - c
+    images = sum(e["images"] for entries in manifest["splits"].values() for e in entries)
+    stored = sum(e["bytes"] + e["index_bytes"] for entries in manifest["splits"].values() for e in entries)
+    return {"format": fmt, "location": p.location, "images": images, "cpu_ms": 1e3 * cpu / images,
+            "wall_s": wall, "cpu_s_per_gb": cpu / (source_bytes / 1e9), "stored_kb": stored / images / 1e3,
+            "source_kb": source_bytes / images / 1e3, "short": p.short}
+
+
+def loader_pass(batches, images: int) -> tuple[float, float]:
+    """(host CPU ms per image, images/s) of one pass over ``batches`` (an iterator of what loaders hand over)."""
+    t, c = time.perf_counter(), cpu_now()
+    n = 0
+    for batch in batches:
+        n += len(batch[-1])
+    wall, cpu = time.perf_counter() - t, cpu_now() - c
+    return 1e3 * cpu / n, n / wall
+
+
+def path_rows(tmp: str, images: int, batch: int, workers: int, repeats: int) -> tuple[list[dict], list[dict]]:
+    """Host CPU per training image and images/s for today's path and the prepared paths (raw, JPEG), each read
+    with ``workers`` loader processes up to the batch handed to the device (float32 today, uint8 prepared);
+    beside them, the device augmentation's time per image on this CPU (no GPU here). -> (rows, preparation)."""
+    from qkvsearch.trainers.data import datasets as qdata
+    from qkvsearch.trainers.data import prepared as prep
+    from qkvsearch.trainers.data.device_augment import Recipe
+    from qkvsearch.trainers.data.device_source import PreparedSource
+
+    folder = os.path.join(tmp, "imagefolder")
+    made = [prepare_cost(folder, os.path.join(tmp, "prepared"), fmt) for fmt in prep.FORMATS]
+    rows = []
+    today = train_source("imagefolder", folder, "randaugment", workers)
+    sources = {"today (PIL + timm, float32)": today}
+    cfg = fill({"model": MODEL, "img_size": IMG_SIZE, "dataset": "imagefolder", "data_path": folder,
+                "num_classes": CLASSES, "epochs": 1, **TRANSFORMS["randaugment"]})
+    for m in made:
+        folder_m, manifest = prep.open_checked(m["location"])
+        sources[f"prepared {m['format']} (uint8)"] = PreparedSource(
+            Recipe.training(cfg), workers, split=prep.read_split(folder_m, manifest, "train"))
+    try:
+        got = {name: [] for name in sources}
+        for r in range(1 + repeats):   # the first pass warms up (loader processes, page cache)
+            for name, source in sources.items():
+                torch.manual_seed(SEED + r)
+                order = qdata.train_part(source, 1, 0, SEED, r)
+                if source is today:
+                    it = source.batches(order, batch, CPU, drop_last=False)
+                else:
+                    sampler, loader = source._loader(CPU)
+                    idx = order.tolist()
+                    sampler.keys = [idx[i:i + batch] for i in range(0, len(idx), batch)]
+                    it = iter(loader)
+                result = loader_pass(it, len(source))
+                if r:
+                    got[name].append(result)
+        aug_ms = device_augment_ms(sources[f"prepared {prep.FORMAT} (uint8)"], batch)
+        for name, res in got.items():
+            cpu = statistics.median(c for c, _ in res)
+            rows.append({"path": name, "cpu_ms": cpu, "per_core": 1e3 / cpu, "rate": statistics.median(r for _, r in res),
+                         "aug_ms": None if name.startswith("today") else aug_ms})
+    finally:
+        for source in sources.values():
+            close(source)
+    return rows, made
+
+
+def device_augment_ms(source, batch: int, passes: int = 3) -> float:
+    """ms per image of the device augmentation (crop, flip, RandAugment, normalisation) on this CPU, one thread."""
+    from qkvsearch.trainers.data.device_augment import DeviceAugment
+
+    aug = DeviceAugment(source.recipe)
+    images, sizes, _ = source.read(list(range(min(batch, len(source)))))
+    x = images.permute(0, 3, 1, 2)
+    g = torch.Generator().manual_seed(SEED)
+    aug(x, sizes, g)
+    times = []
+    for _ in range(passes):
+        t = time.perf_counter()
+        aug(x, sizes, g)
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times) / len(sizes)
+
+
+def print_path_tables(rows: list[dict], made: list[dict], workers: int) -> None:
+    base = next(r["cpu_ms"] for r in rows if r["path"].startswith("today"))
+    print(f"\nInput paths, imagefolder on the local disk, {IMG_SIZE} px, rand-m9-mstd0.5-inc1; loader_workers {workers}; "
+          "host CPU: every process of the benchmark during a pass, up to the batch handed to the device")
+    print("| path | host CPU per image (ms) | vs today | images/s per core | images/s | device augmentation "
+          "per image (ms, on this CPU: no GPU) |\n|---|---|---|---|---|---|")
+    for r in rows:
+        aug = f"{r['aug_ms']:.2f}" if r["aug_ms"] is not None else "- (in the host CPU)"
+        print(f"| {r['path']} | {r['cpu_ms']:.3f} | {base / r['cpu_ms']:.1f}x less | {r['per_core']:,.0f} | "
+              f"{r['rate']:,.0f} | {aug} |")
+    print("\nPreparation (one process, trainers.data.prepared.serial; a campaign spreads it over Ray tasks)")
+    print("| format | short side (px) | stored KB per image (source KB) | CPU per image (ms) | CPU s per source GB "
+          "|\n|---|---|---|---|---|")
+    for m in made:
+        print(f"| {m['format']} | {m['short']} | {m['stored_kb']:.1f} ({m['source_kb']:.1f}) | {m['cpu_ms']:.2f} | "
+              f"{m['cpu_s_per_gb']:.0f} |")
+
+
+def crop_parity(n: int = 64, sides=(160, 192, 224, 256, 320)) -> list[tuple]:
+    """PSNR (dB) of the device crop of a prepared image (short side S) against timm's crop of the source image for
+    the same box (PIL bilinear), median and 10th percentile over ``n`` generated photos and timm-drawn boxes; and,
+    for scale, PIL bilinear against bicubic on the source (timm's interpolation 'random' picks either)."""
+    import random
+
+    from PIL import Image
+    from timm.data.transforms import RandomResizedCropAndInterpolation as RRC
+
+    from qkvsearch.trainers.data.device_augment import CROP_RATIO, CROP_SCALE, DeviceAugment, Recipe
+    from qkvsearch.trainers.data.prepared import resized
+
+    rng = np.random.default_rng(SEED)
+    random.seed(SEED)   # timm's crop draws from Python's generator
+    aug = DeviceAugment(Recipe(IMG_SIZE, True))
+    photos = [np.asarray(Image.open(io.BytesIO(jpeg(rng))).convert("RGB")) for _ in range(n)]
+    boxes = [RRC.get_params(Image.fromarray(a), CROP_SCALE, CROP_RATIO) for a in photos]
+
+    def psnr(a, b):
+        return 10 * math.log10(255 ** 2 / max(np.mean((a.astype(np.float64) - b) ** 2), 1e-12))
+
+    out = []
+    for side in (*sides, None):
+        vals = []
+        for a, (i, j, h, w) in zip(photos, boxes):
+            want = np.asarray(Image.fromarray(a).crop((j, i, j + w, i + h)).resize((IMG_SIZE, IMG_SIZE), Image.BILINEAR))
+            src = a if side is None else resized(a, side)
+            sy, sx = src.shape[0] / a.shape[0], src.shape[1] / a.shape[1]
+            box = torch.tensor([[j * sx, i * sy, (j + w) * sx, (i + h) * sy]], dtype=torch.float32)
+            got = aug.crop(torch.from_numpy(np.ascontiguousarray(src)).permute(2, 0, 1)[None], box)[0]
+            vals.append(psnr(got.permute(1, 2, 0).numpy(), want))
+        out.append(("source" if side is None else side, statistics.median(vals), float(np.percentile(vals, 10))))
+    vals = []
+    for a, (i, j, h, w) in zip(photos, boxes):
+        c = Image.fromarray(a).crop((j, i, j + w, i + h))
+        vals.append(psnr(np.asarray(c.resize((IMG_SIZE, IMG_SIZE), Image.BILINEAR)),
+                         np.asarray(c.resize((IMG_SIZE, IMG_SIZE), Image.BICUBIC))))
+    out.append(("timm bilinear vs bicubic", statistics.median(vals), float(np.percentile(vals, 10))))
+    return out
+
+
+def print_crop_parity(rows) -> None:
+    print("\nThe prepared short side: the device crop of a prepared image against timm's crop of the source (same box, "
+          "PIL bilinear), PSNR over generated photos")
+    print("| prepared short side (px) | PSNR median (dB) | PSNR 10th percentile (dB) |\n|---|---|---|")
+    for side, med, low in rows:
+        print(f"| {side} | {med:.1f} | {low:.1f} |")
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def _raise_on_signal(owner: int):
@@ -419,6 +599,10 @@ def main():
     p.add_argument("--dir", default=None, help="where the temporary folder goes (default: the system's)")
     p.add_argument("--gpu-rate", action="append", default=[], metavar="NAME=IMAGES_PER_S",
                    help="a GPU's training images/s (bench_gpu.py part 1), added to or replacing GPU_RATES")
+    p.add_argument("--paths", action="store_true",
+                   help="the input paths side by side instead (today's against the prepared ones, preparation's "
+                        "cost, the prepared short side's crop parity)")
+    p.add_argument("--path-workers", type=int, default=1, help="loader processes of --paths")
     args = p.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     transforms = args.transforms.split(",")
@@ -447,6 +631,12 @@ def main():
               f"{kb:.0f} KB; {shards} training shards of ~{args.images // shards}; made in "
               f"{time.perf_counter() - t:.0f} s; {cores} CPU cores, torch {torch.__version__}; batch {args.batch}, "
               f"{IMG_SIZE} px; medians of {args.repeats} passes after a warm-up pass", flush=True)
+        if args.paths:
+            rows, made = path_rows(tmp, args.images, args.batch, args.path_workers, args.repeats)
+            print_path_tables(rows, made, args.path_workers)
+            print_crop_parity(crop_parity())
+            print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
+            return
         rows = []
         for transform in transforms:
             rows += measure("imagefolder", "local", os.path.join(tmp, "imagefolder"), transform, workers,
