@@ -274,7 +274,7 @@ def closing_code(progress, exp: str) -> int:
 
 def cmd_validate(args) -> int:
     spec = _load(args)
-    from qkvsearch.search.campaign.preflight import check_spec
+    from qkvsearch.search.campaign.preflight import check_spec, describe_input_path
 
     models = check_spec(spec, launching=False)  # storage, every model, dataset: what launch checks first
     d = spec.to_dict()
@@ -298,10 +298,7 @@ def cmd_validate(args) -> int:
               f"and {sn.control} control subnet(s) under two seeds")
     if spec.constraints and spec.search.algorithm != "grid":
         print(f"  infeasible proposals (estimated, no trial slot): {_infeasible_shares(spec)}")
-    from qkvsearch.search.campaign.prepare import describe
-
-    for line in describe(spec):   # the input path, and what it prepares
-        print(f"  {line}")
+    print("\n".join(f"  {line}" for line in describe_input_path(spec)))   # and what it prepares, where
     return EXIT_OK
 
 

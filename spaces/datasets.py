@@ -1,9 +1,12 @@
 """The datasets a campaign can read: what each is, declared once (the ``dataset`` key's values, the readers in
-trainers.data.datasets, the stages' datasets)."""
+trainers.data.datasets, the stages' datasets), the input paths and bad-image policies (``data_pipeline``,
+``bad_images``), and the rules that tie a trial config's keys to its dataset (``fill_from_dataset``)."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from qkvsearch.spaces.errors import ConfigError, config_error
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ DATASET_INFO: dict[str, Dataset] = {
     "hfds": Dataset(None, 224, True, True, encoded=True),        # Parquet / Arrow files datasets.load_dataset reads (image, label)
 }
 DATASETS = tuple(DATASET_INFO)
+PIPELINES = ("auto", "host", "device", "decode")   # the input paths (trainers.data.pipelines)
+BAD_IMAGE_POLICIES = ("refuse", "skip")
 
 
 def count_class_folders(data_path) -> int:
@@ -43,3 +48,36 @@ def count_class_folders(data_path) -> int:
     if not train or not os.path.isdir(train):
         return 0
     return sum(1 for e in os.scandir(train) if e.is_dir() and not e.name.startswith("."))
+
+
+def fill_from_dataset(cfg: dict) -> None:
+    """img_size and num_classes from the dataset when null; the rules that tie model keys to the data (ConfigError;
+    spaces.keys.fill runs them on every trial config)."""
+    ds = DATASET_INFO[cfg["dataset"]]
+    if ds.needs_path and cfg["data_path"] is None:
+        raise ConfigError(f"data_path: required for dataset {cfg['dataset']} (the dataset's root folder)")
+    if cfg.get("img_size") is None:
+        cfg["img_size"] = ds.img_size
+    if ds.rgb and cfg.get("in_chans", 3) != 3:
+        raise config_error("in_chans", f"3 for dataset {cfg['dataset']} (RGB images)", cfg["in_chans"])
+    if (cfg.get("augment") or cfg.get("randaugment")) and cfg.get("in_chans", 3) != 3:
+        raise config_error("in_chans", "3 when augment or randaugment is on (timm transforms make RGB images)",
+                           cfg["in_chans"])
+    pipeline = cfg.get("data_pipeline", "auto")
+    if pipeline == "decode" and not ds.files:
+        why = "its images are held in memory: nothing to decode" if not ds.encoded else \
+            "decode reads one image file per sample by index (imagefolder, cars); device prepares it"
+        raise config_error("data_pipeline", f"auto, host or device for dataset {cfg['dataset']} ({why})", pipeline)
+    aa = cfg.get("randaugment")
+    if pipeline in ("device", "decode") and aa and not str(aa).startswith("rand"):
+        raise config_error("data_pipeline", f"host or auto with randaugment {aa} (the device path runs timm's "
+                           "rand-* RandAugment only)", pipeline)
+    if ds.classes is not None:
+        if cfg.get("num_classes") is None:
+            cfg["num_classes"] = ds.classes
+        elif cfg["num_classes"] != ds.classes:
+            raise config_error("num_classes", f"{ds.classes} for dataset {cfg['dataset']}", cfg["num_classes"])
+    elif cfg.get("num_classes") is None:
+        n = count_class_folders(cfg["data_path"])
+        if n >= 2:  # fewer: the dataset check says what is wrong with the folder
+            cfg["num_classes"] = n

@@ -174,3 +174,12 @@ class Collector:
 def section_failed(problems: Sequence[str], section: str) -> bool:
     """Whether one of ``problems`` (a Collector's errors, or what spaces.loader.read_stored_spec returns) concerns ``section``."""
     return any(e == section or e.startswith((f"{section}.", f"{section}:", f"{section}[")) for e in problems)
+
+
+class ConfigError(BadInput):
+    """A trial config holds an unknown key or a value its key does not allow (spaces.keys.fill)."""
+
+
+def config_error(key: str, expected: str, given) -> ConfigError:
+    """The error naming ``key``, what it expects and what it was given."""
+    return ConfigError(f"{key}: expected {expected}, given {show(given)}")

@@ -57,8 +57,14 @@ from qkvsearch.spaces.choices import (
     unmet_need,
 )
 from qkvsearch.spaces.choices import model_family as _family
-from qkvsearch.spaces.datasets import DATASET_INFO, DATASETS, count_class_folders
-from qkvsearch.spaces.errors import BadInput, hint, show
+from qkvsearch.spaces.datasets import (
+    BAD_IMAGE_POLICIES,
+    DATASET_INFO,
+    DATASETS,
+    PIPELINES,
+    fill_from_dataset,
+)
+from qkvsearch.spaces.errors import ConfigError, config_error, hint, show  # noqa: F401  (show: read here too)
 from qkvsearch.spaces.policy import QUANT_KEYS, full_precision, is_policy_key, quant_policy  # noqa: F401
 
 EMBEDDINGS = tuple(EMBEDDING_CHOICES)  # the choice keys' values: spaces.choices, one table each
@@ -69,8 +75,6 @@ POS_EMBEDS = tuple(POSITION_CHOICES)
 PATCH_EMBEDS = tuple(STEM_CHOICES)
 KEY_KINDS = tuple(KEY_CHOICES)
 KEY_AGGREGATIONS = ("vanilla", "simple", "spatial", "kua")
-PIPELINES = ("auto", "host", "device", "decode")   # the input paths (trainers.data.pipelines)
-BAD_IMAGE_POLICIES = ("refuse", "skip")
 PRECISIONS = tuple(PRECISION_CHOICES)
 ATTENTION_SIZE_KEY = {n: c.size_key for n, c in ATTENTION_CHOICES.items() if c.size_key}  # of those with one
 QKV_ATTENTIONS = tuple(n for n, c in ATTENTION_CHOICES.items() if c.projects_qkv)   # those with q/k/v projections
@@ -301,15 +305,6 @@ REQUIRED_TRAIN_KEYS = tuple(k.section_key or k.name for k in KEYS.values() if k.
 # ---------------------------------------------------------------------------------------------- fill
 
 
-class ConfigError(BadInput):
-    """A trial config holds an unknown key or a value its key does not allow."""
-
-
-def config_error(key: str, expected: str, given) -> ConfigError:
-    """The error naming ``key``, what it expects and what it was given."""
-    return ConfigError(f"{key}: expected {expected}, given {show(given)}")
-
-
 def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
     """A copy of ``cfg`` with every key of ``groups`` checked and its default filled in.
 
@@ -405,38 +400,6 @@ def check_combinations(cfg: Mapping) -> None:
     if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") in embeddings_with("hidden"):
         raise config_error("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
                            "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)", True)
-
-
-def fill_from_dataset(cfg: dict) -> None:
-    """img_size and num_classes from the dataset when null; the rules that tie model keys to the data."""
-    ds = DATASET_INFO[cfg["dataset"]]
-    if ds.needs_path and cfg["data_path"] is None:
-        raise ConfigError(f"data_path: required for dataset {cfg['dataset']} (the dataset's root folder)")
-    if cfg.get("img_size") is None:
-        cfg["img_size"] = ds.img_size
-    if ds.rgb and cfg.get("in_chans", 3) != 3:
-        raise config_error("in_chans", f"3 for dataset {cfg['dataset']} (RGB images)", cfg["in_chans"])
-    if (cfg.get("augment") or cfg.get("randaugment")) and cfg.get("in_chans", 3) != 3:
-        raise config_error("in_chans", "3 when augment or randaugment is on (timm transforms make RGB images)",
-                    cfg["in_chans"])
-    pipeline = cfg.get("data_pipeline", "auto")
-    if pipeline == "decode" and not ds.files:
-        why = "its images are held in memory: nothing to decode" if not ds.encoded else \
-            "decode reads one image file per sample by index (imagefolder, cars); device prepares it"
-        raise config_error("data_pipeline", f"auto, host or device for dataset {cfg['dataset']} ({why})", pipeline)
-    aa = cfg.get("randaugment")
-    if pipeline in ("device", "decode") and aa and not str(aa).startswith("rand"):
-        raise config_error("data_pipeline", f"host or auto with randaugment {aa} (the device path runs timm's "
-                           "rand-* RandAugment only)", pipeline)
-    if ds.classes is not None:
-        if cfg.get("num_classes") is None:
-            cfg["num_classes"] = ds.classes
-        elif cfg["num_classes"] != ds.classes:
-            raise config_error("num_classes", f"{ds.classes} for dataset {cfg['dataset']}", cfg["num_classes"])
-    elif cfg.get("num_classes") is None:
-        n = count_class_folders(cfg["data_path"])
-        if n >= 2:  # fewer: the dataset check says what is wrong with the folder
-            cfg["num_classes"] = n
 
 
 def flatten(section: str, values: Mapping) -> dict:

@@ -335,7 +335,7 @@ def parse_storage(raw, c: Collector) -> str:
 
 def dataset_defaults(model: ModelSpec, data: DataSpec, train, c: Collector) -> ModelSpec:
     """img_size / num_classes from the dataset, and the rules that tie model keys to the data
-    (spaces.keys.fill_from_dataset, the rule every trial config goes through)."""
+    (spaces.datasets.fill_from_dataset, the rule every trial config goes through)."""
     flat = {**flatten("model", model.as_dict()), **flatten("data", data.as_dict()),
             "augment": train.augment, "randaugment": train.randaugment}
     try:

@@ -15,6 +15,7 @@ import stat
 import sys
 from collections.abc import Mapping
 
+from qkvsearch.search.campaign.prepare import describe as describe_input_path  # noqa: F401  (validate's lines)
 from qkvsearch.search.cluster.capacity import ResourceError
 from qkvsearch.spaces.errors import BadInput, show
 
