@@ -437,6 +437,7 @@ def path_rows(tmp: str, images: int, batch: int, workers: int, repeats: int) -> 
     beside them, the device augmentation's time per image on this CPU (no GPU here). -> (rows, preparation)."""
     from qkvsearch.trainers.data import datasets as qdata
     from qkvsearch.trainers.data import prepared as prep
+    from qkvsearch.trainers.data import prepared_reading as reading
     from qkvsearch.trainers.data.device_augment import Recipe
     from qkvsearch.trainers.data.device_source import PreparedSource
 
@@ -448,9 +449,9 @@ def path_rows(tmp: str, images: int, batch: int, workers: int, repeats: int) -> 
     cfg = fill({"model": MODEL, "img_size": IMG_SIZE, "dataset": "imagefolder", "data_path": folder,
                 "num_classes": CLASSES, "epochs": 1, **TRANSFORMS["randaugment"]})
     for m in made:
-        folder_m, manifest = prep.open_checked(m["location"])
+        folder_m, manifest = reading.open_checked(m["location"])
         sources[f"prepared {m['format']} (uint8)"] = PreparedSource(
-            Recipe.training(cfg), workers, split=prep.read_split(folder_m, manifest, "train"))
+            Recipe.training(cfg), workers, split=reading.read_split(folder_m, manifest, "train"))
     try:
         got = {name: [] for name in sources}
         for r in range(1 + repeats):   # the first pass warms up (loader processes, page cache)

@@ -16,6 +16,7 @@ from PIL import Image
 from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers.data import datasets as qdata
 from qkvsearch.trainers.data import prepared as prep
+from qkvsearch.trainers.data import prepared_reading as reading
 from qkvsearch.trainers.data.sources import DatasetError
 
 CLASSES, PER_CLASS = ("ant", "bee"), 6
@@ -87,7 +88,7 @@ def test_a_damaged_shard_is_found_and_prepared_again_alone(tmp_path):
     with open(shard, "wb") as f:
         f.write(data)
     assert list(prep.check(p.location, manifest)) == ["train-00000"]
-    folder, again = prep.open_checked(p.location)
+    folder, again = reading.open_checked(p.location)
     assert folder == p.location and again["splits"] == manifest["splits"] | {"train": again["splits"]["train"]}
     (first, second) = prep.history(p.location)
     assert first["why"] == "new" and second["shards"] == ["train-00000"] and "SHA-256" in second["why"]

@@ -130,7 +130,7 @@ def load_data(cfg: dict, device=None, prepared=None):
     path = input_path(cfg, is_cuda(device))
     if path == "host":
         return READERS[cfg["dataset"]].load(cfg)
-    return device_sources(cfg, path, prepared)
+    return device_sources(cfg, path, prepared, READERS[cfg["dataset"]].arrays)
 
 
 def _from_arrays(read):

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from qkvsearch.trainers.data.device_augment import DeviceAugment, Recipe
-from qkvsearch.trainers.data.prepared import PreparedSplit, decode_stored
+from qkvsearch.trainers.data.prepared import decode_stored
+from qkvsearch.trainers.data.prepared_reading import PreparedSplit
 from qkvsearch.trainers.data.sources import (
     DatasetError,
     ReadByIndex,

@@ -32,10 +32,11 @@ def prepares(cfg: dict, cuda: bool) -> bool:
     return input_path(cfg, cuda) == "device" and DATASET_INFO[cfg["dataset"]].encoded
 
 
-def device_sources(cfg: dict, path: str, prepared):
+def device_sources(cfg: dict, path: str, prepared, arrays=None):
     """(train, val) sources of the device or decode path. prepared: where the prepared dataset is: its location, or
     a campaign's {"root": its root, "<short side>": location} (search.campaign.prepare); one this img_size lacks is
-    prepared in this process (under the root, or trainers.data.prepared.default_root)."""
+    prepared in this process (under the root, or trainers.data.prepared.default_root). arrays: a dataset held in
+    memory, cfg -> its (train, val) uint8 arrays (trainers.data.datasets.DatasetReader.arrays)."""
     from qkvsearch.trainers.data import device_source as ds
     from qkvsearch.trainers.data.device_augment import Recipe
     from qkvsearch.trainers.data.sources import TensorSource, augments, loader_processes
@@ -44,9 +45,7 @@ def device_sources(cfg: dict, path: str, prepared):
     train_recipe, val_recipe = Recipe.training(cfg), Recipe.evaluation(cfg)
     info = DATASET_INFO[cfg["dataset"]]
     if not info.encoded:   # held in memory: its arrays, augmented on the device
-        from qkvsearch.trainers.data.datasets import READERS
-
-        train, val = READERS[cfg["dataset"]].arrays(cfg)
+        train, val = arrays(cfg)
         train_src = TensorSource(*train, cfg["img_size"], cfg["in_chans"])
         val_src = TensorSource(*val, cfg["img_size"], cfg["in_chans"])
         return (ds.MemorySource(train_src, train_recipe) if augments(cfg) else train_src), val_src
@@ -57,15 +56,16 @@ def device_sources(cfg: dict, path: str, prepared):
                                      policy=cfg["bad_images"])
                      for role, recipe in (("train", train_recipe), ("val", val_recipe)))
     from qkvsearch.trainers.data import prepared as prep
+    from qkvsearch.trainers.data import prepared_reading as reading
 
     given = prepared.get(str(prep.short_side(cfg["img_size"]))) if isinstance(prepared, dict) else prepared
     if given is None:   # not prepared by a campaign for this img_size: here, once
         p = prep.plan(cfg, (prepared or {}).get("root") or prep.default_root())
         prep.ensure(p)
         given = p.location
-    folder, manifest = prep.open_checked(given)
+    folder, manifest = reading.open_checked(given)
     prep.apply_policy(manifest, cfg["bad_images"], cfg["data_path"])
-    return tuple(ds.PreparedSource(recipe, workers, split=prep.read_split(folder, manifest, role))
+    return tuple(ds.PreparedSource(recipe, workers, split=reading.read_split(folder, manifest, role))
                  for role, recipe in (("train", train_recipe), ("val", val_recipe)))
 
 

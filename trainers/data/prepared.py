@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +55,6 @@ MAX_ASPECT = 2.0       # a longer side than MAX_ASPECT x the short side keeps it
 PREPARED_DIR = "qs_prepared"   # under a campaign's storage, beside its campaigns
 MANIFEST, UNITS, VERIFIED, HISTORY = "manifest.json", "units.json", "verified.json", "history.jsonl"
 NAMED = 20             # bad images named in a message, at most
-CACHE_ENV = "QKVSEARCH_PREPARED_CACHE"   # node-local copies of bucket-held prepared datasets (default: temp dir)
 
 
 def short_side(img_size: int) -> int:
@@ -188,7 +186,7 @@ def serial(fn: Callable, calls: list[tuple]) -> list:
 
 
 @contextlib.contextmanager
-def _locked(location: str):
+def locked(location: str):
     """An exclusive hold on a local prepared dataset while it is checked or written (trials of one node); none for a
     bucket (its writes are whole objects, and its readers check what they copy)."""
     if "://" in location:
@@ -208,7 +206,7 @@ def _locked(location: str):
 def ensure(p: Plan, run: Callable = serial) -> dict:
     """The manifest of ``p``'s prepared dataset, preparing what is missing or damaged first (``run`` maps
     prepare_unit over its calls: in this process, or over a cluster). Returns the manifest."""
-    with _locked(p.location):
+    with locked(p.location):
         manifest = read_manifest(p.location)
         if manifest is None:
             todo = {r: p.shard_names(r) for r in ("train", "val")}
@@ -242,7 +240,7 @@ def _prepare(location, data_path, units, todo, short, fmt, run, manifest, why, s
             manifest["splits"][role] = [entries.get(e["name"], e) for e in manifest["splits"][role]]
     seconds = time.perf_counter() - t0
     write_json(f"{location}/{MANIFEST}", manifest)
-    _stamp(location, manifest)
+    stamp(location, manifest)
     done = list(entries.values())
     _history(location, {"at": time.time(), "why": why, "shards": sorted(entries), "seconds": seconds,
                         "images": sum(e["images"] for e in done), "bytes": sum(e["bytes"] for e in done),
@@ -279,7 +277,7 @@ def read_manifest(location: str) -> dict | None:
     return m if isinstance(m, dict) and m.get("version") == PREPARE_VERSION else None
 
 
-def _files(entry: dict):
+def shard_files(entry: dict):
     yield f"{entry['name']}.bin", entry["bytes"], entry["sha256"]
     yield f"{entry['name']}.idx", entry["index_bytes"], entry["index_sha256"]
 
@@ -300,11 +298,11 @@ def check(location: str, manifest: dict) -> dict[str, str]:
 
     fs, root = open_location(location)
     local = isinstance(fs, pafs.LocalFileSystem)
-    stamp = _read_stamp(location) if local else {}
-    damaged, verified = {}, dict(stamp)
+    marks = _read_stamp(location) if local else {}
+    damaged, verified = {}, dict(marks)
     for entries in manifest["splits"].values():
         for entry in entries:
-            for file, size, digest in _files(entry):
+            for file, size, digest in shard_files(entry):
                 info = fs.get_file_info(f"{root}/{file}")
                 if info.type == pafs.FileType.NotFound:
                     damaged[entry["name"]] = f"{file} missing"
@@ -315,14 +313,14 @@ def check(location: str, manifest: dict) -> dict[str, str]:
                 if not local:
                     continue
                 mark = [info.size, info.mtime_ns]
-                if stamp.get(file) == mark:
+                if marks.get(file) == mark:
                     continue
                 if _sha256_file(fs, f"{root}/{file}") != digest:
                     damaged[entry["name"]] = f"{file}'s SHA-256 differs from the manifest's"
                     verified.pop(file, None)
                     break
                 verified[file] = mark
-    if local and verified != stamp:
+    if local and verified != marks:
         write_json(f"{location}/{VERIFIED}", verified)
     return damaged
 
@@ -334,21 +332,21 @@ def _read_stamp(location: str) -> dict:
         return {}
 
 
-def _stamp(location: str, manifest: dict) -> None:
+def stamp(location: str, manifest: dict) -> None:
     """Record the files just written as verified (their checksums were computed from the bytes written)."""
     import pyarrow.fs as pafs
 
     fs, root = open_location(location)
     if not isinstance(fs, pafs.LocalFileSystem):
         return
-    stamp = _read_stamp(location)
+    marks = _read_stamp(location)
     for entries in manifest["splits"].values():
         for entry in entries:
-            for file, _, _ in _files(entry):
+            for file, _, _ in shard_files(entry):
                 info = fs.get_file_info(f"{root}/{file}")
                 if info.type != pafs.FileType.NotFound:
-                    stamp[file] = [info.size, info.mtime_ns]
-    write_json(f"{location}/{VERIFIED}", stamp)
+                    marks[file] = [info.size, info.mtime_ns]
+    write_json(f"{location}/{VERIFIED}", marks)
 
 
 def bad_images(manifest: dict) -> tuple[list, dict]:
@@ -385,7 +383,7 @@ def apply_policy(manifest: dict, policy: str, data_path: str) -> None:
         log.warning("prepared dataset: %s", text)
 
 
-# ---------------------------------------------------------------------------------------------- a trial's copy
+# ---------------------------------------------------------------------------------------------- repairs
 
 
 def repair(location: str, manifest: dict, damaged: dict, run: Callable = serial) -> dict:
@@ -395,77 +393,3 @@ def repair(location: str, manifest: dict, damaged: dict, run: Callable = serial)
     why = "damaged: " + "; ".join(f"{n} ({damaged[n]})" for n in sorted(damaged)[:NAMED])
     return _prepare(location, manifest["source"]["data_path"], units, todo, manifest["short_side"],
                     manifest["format"], run, manifest, why, manifest["source"])
-
-
-def node_copy(location: str) -> str:
-    """A local folder to read a prepared dataset from: the location itself when local, else a copy on this node's
-    disk (CACHE_ENV, or the temp folder), each file checked against the manifest's SHA-256 as it is copied."""
-    if "://" not in location:
-        return location
-    key = location.rstrip("/").rsplit("/", 1)[-1]
-    local = os.path.join(os.environ.get(CACHE_ENV) or tempfile.gettempdir(), "qkvsearch-prepared", key)
-    with _locked(local):
-        manifest = read_json(f"{location}/{MANIFEST}")
-        for name in (MANIFEST, UNITS):
-            write_bytes(f"{local}/{name}", read_bytes(f"{location}/{name}"))
-        for entries in manifest["splits"].values():
-            for entry in entries:
-                for file, size, digest in _files(entry):
-                    target = os.path.join(local, file)
-                    if os.path.exists(target) and os.path.getsize(target) == size:
-                        continue
-                    data = read_bytes(f"{location}/{file}")
-                    if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-                        raise DatasetError(f"data.pipeline: the prepared file {location}/{file} is damaged (its "
-                                           f"checksum differs from the manifest's); its campaign prepares it again "
-                                           f"when it starts")
-                    write_bytes(target, data)
-        _stamp(local, manifest)
-    return local
-
-
-def open_checked(location: str, run: Callable = serial) -> tuple[str, dict]:
-    """(a local folder, its manifest) of a complete prepared dataset, checked; damaged shards prepared again first.
-    DatasetError when there is none at ``location``."""
-    folder = node_copy(location)
-    with _locked(folder):
-        manifest = read_manifest(folder)
-        if manifest is None:
-            raise DatasetError(f"data.pipeline: expected a prepared dataset at {location} (a campaign prepares it "
-                               f"before its trials start), given none")
-        damaged = check(folder, manifest)
-        if damaged:
-            log.warning("prepared dataset %s: %d damaged shard(s), prepared again: %s", folder, len(damaged),
-                        "; ".join(f"{k}: {v}" for k, v in sorted(damaged.items())[:NAMED]))
-            manifest = repair(folder, manifest, damaged, run)
-    return folder, manifest
-
-
-@dataclass
-class PreparedSplit:
-    """One split of a prepared dataset as arrays: per image its shard (index into ``shards``), offset, length,
-    height, width and label."""
-
-    folder: str
-    format: str
-    shards: list[str]
-    table: np.ndarray      # (N, 6) int64: shard, offset, length, h, w, label
-
-    def __len__(self):
-        return len(self.table)
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self.table[:, 5]
-
-
-def read_split(folder: str, manifest: dict, role: str) -> PreparedSplit:
-    rows, names = [], []
-    for s, entry in enumerate(manifest["splits"][role]):
-        with open(os.path.join(folder, f"{entry['name']}.idx"), "rb") as f:
-            index = json.loads(f.read())
-        names.append(f"{entry['name']}.bin")
-        if index:
-            rows.append(np.concatenate([np.full((len(index), 1), s), np.asarray(index, dtype=np.int64)], 1))
-    table = np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
-    return PreparedSplit(folder, manifest["format"], names, table)
