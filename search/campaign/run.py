@@ -69,8 +69,14 @@ class _Describe:
                 "name": trial_name(cfg, trial.trial_id), "measured_on": trial.config.get("measured_on"),
                 **({"init_from": init} if init else {}), **self.fields}
 
-    def name(self, trial) -> str:
-        return trial_name(trial.config["config"], trial.trial_id)
+    def name(self, trial) -> str:   # the name creator tuner.pkl holds for campaigns launched before `_trial_name`
+        return _trial_name(trial)
+
+
+def _trial_name(trial) -> str:
+    """A Tune trial's name and folder name (a function, not a bound method: Tune copies its creators into every
+    trial, with the object a method is bound to)."""
+    return trial_name(trial.config["config"], trial.trial_id)
 
 
 def trial_settings(campaign: OpenedCampaign) -> TrialSettings:
@@ -138,7 +144,7 @@ class CampaignRun:
                         # the campaign measures: Tune keeps one idle trial process (and its CPUs) for reuse,
                         # which a measurement holding the whole node would wait for (search.campaign.measured).
                         reuse_actors=self.searcher.measurer is None,
-                        trial_name_creator=self.describe.name, trial_dirname_creator=self.describe.name),
+                        trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
                     run_config=_run_config(self.campaign, self.callbacks(stop), verbose))
             try:
                 self._fit(tuner, stop, view, verbose)
