@@ -78,6 +78,8 @@ def trained_oneshot(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_EX)   # released as the file closes, or as this process ends
         done = shared / "trained_oneshot.done"   # the trained folder's path, once it is trained
         if not done.exists():
+            shutil.rmtree(shared / "trained_oneshot", ignore_errors=True)   # what a process that failed left
+            (shared / "trained_oneshot").mkdir()
             done.write_text(str(train_oneshot(shared / "trained_oneshot")))
         trained = Path(done.read_text())
     own = tmp_path_factory.mktemp("trained_oneshot") / trained.name
