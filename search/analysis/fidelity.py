@@ -4,7 +4,10 @@ measured against the subnets retrained on their own, beside the retraining's own
     inherited evaluations (search.records.inherited) + the campaign's trials (results.collect)
       --subnet_table--> subnets.parquet, one row per scored subnet:
           subnet_id, config_<key>..., params_m, gmacs, params, embed_params, top1_inherited, top5_inherited,
-          val_loss_inherited, top1_q_inherited, size_mb, supernet, space, evaluated_at, selected (chosen | control | null),
+          val_loss_inherited, top1_q_inherited, size_mb, latency_ms, throughput, train_step_ms, peak_mem_gb (measured
+          where the campaign measures, else null), measured_on, predicted (the measured metrics whose value a
+          predictor gave, not a measurement: search.campaign.oneshot.predictor; null: nothing measured), supernet,
+          space, evaluated_at, selected (chosen | control | null),
           retrained_from (scratch | inherited: where its standalone training started; null when not selected),
           top1_standalone (its retrained final top-1 under the campaign's seed; null when not retrained, or not
           completed), top1_standalone_reseeded (control subnets: under the next seed)
@@ -46,11 +49,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qkvsearch.search.analysis.figures import figures_html
-from qkvsearch.search.analysis.oneshot_figures import oneshot_figures
+from qkvsearch.search.analysis.oneshot_figures import SUBNET_MEASURED, oneshot_figures
 from qkvsearch.search.analysis.pareto import hypervolume
 from qkvsearch.search.analysis.results import config_columns
 from qkvsearch.search.analysis.supernet_training import supernet_section
 from qkvsearch.search.records import inherited
+from qkvsearch.search.records.inherited import PREDICTED
 from qkvsearch.spaces.metrics import INHERITED_METRICS
 from qkvsearch.storage import read_bytes, write_bytes, write_json
 
@@ -73,6 +77,12 @@ def subnet_table(exp: str, trials: pa.Table) -> pd.DataFrame:
     for metric in INHERITED_METRICS:
         df[f"{metric}_inherited"] = [_num(r["metrics"].get(metric)) for r in records]
     df["size_mb"] = [_num(r["metrics"].get("size_mb")) for r in records]  # under its policy (none: fp)
+    # the measured costs its evaluation carries (where the campaign measures; size_mb is its scored weights' size,
+    # a column already), and which of them a predictor gave rather than a measurement
+    for metric in SUBNET_MEASURED:
+        df[metric] = [_num(r["cost"].get(metric)) for r in records]
+    df["measured_on"] = [r.get("measured_on") if isinstance(r.get("measured_on"), str) else None for r in records]
+    df[PREDICTED] = [list(r.get(PREDICTED) or []) if r.get("measured_on") is not None else None for r in records]
     for name in ("supernet", "space", "evaluated_at"):
         df[name] = [r.get(name) for r in records]
     groups = {inherited.subnet_identity(r["config"], ignore=("seed",)): i for i, r in enumerate(records)}

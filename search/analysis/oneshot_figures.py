@@ -6,7 +6,11 @@ and writes it as subnets.parquet):
                                 spread over its seeds as an interval, the diagonal (inherited = stand-alone), and
                                 Kendall tau over the control subnets with its interval in the title
     inherited_top1_vs_<cost>    every scored subnet's inherited top-1 against each cost objective of the campaign,
-                                the chosen subnets and the control sample marked
+                                the chosen subnets and the control sample marked; against a measured cost
+                                (latency_ms, throughput, ...) a subnet whose value was predicted, not measured,
+                                has an open marker
+
+Every subnet's hover text holds its measured costs, each marked measured or predicted.
 
 The supernet's own training curves (its teacher's and smallest subnet's top-1 per epoch) follow them, drawn from
 supernet_epochs.parquet (search.analysis.supernet_training). Coincident points are drawn side by side as in every
@@ -22,7 +26,10 @@ import pandas as pd
 from qkvsearch.search.analysis.columns import cell_text, header, searched_columns
 from qkvsearch.search.analysis.figures import axis_title, figure_layout, numbers, placed
 from qkvsearch.search.analysis.markers import title_note
-from qkvsearch.spaces.metrics import COST_METRICS
+from qkvsearch.search.records.inherited import PREDICTED
+from qkvsearch.spaces.metrics import COST_METRICS, MEASURED_METRICS
+
+SUBNET_MEASURED = tuple(m for m in MEASURED_METRICS if m != "size_mb")   # the measured costs a subnet carries
 
 INHERITED, STANDALONE, RESEEDED = "top1_inherited", "top1_standalone", "top1_standalone_reseeded"
 # role (subnets.parquet's "selected") -> its legend name and marker
@@ -55,13 +62,23 @@ def _with_hover(df: pd.DataFrame, space_keys) -> pd.DataFrame:
         lines = [f"<b>{html.escape(str(rec['subnet_id']))}</b> ({role})"]
         lines += [f"{html.escape(header(c))} = {html.escape(cell_text(rec[c]))}" for c in keys if cell_text(rec[c])]
         lines += [f"{c} = {cell_text(rec.get(c))}" for c in (INHERITED, STANDALONE, RESEEDED) if cell_text(rec.get(c))]
+        predicted = set(_predicted(rec.get(PREDICTED)))
+        lines += [f"{m} = {cell_text(rec.get(m))}" + (" (predicted)" if m in predicted else " (measured)")
+                  for m in SUBNET_MEASURED if cell_text(rec.get(m))]
         texts.append("<br>".join(lines))
     out["hover"] = texts
     return out
 
 
-def _traces(pts: pd.DataFrame, coords: dict, hover: list[str], roles=(None, "control", "chosen")) -> list[dict]:
-    """One trace per role present, at the placed coordinates."""
+def _predicted(value) -> list:
+    """A subnet's list of predicted metrics (subnets.parquet's ``predicted``; null or NaN: none)."""
+    return list(value) if isinstance(value, (list, tuple, np.ndarray)) else []
+
+
+def _traces(pts: pd.DataFrame, coords: dict, hover: list[str], roles=(None, "control", "chosen"),
+            measured: str | None = None) -> list[dict]:
+    """One trace per role present, at the placed coordinates. measured: the measured metric on an axis, whose
+    predicted values (not measured: subnets.parquet's ``predicted``) are drawn as open markers."""
     role_of, ids = _roles(pts), pts["subnet_id"].to_numpy(dtype=object)
     traces = []
     for role in roles:
@@ -69,8 +86,14 @@ def _traces(pts: pd.DataFrame, coords: dict, hover: list[str], roles=(None, "con
         if at.size == 0:
             continue
         name, marker = ROLES[role]
+        marker = dict(marker)
+        if measured is not None and PREDICTED in pts:
+            guessed = [measured in _predicted(v) for v in pts[PREDICTED].iloc[at]]
+            if any(guessed):
+                marker["symbol"] = [f"{marker['symbol']}-open" if g else marker["symbol"] for g in guessed]
+                name += f" (open: {measured} predicted)"
         traces.append({"type": "scatter", "mode": "markers", "name": name, "legendgroup": str(role),
-                       "x": numbers(coords["x"][at]), "y": numbers(coords["y"][at]), "marker": dict(marker),
+                       "x": numbers(coords["x"][at]), "y": numbers(coords["y"][at]), "marker": marker,
                        "hovertext": [hover[i] for i in at], "hoverinfo": "text", "customdata": ids[at].tolist()})
     return traces
 
@@ -112,7 +135,8 @@ def scored_figure(df: pd.DataFrame, metric: str, space_keys=()) -> dict:
              + title_note(coords["shared"]))
     out = figure_layout(title, 560, xaxis=axis_title(metric), yaxis="inherited top-1 (%)")
     out["legend"] = {"font": {"size": 10}}
-    return {"data": _traces(pts, coords, hover), "layout": out}
+    return {"data": _traces(pts, coords, hover, measured=metric if metric in SUBNET_MEASURED else None),
+            "layout": out}
 
 
 def oneshot_figures(df: pd.DataFrame, objectives, tau_line: str, space_keys=()) -> dict[str, dict]:

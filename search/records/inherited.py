@@ -29,6 +29,7 @@ SUBNETS_DIR = "subnets"
 SUPERNET_DIR = "supernet"   # <exp>/supernet/: the nested campaign (search.campaign.oneshot.plan)
 TARGETS_DIR = "targets"     # <exp>/targets/<name>/: a deployment target's folder (search.campaign.oneshot.targets)
 FIDELITY_INHERITED, FIDELITY_STANDALONE, FIDELITY_SUPERNET = "inherited", "standalone", "supernet"
+PREDICTED = "predicted"     # an evaluation's and a measurement record's list of the metrics predicted, not measured
 
 
 def subnet_identity(config: dict, ignore: tuple[str, ...] = ()) -> str:
@@ -68,10 +69,10 @@ def read_evaluations(exp) -> list[dict]:
 
 def _measured(evaluation: dict, found: dict) -> dict:
     """An evaluation whose predicted costs were measured for real since: the measured ones in their place."""
-    out = {k: v for k, v in evaluation.items() if k != "predicted"}
+    out = {k: v for k, v in evaluation.items() if k != PREDICTED}
     if "error" in found:
         return {**out, "status": "failed", "error": found["error"]}
-    predicted = {m: evaluation["cost"][m] for m in evaluation.get("predicted") or () if m in evaluation["cost"]}
+    predicted = {m: evaluation["cost"][m] for m in evaluation.get(PREDICTED) or () if m in evaluation["cost"]}
     return {**out, "cost": {**evaluation["cost"], **found["cost"]}, "measured_on": found["measured_on"],
             "confirmed": True, "predicted_cost": predicted}
 

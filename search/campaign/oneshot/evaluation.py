@@ -24,11 +24,12 @@ import logging
 import ray
 
 from qkvsearch.search.campaign.assemble import campaign_measurer, record_proposal
-from qkvsearch.search.campaign.oneshot.predictor import PREDICTED, CostPredictor, agreement
+from qkvsearch.search.campaign.oneshot.predictor import CostPredictor, agreement
 from qkvsearch.search.campaign.oneshot.retrain import select, selection
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
+from qkvsearch.search.records.inherited import PREDICTED
 from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.search.searchers import make_searcher
 from qkvsearch.search.searchers.base import FINISHED, EarlierTrial

@@ -22,7 +22,6 @@ LOW = tuple(p for p in PRECISION_CHOICES if p != FULL_PRECISION)   # the precisi
 FEATURES = ("gmacs", "params_m", "depth", *(f"gmacs_{p}" for p in LOW))
 INVERSE = ("throughput",)   # fitted as 1 / value
 RIDGES = (1e-3, 1e-2, 1e-1, 1.0)   # per shape, on standardised columns; chosen by leave-one-out error
-PREDICTED = "predicted"     # an evaluation's and a measurement record's list of the metrics predicted, not measured
 
 
 def features(config: dict, cost: dict) -> list[float]:

@@ -243,3 +243,43 @@ def test_the_supernet_figure_names_each_trial_when_there_are_several_and_draws_n
                                                 "teacher (largest subnet) top-1 · supernet-1"]
     assert all(len(_numbers(t["x"])) == SUPERNET_EPOCHS for t in fig["data"])
     assert supernet_figure(_epochs(top5=None)) is None
+
+
+def test_scored_subnets_carry_their_measured_costs_the_predicted_ones_marked(tmp_path):
+    """subnets.parquet's latency_ms, throughput, peak_mem_gb: measured (measured_on says how), or predicted (the
+    evaluation's ``predicted`` names them); against a measured cost objective a predicted point has an open marker,
+    and every hover says which."""
+    import pyarrow as pa
+
+    from qkvsearch.search.analysis.fidelity import subnet_table
+    from qkvsearch.search.records import inherited
+
+    exp = str(tmp_path / "measured")
+    rows = []
+    for i, emb in enumerate(("linear", "sne", "psne", "fsne")):
+        cost = {"gmacs": 0.1 * (i + 1), "latency_ms": 1.0 + i, "throughput": 1000.0 / (1 + i), "peak_mem_gb": 0.5}
+        rows.append({"subnet_id": f"subnet_{i:06d}", "keys": {"embedding": emb}, "config": {"embedding": emb},
+                     "cost": cost, "metrics": {"top1": 50.0 + i}, "supernet": "s", "space": "h",
+                     **({"measured_on": "cpu, fp32", } if i < 2 else
+                        {"measured_on": {"predicted": ["latency_ms", "throughput", "peak_mem_gb"]},
+                         "predicted": ["latency_ms", "throughput", "peak_mem_gb"]})})
+    inherited.write_batch(exp, 0, rows + [{"subnet_id": "subnet_000004", "keys": {"embedding": "sne"},
+                                           "config": {"embedding": "sne", "depth": 1}, "cost": {"gmacs": 0.05},
+                                           "metrics": {"top1": 40.0}, "supernet": "s", "space": "h"}])
+    inherited.write_selection(exp, {"chosen": [{"embedding": "fsne"}], "control": [], "seed": 0})
+    df = subnet_table(exp, pa.table({"status": pa.array([], pa.string())}))
+    assert list(df["latency_ms"][:4]) == [1.0, 2.0, 3.0, 4.0] and list(df["throughput"][:2]) == [1000.0, 500.0]
+    assert list(df["measured_on"][:2]) == ["cpu, fp32"] * 2 and df["measured_on"][2:].isna().all()
+    assert [list(p) if p is not None else None for p in df["predicted"]] == \
+        [[], [], ["latency_ms", "throughput", "peak_mem_gb"], ["latency_ms", "throughput", "peak_mem_gb"], None]
+    assert np.isnan(df["latency_ms"][4])   # a campaign that measured nothing for it
+    table = pa.Table.from_pandas(df, preserve_index=False)   # as subnets.parquet is written
+    assert table.schema.field("predicted").type == pa.list_(pa.string())
+    figs = oneshot_figures(df, (("top1", "max"), ("latency_ms", "min")), "tau", ("embedding",))
+    traces = figs["inherited_top1_vs_latency_ms"]["data"]
+    scored, chosen = (t for t in traces if t["legendgroup"] in ("None", "chosen"))
+    assert scored["marker"]["symbol"] == ["circle", "circle", "circle-open"]    # linear, sne measured; psne not
+    assert chosen["marker"]["symbol"] == ["circle-open"] and "latency_ms predicted" in chosen["name"]
+    hover = dict(zip(scored["customdata"], scored["hovertext"]))
+    assert "latency_ms = 1 (measured)" in hover["subnet_000000"]
+    assert "latency_ms = 3 (predicted)" in hover["subnet_000002"]
