@@ -182,16 +182,15 @@ class SearchSpec:
     num_trials: int                     # grid: grid size x repeats
     seed: int = 0
     population_size: int | None = None  # nsga2 only
-    repeats: int = 1                    # grid only: each grid point runs this many times
+    repeats: int = 1                    # each configuration runs this many times (seeds seed, seed + 1, ...)
     n_startup_trials: int | None = None  # gp, ehvi: random trials before the Gaussian process leads
     warm_start: str | None = None       # an earlier campaign folder (or URI) whose results the searcher learns first
 
     def to_dict(self) -> dict:
         out = vars_of(self)
-        if self.algorithm != "grid":
-            out.pop("repeats")
-        for key in ("population_size", "n_startup_trials", "warm_start"):
-            if out[key] is None:
+        for key, default in (("repeats", 1 if self.algorithm != "grid" else None), ("population_size", None),
+                             ("n_startup_trials", None), ("warm_start", None)):
+            if out[key] == default:
                 out.pop(key)
         return out
 

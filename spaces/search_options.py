@@ -37,7 +37,9 @@ SEARCH_FIELDS = table(
     Field("seed", integer(0), SearchSpec.seed, "seed of the searcher's draws"),
     Field("population_size", integer(2), SearchSpec.population_size, "NSGA-II's population",
           default_doc=f"min({NSGA2_POPULATION}, num_trials // 2), at least 2", applies=("nsga2",)),
-    Field("repeats", POS_INT, SearchSpec.repeats, "runs of each grid point", applies=("grid",)),
+    Field("repeats", POS_INT, SearchSpec.repeats, "runs of each configuration proposed, under the seeds seed, "
+          "seed + 1, ...; the searcher learns each configuration from its first (grid: of each grid point)",
+          default_doc="1; for a searcher other than grid num_trials counts every run"),
     Field("n_startup_trials", POS_INT, SearchSpec.n_startup_trials,
           "random trials before the model leads; fewer than num_trials",
           default_doc=", ".join(f"min({n}, num_trials // 4) for {a}" for a, n in STARTUP_TRIALS.items())
@@ -97,7 +99,7 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                                        c, "search.algorithm")
     seed = fields["seed"].read(raw, c, "search")
     # A key that does not apply to the algorithm is reported as such, without also judging its value.
-    repeats = _only_for(raw, fields["repeats"], algorithm, c, " (use num_trials)")
+    repeats = fields["repeats"].read(raw, c, "search", default=None)
     population = _only_for(raw, fields["population_size"], algorithm, c)
     startup = _only_for(raw, fields["n_startup_trials"], algorithm, c)
     warm = fields["warm_start"].read(raw, c, "search")
@@ -124,18 +126,24 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     elif num_trials > 1 and space_ok and space.enumerable and dimensions.count(space) == 1:
         c.warn("search.num_trials", f"the space holds one configuration, so all {num_trials} trials would train "
                                     "the same one (add space dimensions, or set num_trials: 1)")
+    repeats = repeats or 1
+    if repeats > 1 and num_trials % repeats:
+        c.add("search.num_trials", f"expected a multiple of search.repeats ({repeats}): each configuration proposed "
+                                   f"runs {repeats} times, and num_trials counts every run; given {num_trials}")
+    proposals = max(1, num_trials // repeats)   # what the searcher proposes; its defaults are sized on them
     if algorithm == "nsga2" and population is None:
-        population = default_population(num_trials)
+        population = default_population(proposals)
     if algorithm in EHVI_ALGORITHMS and known_cost:
         c.add("search.algorithm", known_cost)
     if algorithm in OPTIONS["n_startup_trials"] and startup is None:
-        startup = default_startup(num_trials, algorithm)
-    elif startup is not None and 1 < num_trials <= startup:  # one trial: nothing could make the GP lead
-        c.add("search.n_startup_trials", f"expected fewer than search.num_trials ({num_trials}), given {startup}: "
+        startup = default_startup(proposals, algorithm)
+    elif startup is not None and 1 < proposals <= startup:  # one trial: nothing could make the GP lead
+        c.add("search.n_startup_trials", f"expected fewer than the proposals search.num_trials / search.repeats "
+                                         f"({proposals}), given {startup}: "
                                          f"every trial would be a random start-up one and the Gaussian process "
                                          f"would never lead (leave it out for min({startup_cap(algorithm)}, "
                                          f"num_trials // 4))")
-    return SearchSpec(algorithm, num_trials, seed, population, 1, startup, warm)
+    return SearchSpec(algorithm, num_trials, seed, population, repeats, startup, warm)
 
 
 def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok: bool = True) -> SearchSpec:

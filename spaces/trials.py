@@ -74,6 +74,7 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
             d["space"] = {"variants": chosen} if any(chosen) else {}
     else:
         search["num_trials"] = min(spec.search.num_trials, max_trials)
+        search.pop("repeats", None)
         search.pop("n_startup_trials", None)  # the default for the shrunk budget: the GP still leads
         if spec.search.algorithm == "nsga2":
             search["population_size"] = 2

@@ -67,8 +67,8 @@ def infeasible_share(spec, algorithm: str, trials: int = ESTIMATE_TRIALS) -> flo
     """The share of a searcher's proposals that would break the campaign's constraints, estimated by drawing
     ``trials`` trials without training: each trial is told COMPLETE with its cost objectives and 0 for every
     training objective (all feasible trials alike, so only the constraints and the costs steer the sampler),
-    infeasible proposals as in a campaign."""
-    search = replace(spec.search, algorithm=algorithm, num_trials=trials, warm_start=None,
+    infeasible proposals as in a campaign; each configuration once (a repeat is as feasible as its first run)."""
+    search = replace(spec.search, algorithm=algorithm, num_trials=trials, warm_start=None, repeats=1,
                      population_size=default_population(trials) if algorithm == "nsga2" else None,
                      n_startup_trials=default_startup(trials, algorithm) if algorithm in OPTIONS["n_startup_trials"] else None)
     searcher = build_search(replace(spec, search=search))

@@ -12,6 +12,7 @@ how each trial ended. The campaign (search.campaign) assembles one; `qkvsearch s
     problem          a campaign spec's problem; a suggestion made into a trial (build_trial)
     earlier          a warm start's results from an earlier campaign
     proposals        Proposals, the searcher as Ray Tune drives it: duplicates, constraints, measuring
+    repeated         search.repeats for a searcher that does not repeat its proposals itself (all but grid)
     state, legacy    the saved state as versioned plain data; pickles of earlier versions read
 
 ``SEARCHERS`` maps each name a campaign file may give (spaces.search_options.ALGORITHMS) to its class,
@@ -41,8 +42,18 @@ def searcher_class(name: str):
 
 
 def make_searcher(name: str, problem):
-    """A new searcher of that name for the problem (search.searchers.base.Problem)."""
-    return searcher_class(name)(problem)
+    """A new searcher of that name for the problem (search.searchers.base.Problem). With ``problem.repeats`` > 1, one
+    that does not repeat its proposals itself is wrapped to (search.searchers.repeated), and plans
+    num_trials / repeats proposals."""
+    cls = searcher_class(name)
+    if problem.repeats <= 1 or cls.repeats_itself:
+        return cls(problem)
+    from dataclasses import replace
+
+    from qkvsearch.search.searchers.repeated import Repeated
+
+    proposals = None if problem.num_trials is None else max(1, problem.num_trials // problem.repeats)
+    return Repeated(cls(replace(problem, num_trials=proposals)), problem.repeats, problem.train_seed)
 
 
 def __getattr__(name: str):

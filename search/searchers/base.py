@@ -66,7 +66,7 @@ class Problem:
     candidates: Callable[[], tuple[list[dict], list[dict], list[bool]]] | None = None
     neighbour: Callable[[dict, Any, int], dict | None] | None = None
     costs: Callable[[list[dict]], tuple[list[dict], list[bool]]] | None = None
-    repeats: int = 1          # grid: each configuration this many times, seeds train_seed, train_seed + 1, ...
+    repeats: int = 1          # each configuration this many times, seeds train_seed, train_seed + 1, ...
     train_seed: int = 0
     population_size: int | None = None
     n_startup_trials: int | None = None
@@ -87,6 +87,7 @@ class Searcher:
     search.searchers.SEARCHERS) and implement ``suggest``, ``on_trial_complete``, ``state`` and ``restore``."""
 
     name: ClassVar[str] = ""
+    repeats_itself: ClassVar[bool] = False   # it proposes Problem.repeats runs of each configuration on its own
 
     def __init__(self, problem: Problem):
         self.problem = problem

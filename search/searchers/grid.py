@@ -12,6 +12,7 @@ class GridSearcher(Searcher):
     10^8 points costs no memory. Its state is the number suggested so far."""
 
     name = "grid"
+    repeats_itself = True
 
     def __init__(self, problem: Problem):
         super().__init__(problem)

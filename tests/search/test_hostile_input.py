@@ -252,7 +252,7 @@ def _errors(**sections) -> list[str]:
     ({"algorithm": "random", "num_trials": 0}, "search.num_trials: expected a positive int, given 0"),
     ({"algorithm": "tpe", "num_trials": "many"}, 'search.num_trials: expected a positive int, given "many"'),
     ({"algorithm": "grid", "repeats": 0, "num_trials": 4}, "search.repeats: expected a positive int, given 0"),
-    ({"algorithm": "random", "num_trials": 4, "repeats": 0}, "search.repeats: applies to algorithm grid only"),
+    ({"algorithm": "random", "num_trials": 4, "repeats": 0}, "search.repeats: expected a positive int, given 0"),
     ({"algorithm": "tpe", "num_trials": 4, "population_size": 1},
      "search.population_size: applies to algorithm nsga2 only"),
     ({"algorithm": "bayes", "num_trials": 0}, "search.algorithm: expected one of"),

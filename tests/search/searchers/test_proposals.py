@@ -283,3 +283,67 @@ def test_a_trial_ended_by_the_campaigns_stop_is_learnt_only_when_it_really_ends(
     searcher.on_trial_complete("t1", error=True)
     assert [t.state for t in searcher.inner.study.trials] == [optuna.trial.TrialState.COMPLETE,
                                                               optuna.trial.TrialState.FAIL]
+
+
+def test_repeats_with_any_searcher_run_each_proposal_under_successive_seeds_the_searcher_learning_the_first():
+    """search.repeats for tpe (search.searchers.repeated): each configuration it proposes trains under seeds 7, 8, 9
+    before it is asked again; its study holds only its own proposals, learnt from the first seed; the state is plain
+    data, and a searcher built anew and restored goes on with the repeats left."""
+    s = load_campaign({**BASE, "train": {"epochs": 1, "seed": 7},
+                       "space": {"embedding": ["sne", "psne"], "hidden_width": [0.25, 0.5, 1.0]},
+                       "objectives": ["top1"], "search": {"algorithm": "tpe", "num_trials": 9, "repeats": 3, "seed": 0}})
+    searcher = build_search(s)
+    assert searcher.inner.problem.num_trials == 3   # its proposals: num_trials counts every run
+    done = {"epoch": 1.0, "qs_epochs_planned": 1.0}
+    trials = []
+    for i in range(5):
+        trials.append(searcher.suggest(f"t{i}"))
+        searcher.on_trial_complete(f"t{i}", {"top1": 50.0 + i, **done})
+    assert [t["config"]["seed"] for t in trials] == [7, 8, 9, 7, 8]
+    first = {k: v for k, v in trials[0]["config"].items() if k != "seed"}
+    assert all({k: v for k, v in t["config"].items() if k != "seed"} == first for t in trials[:3])
+    assert [t.values for t in searcher.inner.inner.study.trials] == [[50.0], [53.0]]   # each proposal's first seed
+    restored = build_search(s)
+    restored.set_state(json.loads(json.dumps(searcher.get_state())))
+    restored.inner.restore(json.loads(json.dumps(searcher.inner.state())))
+    assert restored.suggest("t5")["config"]["seed"] == 9
+
+
+def test_a_refused_proposal_takes_its_repeats_with_it():
+    from qkvsearch.search.searchers import make_searcher
+
+    s = load_campaign({**BASE, "space": {"embedding": ["sne", "psne"], "hidden_width": [0.25, 0.5, 1.0]},
+                       "objectives": ["top1"], "search": {"algorithm": "random", "num_trials": 6, "repeats": 2}})
+    repeated = make_searcher("random", spec_problem(s))
+    first = repeated.suggest("a")
+    repeated.tell_infeasible("a", {"params_m": 9.0})
+    second = repeated.suggest("b")
+    assert "seed" not in second and repeated.suggest("c") == {**second, "seed": 1}   # b's repeat, not a's
+    repeated.on_trial_complete("c", {"top1": 1.0})   # a repeat: the inner searcher never hears of it
+    assert repeated.own == set() and first is not None
+
+
+@pytest.mark.parametrize("search,expected", [
+    ({"algorithm": "random", "num_trials": 8, "repeats": 3},
+     "search.num_trials: expected a multiple of search.repeats (3)"),
+    ({"algorithm": "gp", "num_trials": 8, "repeats": 2, "n_startup_trials": 4},
+     "search.n_startup_trials: expected fewer than the proposals search.num_trials / search.repeats (4)"),
+])
+def test_repeats_of_a_searcher_are_checked_against_its_budget(search, expected):
+    from qkvsearch.spaces import SpecError
+
+    with pytest.raises(SpecError) as info:
+        load_campaign({**BASE, "space": {"embedding": ["sne", "psne"], "lr": {"float": [1e-4, 1e-2]}},
+                       "objectives": ["top1", "gmacs"], "search": search})
+    assert [e for e in info.value.errors if e.startswith(expected)], info.value.errors
+
+
+def test_a_one_shot_campaign_refuses_repeats():
+    from qkvsearch.spaces import SpecError
+
+    for key, value in (("repeats", 2),):
+        with pytest.raises(SpecError) as info:
+            load_campaign({**BASE, "space": {"embedding": ["sne", "psne"]}, "objectives": ["top1", "gmacs"],
+                           "supernet": {"train": {"epochs": 1}},
+                           "search": {"algorithm": "random", "num_trials": 4, key: value}})
+        assert any(e.startswith(f"search.{key}: not with a supernet") for e in info.value.errors), info.value.errors
