@@ -4,7 +4,8 @@ trials.parquet / epochs.parquet and, when a static exporter works here, png/svg 
     from qkvsearch.search.analysis.report import build_report
     paths = build_report("results/my-campaign")   # -> {"html": ..., "csv": ..., ...}
 
-Everything shown is recomputed from the collected tables (search.analysis.results). Objectives come from
+Everything shown is recomputed from the collected tables (search.analysis.results). The report opens with what
+each design value is worth against its baseline at equal cost (search.analysis.effects). Objectives come from
 the campaign spec (``spec.objectives``; when it names none, the spec loader's default: top1 max). The front
 is computed once (search.analysis.front.front_info: objective columns, front masks, hypervolume); the
 figures (search.analysis.figures) and the tables here render from that one FrontInfo, the tables' columns laid
@@ -35,6 +36,7 @@ from qkvsearch.search.analysis.columns import (
     header,
     table_layout,
 )
+from qkvsearch.search.analysis.effects import design_effects, effects_html, effects_markdown
 from qkvsearch.search.analysis.fidelity import fidelity_report
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
@@ -188,13 +190,14 @@ def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
 
 
 def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats: pd.DataFrame,
-               partial: str = "") -> str:
+               effects: list, partial: str = "") -> str:
     df, metrics, ref = info.trials, info.metrics, info.reference
     counts = df["status"].value_counts().sort_index()
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(metrics, info.directions))
     parts = [
         f"# Pareto report: {campaign.name}" + (" (partial)" if partial else ""), "",
         *([f"**{partial}**", ""] if partial else []),
+        *effects_markdown(effects),
         f"- code version: {campaign.code_version or '?'}",
         f"- objectives: {objectives}",
         f"- trials: {len(df)} ({', '.join(f'{s} {n}' for s, n in counts.items())})",
@@ -217,15 +220,18 @@ REPEATS_TITLE = "Repeated configurations (mean and standard deviation over seeds
 
 
 def _page(title: str, campaign: Campaign, summary_html: str, figures_html: list[str], front_table: str,
-          all_table: str, repeats_table: str = "") -> bytes:
+          all_table: str, repeats_table: str = "", effects: list = ()) -> bytes:
     """The whole page as UTF-8. Parts are encoded one by one and joined as bytes: the figures' text is
-    not ASCII, and one str of the whole page would hold plotly.js at two bytes a character."""
+    not ASCII, and one str of the whole page would hold plotly.js at two bytes a character. The effects open it,
+    after the title."""
     spec = html.escape(_settings_json(campaign))
     style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
              "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
-             "tr[data-front='1']{font-weight:bold;}th.searched{background:#dde8f6;}td.fixed{color:#555;}")
+             "tr[data-front='1']{font-weight:bold;}th.searched{background:#dde8f6;}td.fixed{color:#555;}"
+             "li[data-verdict='better']{color:#1a7f37;}li[data-verdict='worse']{color:#b42318;}p.how{color:#555;}")
     parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{summary_html}"]
+             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{effects_html(list(effects))}"
+             f"{summary_html}"]
     for fig in figures_html:
         parts += ["<div class='fig'>", fig, "</div>"]
     parts += [f"<h2>Pareto front</h2>{front_table}",
@@ -268,17 +274,18 @@ def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
     repeats = repeat_summary(df, info.metrics, info.columns)
     partial = partial_note(campaign, df["status"])
     mislead = where_macs_mislead(df, info.columns, info.directions)  # None: nothing measured
+    effects = design_effects(info)
     title = f"Pareto report: {campaign.name}" + (" (partial)" if partial else "")
     summary = (f"<p><b>{html.escape(partial)}</b></p>" if partial else "") + _summary_html(info, front, size)
     page = _page(title, campaign, summary, figures_html(figures),
                  _html_table(front, _table_layout(front, campaign, info), "front", True) + (mislead.html if mislead else ""),
                  _html_table(_by_trial_id(df), _table_layout(df, campaign, info, ["error"]), "trials", True),
-                 _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "")
+                 _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "", effects)
 
     paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
     write_bytes(paths["html"], page)
     write_bytes(paths["csv"], _front_csv(front, fcols))
-    md = _report_md(campaign, info, front, repeats, partial) + ("\n" + mislead.markdown if mislead else "")
+    md = _report_md(campaign, info, front, repeats, effects, partial) + ("\n" + mislead.markdown if mislead else "")
     write_bytes(paths["md"], md.encode("utf-8"))
     if partial:
         logger.warning(partial)
