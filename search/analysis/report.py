@@ -5,7 +5,8 @@ trials.parquet / epochs.parquet and, when a static exporter works here, png/svg 
     paths = build_report("results/my-campaign")   # -> {"html": ..., "csv": ..., ...}
 
 Everything shown is recomputed from the collected tables (search.analysis.results). The report opens with what
-each design value is worth against its baseline at equal cost (search.analysis.effects). Objectives come from
+each design value is worth against its baseline at equal cost (search.analysis.effects); it says which searched key
+mattered (search.analysis.importance). Objectives come from
 the campaign spec (``spec.objectives``; when it names none, the spec loader's default: top1 max). The front
 is computed once (search.analysis.front.front_info: objective columns, front masks, hypervolume); the
 figures (search.analysis.figures) and the tables here render from that one FrontInfo, the tables' columns laid
@@ -21,6 +22,7 @@ import io
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
@@ -41,6 +43,7 @@ from qkvsearch.search.analysis.fidelity import fidelity_report
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
 from qkvsearch.search.analysis.front import FrontInfo, front_info, metric_column, objective_columns, rows
+from qkvsearch.search.analysis.importance import importance_html, importance_markdown, importances
 from qkvsearch.search.analysis.mislead import where_macs_mislead
 from qkvsearch.search.analysis.results import (
     CONFIG_PREFIX,
@@ -189,15 +192,28 @@ def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+@dataclass
+class Findings:
+    """What the report says about the research question: the effects at equal cost (search.analysis.effects) and
+    the importance of each searched key (search.analysis.importance), computed once for report.md and pareto.html."""
+
+    effects: list
+    importance: object
+
+
+def findings(campaign: Campaign, info: FrontInfo) -> Findings:
+    return Findings(design_effects(info), importances(info, campaign.spec.space))
+
+
 def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats: pd.DataFrame,
-               effects: list, partial: str = "") -> str:
+               found: Findings, partial: str = "") -> str:
     df, metrics, ref = info.trials, info.metrics, info.reference
     counts = df["status"].value_counts().sort_index()
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(metrics, info.directions))
     parts = [
         f"# Pareto report: {campaign.name}" + (" (partial)" if partial else ""), "",
         *([f"**{partial}**", ""] if partial else []),
-        *effects_markdown(effects),
+        *effects_markdown(found.effects),
         f"- code version: {campaign.code_version or '?'}",
         f"- objectives: {objectives}",
         f"- trials: {len(df)} ({', '.join(f'{s} {n}' for s, n in counts.items())})",
@@ -206,7 +222,8 @@ def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats
         f"{', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
         "", "## Pareto front", "", _markdown_table(front, _table_layout(front, campaign, info)) if len(front) else "(empty)",
         *(["", f"## {REPEATS_TITLE}", "", _markdown_table(repeats, list(repeats.columns))] if len(repeats) else []),
-        "", "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",
+        "", *importance_markdown(found.importance),
+        "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",
     ]
     return "\n".join(parts)
 
@@ -220,19 +237,23 @@ REPEATS_TITLE = "Repeated configurations (mean and standard deviation over seeds
 
 
 def _page(title: str, campaign: Campaign, summary_html: str, figures_html: list[str], front_table: str,
-          all_table: str, repeats_table: str = "", effects: list = ()) -> bytes:
+          all_table: str, repeats_table: str = "", found: Findings | None = None, views_html: list[str] = ()) -> bytes:
     """The whole page as UTF-8. Parts are encoded one by one and joined as bytes: the figures' text is
     not ASCII, and one str of the whole page would hold plotly.js at two bytes a character. The effects open it,
-    after the title."""
+    after the title; the importance table and Optuna's views (``views_html``) follow the figures."""
     spec = html.escape(_settings_json(campaign))
     style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
              "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
              "tr[data-front='1']{font-weight:bold;}th.searched{background:#dde8f6;}td.fixed{color:#555;}"
              "li[data-verdict='better']{color:#1a7f37;}li[data-verdict='worse']{color:#b42318;}p.how{color:#555;}")
     parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{effects_html(list(effects))}"
+             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{effects_html(found.effects) if found else ''}"
              f"{summary_html}"]
     for fig in figures_html:
+        parts += ["<div class='fig'>", fig, "</div>"]
+    if found:
+        parts.append(importance_html(found.importance))
+    for fig in views_html:
         parts += ["<div class='fig'>", fig, "</div>"]
     parts += [f"<h2>Pareto front</h2>{front_table}",
               f"<h2>{REPEATS_TITLE}</h2>{repeats_table}" if repeats_table else "",
@@ -274,18 +295,20 @@ def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
     repeats = repeat_summary(df, info.metrics, info.columns)
     partial = partial_note(campaign, df["status"])
     mislead = where_macs_mislead(df, info.columns, info.directions)  # None: nothing measured
-    effects = design_effects(info)
+    found = findings(campaign, info)
     title = f"Pareto report: {campaign.name}" + (" (partial)" if partial else "")
     summary = (f"<p><b>{html.escape(partial)}</b></p>" if partial else "") + _summary_html(info, front, size)
     page = _page(title, campaign, summary, figures_html(figures),
                  _html_table(front, _table_layout(front, campaign, info), "front", True) + (mislead.html if mislead else ""),
                  _html_table(_by_trial_id(df), _table_layout(df, campaign, info, ["error"]), "trials", True),
-                 _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "", effects)
+                 _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "", found,
+                 figures_html(found.importance.views, plotlyjs=False))
+    figures.update(found.importance.views)   # Optuna's own figures, exported beside the page's
 
     paths = {"html": f"{out}/pareto.html", "csv": f"{out}/pareto.csv", "md": f"{out}/report.md"}
     write_bytes(paths["html"], page)
     write_bytes(paths["csv"], _front_csv(front, fcols))
-    md = _report_md(campaign, info, front, repeats, effects, partial) + ("\n" + mislead.markdown if mislead else "")
+    md = _report_md(campaign, info, front, repeats, found, partial) + ("\n" + mislead.markdown if mislead else "")
     write_bytes(paths["md"], md.encode("utf-8"))
     if partial:
         logger.warning(partial)

@@ -109,7 +109,7 @@ def test_figures_carry_every_trial_value_and_the_template(tmp_path):
     paths = build_report(exp, static=False)
     trials = {r["trial_id"]: r for r in pq.read_table(paths["trials"]).to_pylist()}
     plots = _plots(Path(paths["html"]).read_text())
-    assert len(plots) == 5  # 2 pairs, 3-D, learning curves, hypervolume
+    assert len(plots) == 7  # 2 pairs, 3-D, learning curves, hypervolume, Optuna's parallel coordinates and slices
     shown = set()
     for (data, layout), (x, y) in zip(plots[:2], [("gmacs", "final_top1"), ("params_m", "final_top1")]):
         assert layout["template"]["layout"]["plot_bgcolor"] == "white"  # plotly_white, written out
