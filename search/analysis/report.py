@@ -6,8 +6,9 @@ trials.parquet / epochs.parquet and, when a static exporter works here, png/svg 
 
 Everything shown is recomputed from the collected tables (search.analysis.results). The report opens with what
 each design value is worth against its baseline at equal cost (search.analysis.effects); it says which searched key
-mattered (search.analysis.importance). Objectives come from
-the campaign spec (``spec.objectives``; when it names none, the spec loader's default: top1 max). The front
+mattered (search.analysis.importance) and lays the results out as the SNE paper's tables
+(search.analysis.paper_table: paper_table.md, .tex, .csv). Objectives come from the campaign spec
+(``spec.objectives``; when it names none, the spec loader's default: top1 max). The front
 is computed once (search.analysis.front.front_info: objective columns, front masks, hypervolume); the
 figures (search.analysis.figures) and the tables here render from that one FrontInfo, the tables' columns laid
 out by search.analysis.columns (the searched keys first, fixed settings folded into one line). Only trials whose
@@ -23,9 +24,7 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import resources
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -38,13 +37,29 @@ from qkvsearch.search.analysis.columns import (
     header,
     table_layout,
 )
-from qkvsearch.search.analysis.effects import design_effects, effects_html, effects_markdown
+from qkvsearch.search.analysis.effects import (
+    accuracy_objective,
+    design_effects,
+    effects_html,
+    effects_markdown,
+)
 from qkvsearch.search.analysis.fidelity import fidelity_report
 from qkvsearch.search.analysis.figures import config_of, escaped, figures_html, g4
 from qkvsearch.search.analysis.figures import figures as make_figures
 from qkvsearch.search.analysis.front import FrontInfo, front_info, metric_column, objective_columns, rows
 from qkvsearch.search.analysis.importance import importance_html, importance_markdown, importances
 from qkvsearch.search.analysis.mislead import where_macs_mislead
+from qkvsearch.search.analysis.paper_table import (
+    TABLE_TITLE,
+    paper_note,
+    paper_points,
+    paper_setting,
+    paper_table,
+    table_csv,
+    table_html,
+    table_latex,
+    table_markdown,
+)
 from qkvsearch.search.analysis.results import (
     CONFIG_PREFIX,
     collect,
@@ -63,38 +78,7 @@ __all__ = ["build_report", "objective_columns", "paper_setting"]
 
 logger = logging.getLogger(__name__)
 
-PAPER_CSV = resources.files("qkvsearch.reference") / "sne_paper_imagenet.csv"   # package data
-PAPER_SIZES = {"xcit_nano_12": "S", "xcit_tiny_12": "M", "xcit_small_12": "L"}
 TABLE_CONFIG = tuple(k.name for k in RESOLVED_KEYS.values() if k.report)  # trial keys pareto.csv and the tables hold
-
-
-# ---------------------------------------------------------------------------------------- data
-def _first(df: pd.DataFrame, col: str):
-    vals = df[col].dropna().unique() if col in df else []
-    return vals[0] if len(vals) == 1 else None
-
-
-def paper_setting(trials: pd.DataFrame) -> str | None:
-    """Paper size S/M/L when every trial trains the paper's ImageNet setting (an imagefolder dataset of
-    1000 classes at 224 px, on an XCiT of one of the paper's sizes), else None."""
-    dataset, classes = _first(trials, "config_dataset"), _first(trials, "config_num_classes")
-    img, model = _first(trials, "config_img_size"), _first(trials, "config_model")
-    if dataset != "imagefolder" or classes != 1000 or img != 224 or not isinstance(model, str):
-        return None
-    for prefix, size in PAPER_SIZES.items():
-        if model.startswith(prefix):
-            return size
-    return None
-
-
-def _paper_points(size: str, csv_path) -> pd.DataFrame:
-    ref = pd.read_csv(csv_path, comment="#")
-    ref = ref[ref["size"] == size].copy()
-    code = ref["code_size"].map(lambda c: "" if pd.isna(c) else f"-C{int(c)}")
-    star = np.where(ref["param_matched"].astype(str).str.lower() == "true", "*", "")
-    ref["label"] = "paper " + ref["embedding"].str.upper().str.replace("FSNE", "F-SNE").str.replace(
-        "PSNE", "P-SNE") + code + star + f"-{size}"
-    return ref.rename(columns={"gmacs_reported": "gmacs"})
 
 
 # ---------------------------------------------------------------------------------------- tables / text
@@ -194,15 +178,33 @@ def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
 
 @dataclass
 class Findings:
-    """What the report says about the research question: the effects at equal cost (search.analysis.effects) and
-    the importance of each searched key (search.analysis.importance), computed once for report.md and pareto.html."""
+    """What the report says about the research question: the effects at equal cost (search.analysis.effects), the
+    importance of each searched key (search.analysis.importance) and the paper-style table
+    (search.analysis.paper_table), computed once for report.md and pareto.html."""
 
     effects: list
     importance: object
+    table: pd.DataFrame
+    metric: str | None
+    table_note: str = ""
+
+    def table_markdown(self) -> list[str]:
+        if not len(self.table):
+            return []
+        return [f"## {TABLE_TITLE}", "", table_markdown(self.table, self.metric, self.table_note), ""]
+
+    def table_html(self) -> str:
+        if not len(self.table):
+            return ""
+        return f"<section id=\"paper-table\"><h2>{TABLE_TITLE}</h2>{table_html(self.table, self.metric, self.table_note)}" \
+               "</section>"
 
 
-def findings(campaign: Campaign, info: FrontInfo) -> Findings:
-    return Findings(design_effects(info), importances(info, campaign.spec.space))
+def findings(campaign: Campaign, info: FrontInfo, reference_csv=None) -> Findings:
+    table = paper_table(info, campaign.spec.space.keys, reference_csv)
+    acc = accuracy_objective(info.metrics, info.directions)
+    return Findings(design_effects(info), importances(info, campaign.spec.space), table,
+                    None if acc is None else info.metrics[acc], paper_note(table, info.trials) if len(table) else "")
 
 
 def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats: pd.DataFrame,
@@ -222,7 +224,7 @@ def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats
         f"{', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
         "", "## Pareto front", "", _markdown_table(front, _table_layout(front, campaign, info)) if len(front) else "(empty)",
         *(["", f"## {REPEATS_TITLE}", "", _markdown_table(repeats, list(repeats.columns))] if len(repeats) else []),
-        "", *importance_markdown(found.importance),
+        "", *importance_markdown(found.importance), *found.table_markdown(),
         "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",
     ]
     return "\n".join(parts)
@@ -240,15 +242,16 @@ def _page(title: str, campaign: Campaign, summary_html: str, figures_html: list[
           all_table: str, repeats_table: str = "", found: Findings | None = None, views_html: list[str] = ()) -> bytes:
     """The whole page as UTF-8. Parts are encoded one by one and joined as bytes: the figures' text is
     not ASCII, and one str of the whole page would hold plotly.js at two bytes a character. The effects open it,
-    after the title; the importance table and Optuna's views (``views_html``) follow the figures."""
+    after the title; the importance table and Optuna's views (``views_html``) follow the figures, the paper-style
+    table the front's."""
     spec = html.escape(_settings_json(campaign))
     style = ("body{font-family:sans-serif;margin:16px;}table{border-collapse:collapse;font-size:12px;}"
              "th,td{border:1px solid #ccc;padding:2px 6px;}th{cursor:pointer;background:#f3f3f3;}"
              "tr[data-front='1']{font-weight:bold;}th.searched{background:#dde8f6;}td.fixed{color:#555;}"
              "li[data-verdict='better']{color:#1a7f37;}li[data-verdict='worse']{color:#b42318;}p.how{color:#555;}")
+    opening = effects_html(found.effects) if found else ""
     parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{effects_html(found.effects) if found else ''}"
-             f"{summary_html}"]
+             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{opening}{summary_html}"]
     for fig in figures_html:
         parts += ["<div class='fig'>", fig, "</div>"]
     if found:
@@ -257,6 +260,7 @@ def _page(title: str, campaign: Campaign, summary_html: str, figures_html: list[
         parts += ["<div class='fig'>", fig, "</div>"]
     parts += [f"<h2>Pareto front</h2>{front_table}",
               f"<h2>{REPEATS_TITLE}</h2>{repeats_table}" if repeats_table else "",
+              found.table_html() if found else "",
               f"<details><summary>All trials</summary>{all_table}</details>",
               f"<details><summary>Campaign settings</summary><pre>{spec}</pre></details>{SORT_JS}</body></html>"]
     return b"".join(part.encode("utf-8") for part in parts)
@@ -284,22 +288,23 @@ def _front_csv(front: pd.DataFrame, fcols: list[str]) -> bytes:
 
 def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
                 reference_csv) -> tuple[dict[str, str], dict[str, dict]]:
-    """pareto.html, pareto.csv and report.md into ``out``, every part rendered from ``info``:
-    ({name: path}, the figures by name)."""
+    """pareto.html, pareto.csv, report.md and the paper-style table (paper_table.md, .tex, .csv) into ``out``,
+    every part rendered from ``info``: ({name: path}, the figures by name)."""
     df = info.trials
     size = paper_setting(df)
-    paper = _paper_points(size, reference_csv or PAPER_CSV) if size else None
+    paper = paper_points(size, reference_csv) if size else None
+    found = findings(campaign, info, reference_csv)
     figures = make_figures(info, epochs, paper)
     front = info.front
     fcols = _front_columns(df, info.columns)
     repeats = repeat_summary(df, info.metrics, info.columns)
     partial = partial_note(campaign, df["status"])
     mislead = where_macs_mislead(df, info.columns, info.directions)  # None: nothing measured
-    found = findings(campaign, info)
     title = f"Pareto report: {campaign.name}" + (" (partial)" if partial else "")
     summary = (f"<p><b>{html.escape(partial)}</b></p>" if partial else "") + _summary_html(info, front, size)
+    front_layout = _table_layout(front, campaign, info)
     page = _page(title, campaign, summary, figures_html(figures),
-                 _html_table(front, _table_layout(front, campaign, info), "front", True) + (mislead.html if mislead else ""),
+                 _html_table(front, front_layout, "front", True) + (mislead.html if mislead else ""),
                  _html_table(_by_trial_id(df), _table_layout(df, campaign, info, ["error"]), "trials", True),
                  _html_table(repeats, list(repeats.columns), "repeats", False) if len(repeats) else "", found,
                  figures_html(found.importance.views, plotlyjs=False))
@@ -310,6 +315,12 @@ def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
     write_bytes(paths["csv"], _front_csv(front, fcols))
     md = _report_md(campaign, info, front, repeats, found, partial) + ("\n" + mislead.markdown if mislead else "")
     write_bytes(paths["md"], md.encode("utf-8"))
+    if len(found.table):
+        for kind, data in (("paper_md", table_markdown(found.table, found.metric, found.table_note) + "\n"),
+                           ("paper_tex", table_latex(found.table, found.metric)),
+                           ("paper_csv", table_csv(found.table))):
+            paths[kind] = f"{out}/paper_table.{kind.removeprefix('paper_')}"
+            write_bytes(paths[kind], data if isinstance(data, bytes) else data.encode("utf-8"))
     if partial:
         logger.warning(partial)
     return paths, figures
