@@ -126,9 +126,10 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
         for section, present in (("stages", bool(stages)), ("search.warm_start", bool(search.warm_start))):
             if present:
                 c.add(section, "not with a supernet (one-shot search scores subnets, then retrains the chosen)")
-        if search.repeats > 1:
-            c.add("search.repeats", "not with a supernet: a subnet's inherited score does not depend on the seed "
-                                    "(one-shot search retrains its control subnets under two seeds: supernet.control)")
+        for section, value in (("search.repeats", search.repeats), ("search.front_repeats", search.front_repeats)):
+            if value > 1:
+                c.add(section, "not with a supernet: a subnet's inherited score does not depend on the seed (one-shot "
+                               "search retrains its control subnets under two seeds: supernet.control)")
     given_name = isinstance(raw.get("model"), Mapping) and raw["model"].get("name") is not None
     if model.name is None and not given_name and "model" not in space.keys:
         c.add("model.name", "required (a timm model name, e.g. xcit_nano_12_p16_224)")

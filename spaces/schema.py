@@ -185,11 +185,12 @@ class SearchSpec:
     repeats: int = 1                    # each configuration runs this many times (seeds seed, seed + 1, ...)
     n_startup_trials: int | None = None  # gp, ehvi: random trials before the Gaussian process leads
     warm_start: str | None = None       # an earlier campaign folder (or URI) whose results the searcher learns first
+    front_repeats: int = 1              # once the search ends, runs of each configuration on its front
 
     def to_dict(self) -> dict:
         out = vars_of(self)
-        for key, default in (("repeats", 1 if self.algorithm != "grid" else None), ("population_size", None),
-                             ("n_startup_trials", None), ("warm_start", None)):
+        for key, default in (("repeats", 1 if self.algorithm != "grid" else None), ("front_repeats", 1),
+                             ("population_size", None), ("n_startup_trials", None), ("warm_start", None)):
             if out[key] == default:
                 out.pop(key)
         return out

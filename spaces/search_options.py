@@ -40,6 +40,9 @@ SEARCH_FIELDS = table(
     Field("repeats", POS_INT, SearchSpec.repeats, "runs of each configuration proposed, under the seeds seed, "
           "seed + 1, ...; the searcher learns each configuration from its first (grid: of each grid point)",
           default_doc="1; for a searcher other than grid num_trials counts every run"),
+    Field("front_repeats", POS_INT, SearchSpec.front_repeats,
+          "once the search ends, each configuration on the front of the completed trials trains again under the "
+          "next seeds until it has run this many times (each front point's mean and spread in the report)"),
     Field("n_startup_trials", POS_INT, SearchSpec.n_startup_trials,
           "random trials before the model leads; fewer than num_trials",
           default_doc=", ".join(f"min({n}, num_trials // 4) for {a}" for a, n in STARTUP_TRIALS.items())
@@ -100,6 +103,7 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     seed = fields["seed"].read(raw, c, "search")
     # A key that does not apply to the algorithm is reported as such, without also judging its value.
     repeats = fields["repeats"].read(raw, c, "search", default=None)
+    front_repeats = fields["front_repeats"].read(raw, c, "search")
     population = _only_for(raw, fields["population_size"], algorithm, c)
     startup = _only_for(raw, fields["n_startup_trials"], algorithm, c)
     warm = fields["warm_start"].read(raw, c, "search")
@@ -118,7 +122,7 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
         if raw.get("repeats") is not None and repeats is None:
             return SearchSpec("grid", num_trials or 1, seed)   # no size to compare num_trials with
         grid = _grid_search(space, num_trials, seed, repeats or 1, c, space_ok)
-        return replace(grid, warm_start=warm) if warm else grid
+        return replace(grid, warm_start=warm, front_repeats=front_repeats)
     if num_trials is None:
         if raw.get("num_trials") is None:
             c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
@@ -143,7 +147,7 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                                          f"every trial would be a random start-up one and the Gaussian process "
                                          f"would never lead (leave it out for min({startup_cap(algorithm)}, "
                                          f"num_trials // 4))")
-    return SearchSpec(algorithm, num_trials, seed, population, repeats, startup, warm)
+    return SearchSpec(algorithm, num_trials, seed, population, repeats, startup, warm, front_repeats)
 
 
 def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok: bool = True) -> SearchSpec:

@@ -45,7 +45,7 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
       and batch keys dropped from the space), warmup_epochs 0, checkpoint_every 1;
     - search: at most max_trials trials; a larger grid keeps max_trials evenly spaced grid points
       (first and last included) as explicit variants; nsga2 population 2; gp and ehvi start-up trials
-      their default for that budget; repeats 1;
+      their default for that budget; repeats 1; front_repeats at most 2;
     - scheduler: grace_epochs 1;
     - stages: every fine-tuning 1 epoch of max_steps_per_epoch updates of batch_size images.
     Model, data, objectives, constraints, resources and storage are kept (the point is to exercise them).
@@ -63,6 +63,8 @@ def smoke_test(spec: CampaignSpec, max_trials: int = SMOKE_TRIALS) -> CampaignSp
         d["stages"] = smoke_stages(d["stages"], SMOKE_BATCH_PER_WORKER * workers, SMOKE_STEPS)
     d["scheduler"].update(grace_epochs=1, brackets=None)  # brackets: as many as the shrunk epochs fit
     search = d["search"]
+    if spec.search.front_repeats > 2:   # the phase runs, once more for each front configuration
+        search["front_repeats"] = 2
     if spec.search.algorithm == "grid":
         search.update(repeats=1, num_trials=None)
         shrunk = load_campaign({**d, "search": search})

@@ -12,6 +12,7 @@
     oneshot/         one-shot search: the supernet's nested campaign, subnets scored on Ray actors, the
                      selection retrained as the campaign's trials
     policies         a quantization policy evaluated on the weights its configuration's trial trained
+    front_repeats    once the search ends, the front's configurations trained under more seeds
 """
 from qkvsearch import _legacy
 

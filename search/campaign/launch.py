@@ -25,6 +25,7 @@ import ray
 
 from qkvsearch import ray_private
 from qkvsearch.search.analysis import hv_reference
+from qkvsearch.search.campaign import front_repeats
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.preflight import (
     check_local_resources,
@@ -177,7 +178,8 @@ def launch(spec, *, smoke: bool = False, overwrite: bool = False, verbose: bool 
 
 def _run(campaign: OpenedCampaign, folder, cluster: Cluster, version: str, concurrency, *, restoring: bool,
          verbose: bool, view) -> None:
-    """The campaign's trials, or a one-shot campaign's phases (search.campaign.oneshot.phases)."""
+    """The campaign's trials, then the front's repeats (search.campaign.front_repeats), or a one-shot campaign's
+    phases (search.campaign.oneshot.phases)."""
     if campaign.spec.supernet:
         from qkvsearch.search.campaign.oneshot import phases
 
@@ -188,6 +190,7 @@ def _run(campaign: OpenedCampaign, folder, cluster: Cluster, version: str, concu
     else:
         CampaignRun(campaign, folder, cluster, version).fit(concurrency, restoring=restoring, verbose=verbose,
                                                             view=view)
+        front_repeats.run(campaign, folder, cluster, version, concurrency=concurrency, verbose=verbose, view=view)
 
 
 def _planned(spec) -> str:

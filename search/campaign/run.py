@@ -98,8 +98,12 @@ class CampaignRun:
     connected Ray (search.cluster.capacity)."""
 
     def __init__(self, campaign: OpenedCampaign, folder, cluster: Cluster, version: str, *,
-                 supernet: dict | None = None, describe: dict | None = None, init_weights: dict | None = None):
+                 supernet: dict | None = None, describe: dict | None = None, init_weights: dict | None = None,
+                 tune_dir: str | None = None):
+        """tune_dir: where Tune keeps this run's experiment (default: the campaign's folder; a later phase of the
+        campaign, search.campaign.front_repeats, has its own, its trials recorded beside the others)."""
         self.campaign, self.folder, self.cluster = campaign, folder, cluster
+        self.tune_dir = tune_dir or campaign.exp
         self.settings = replace(trial_settings(campaign), supernet=supernet, init_weights=init_weights or None,
                                 prepared=prepare_for(campaign.spec))  # made or checked before any trial starts
         self.describe = _Describe(describe or {}, init_weights)
@@ -124,11 +128,11 @@ class CampaignRun:
         with StopSignals() as stop, tune_settings_applied():
             self.searcher.stopping = lambda: stop.received is not None  # endings then are the stop's
             if restoring:
-                tuner = tune.Tuner.restore(self.campaign.exp, trainable=self.trainable(), resume_unfinished=True,
+                tuner = tune.Tuner.restore(self.tune_dir, trainable=self.trainable(), resume_unfinished=True,
                                            resume_errored=False)
                 pickled = ray_private.restored_searcher(tuner)
                 if isinstance(pickled, Unbuilt):
-                    pickled.check(f"{self.campaign.exp}/tuner.pkl")
+                    pickled.check(f"{self.tune_dir}/tuner.pkl")
                 ray_private.replace_restored_searcher(tuner, self.searcher)
                 run_config = ray_private.restored_run_config(tuner)
                 run_config.callbacks = self.callbacks(stop)
@@ -145,7 +149,7 @@ class CampaignRun:
                         # which a measurement holding the whole node would wait for (search.campaign.measured).
                         reuse_actors=self.searcher.measurer is None,
                         trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
-                    run_config=_run_config(self.campaign, self.callbacks(stop), verbose))
+                    run_config=_run_config(self.campaign, self.callbacks(stop), verbose, self.tune_dir))
             try:
                 self._fit(tuner, stop, view, verbose)
             except BaseException:
@@ -224,8 +228,8 @@ def _scheduler(campaign: OpenedCampaign):
                           metric=sched.metric, mode=sched.mode, experiment=campaign.exp)  # asha: the loader resolved them
 
 
-def _run_config(campaign: OpenedCampaign, callbacks: list, verbose: bool):
-    storage, name = campaign.exp.rsplit("/", 1)
+def _run_config(campaign: OpenedCampaign, callbacks: list, verbose: bool, tune_dir: str | None = None):
+    storage, name = (tune_dir or campaign.exp).rsplit("/", 1)
     return tune.RunConfig(
         name=name, storage_path=storage, verbose=_tune_verbosity(verbose), callbacks=callbacks,
         # A trial whose process is lost is restarted from its checkpoint; one whose training fails reports

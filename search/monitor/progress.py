@@ -20,6 +20,7 @@ from qkvsearch.search.analysis import hv_reference
 from qkvsearch.search.analysis.pareto import hypervolume, nondominated_mask
 from qkvsearch.search.monitor.oneshot_phases import DONE, OneShotPhases, read_phases
 from qkvsearch.search.monitor.stage_status import stage_summary
+from qkvsearch.search.records.front_repeats import planned_runs
 from qkvsearch.search.records.layout import FINAL_STATUSES, UNTRAINED_STATUSES, open_campaign
 from qkvsearch.search.records.lease import DriverState, read_lease
 from qkvsearch.search.records.readers import read_trials
@@ -113,6 +114,8 @@ def read_progress(exp) -> Progress:
     # search.num_trials counts every planned trial already (grid: points x repeats); a one-shot campaign's
     # trials are the retrained subnets, as many as its selection plans (none before it is made)
     wanted = campaign.trials_planned if oneshot is None else oneshot.to_retrain
+    if wanted is not None and oneshot is None:   # and the front's runs under more seeds, once planned
+        wanted += planned_runs(exp)
     planned = max(wanted or len(records), len(records))
     epochs_each = campaign.epochs_planned or 0
     objectives = campaign.objectives

@@ -124,6 +124,11 @@ STAGES_DIR, STAGE_RUNS_DIR = "qs_stages", "stage_runs"   # the stages after trai
 STAGE_STATUSES = ("running", "completed", "failed", "interrupted")   # a stage record's status
 
 
+# search.front_repeats (search.records.front_repeats): the runs planned once the search ended, and the Tune experiment
+# that trains them (its trials' records in qs_trials/ beside the search's)
+FRONT_REPEATS_FILE, FRONT_REPEATS_DIR = "qs_front_repeats.json", "front_repeats"
+
+
 def experiment_dir(spec) -> str:
     """A spec's campaign folder: <storage>/<name> (a local storage made absolute)."""
     storage = spec.storage

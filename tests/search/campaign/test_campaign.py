@@ -280,3 +280,24 @@ def test_repeats_train_each_configuration_with_successive_seeds(ray_local, tmp_p
     assert sorted(r["config"]["seed"] for r in records) == [0, 1] and {r["status"] for r in records} == {"completed"}
     md = Path(build_report(str(exp), out_dir=str(tmp_path / "report"), static=False)["md"]).read_text()
     assert "## Repeated configurations" in md and "| 0, 1 |" in md
+
+
+def test_front_repeats_train_the_front_under_more_seeds_after_repeats_of_any_searcher(ray_local, tmp_path):
+    """random search with repeats 2 (one configuration proposed, trained under seeds 0 and 1), then front_repeats 3:
+    the front's configuration trains once more, under seed 2, through the ordinary trial path in a Tune experiment
+    of its own; the campaign plans and ends with it."""
+    from qkvsearch.search.campaign.launch import launch
+    from qkvsearch.search.monitor.progress import read_progress
+    from qkvsearch.search.records.front_repeats import read_plan
+
+    search = {"algorithm": "random", "num_trials": 2, "repeats": 2, "front_repeats": 3, "seed": 0}
+    exp = Path(launch(load_campaign(_small(tmp_path, "front-repeats", {"embedding": ["sne", "psne"]}, search))))
+    records = sorted(load_records(str(exp)), key=lambda r: r["config"]["seed"])
+    assert [r["config"]["seed"] for r in records] == [0, 1, 2] and {r["status"] for r in records} == {"completed"}
+    assert len({identity(r["config"], ignore=("seed",)) for r in records}) == 1
+    plan = read_plan(str(exp))
+    assert plan["front_repeats"] == 3 and [r["seed"] for r in plan["runs"]] == [2] and len(plan["front"]) == 1
+    assert plan["baseline"] == []   # no linear configuration in this space
+    assert (exp / "front_repeats" / "tuner.pkl").exists()
+    progress = read_progress(str(exp))
+    assert progress.trials_planned == 3 and progress.ended

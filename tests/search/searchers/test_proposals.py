@@ -338,10 +338,10 @@ def test_repeats_of_a_searcher_are_checked_against_its_budget(search, expected):
     assert [e for e in info.value.errors if e.startswith(expected)], info.value.errors
 
 
-def test_a_one_shot_campaign_refuses_repeats():
+def test_a_one_shot_campaign_refuses_repeats_and_front_repeats():
     from qkvsearch.spaces import SpecError
 
-    for key, value in (("repeats", 2),):
+    for key, value in (("repeats", 2), ("front_repeats", 3)):
         with pytest.raises(SpecError) as info:
             load_campaign({**BASE, "space": {"embedding": ["sne", "psne"]}, "objectives": ["top1", "gmacs"],
                            "supernet": {"train": {"epochs": 1}},
