@@ -171,8 +171,29 @@ def _trial_groups(df: pd.DataFrame) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- figures
-def _pair_figure(info: FrontInfo, groups, j: int, paper: pd.DataFrame | None) -> dict:
-    """objectives[0] (y) against objectives[j] (x): all trials, the full front, the 2-D staircase."""
+def _seed_spread(seeded: pd.DataFrame | None, xcol: str, metric: str) -> dict | None:
+    """The trace of the front's configurations trained under several seeds (search.analysis.report.front_with_seeds):
+    each at its mean of ``metric`` with a bar of one standard deviation either side; None when there are none."""
+    mean, sd = f"{metric} mean", f"{metric} sd"
+    if seeded is None or mean not in seeded or "seeds" not in seeded:
+        return None
+    many = seeded[(seeded["seeds"] >= 2).to_numpy()].drop_duplicates(subset=[xcol, mean])
+    if not len(many):
+        return None
+    names = [f"{n}: {metric} {m:.4g} ± {s:.2g} over {k} seeds" for n, m, s, k in
+             zip(many["trial_name"].astype(str), many[mean], many[sd], many["seeds"])]
+    return {"type": "scatter", "mode": "markers", "name": f"front configuration: {metric} mean ± sd over its seeds",
+            "x": numbers(many[xcol]), "y": numbers(many[mean]),
+            "error_y": {"type": "data", "array": many[sd].astype("float64").tolist(), "visible": True,
+                        "thickness": 1.5, "width": 5, "color": "black"},
+            "marker": {"symbol": "line-ew-open", "size": 14, "color": "black", "line": {"width": 2}},
+            "hovertext": names, "hoverinfo": "text"}
+
+
+def _pair_figure(info: FrontInfo, groups, j: int, paper: pd.DataFrame | None,
+                 seeded: pd.DataFrame | None = None) -> dict:
+    """objectives[0] (y) against objectives[j] (x): all trials, the full front, the 2-D staircase, and where front
+    configurations trained under several seeds their mean and spread."""
     df, metrics, dirs = info.trials, info.metrics, info.directions
     xcol, ycol = info.columns[j], info.columns[0]
     coords, hover = placed(df, {"x": xcol, "y": ycol})
@@ -183,6 +204,9 @@ def _pair_figure(info: FrontInfo, groups, j: int, paper: pd.DataFrame | None) ->
                  "marker": {"size": 14, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
                  "hovertext": [hover[i] for i in front], "hoverinfo": "text",
                  "customdata": df["trial_id"].to_numpy(dtype=object)[front].tolist()})
+    spread_trace = _seed_spread(seeded, xcol, metrics[0])
+    if spread_trace is not None:
+        data.append(spread_trace)
     stair = info.pair_fronts[j]
     shape = "hv" if dirs[0] == "max" and dirs[j] == "min" else "linear"
     data.append({"type": "scatter", "x": numbers(stair[xcol]), "y": numbers(stair[ycol]), "mode": "lines",
@@ -244,13 +268,15 @@ def _hv_figure(info: FrontInfo) -> dict:
     return {"data": [trace], "layout": out}
 
 
-def figures(info: FrontInfo, epochs: pa.Table, paper: pd.DataFrame | None) -> dict[str, dict]:
+def figures(info: FrontInfo, epochs: pa.Table, paper: pd.DataFrame | None,
+            seeded: pd.DataFrame | None = None) -> dict[str, dict]:
     """The page's figures in order: name -> figure dict (the names of the static files). Adds the
-    "hover" column to ``info.trials`` (what every scatter shows per trial)."""
+    "hover" column to ``info.trials`` (what every scatter shows per trial). seeded: the front with its
+    configurations' seed columns (search.analysis.report.front_with_seeds), drawn as their mean and spread."""
     info.trials["hover"] = hover_texts(info)
     groups = _trial_groups(info.trials)
     metrics = info.metrics
-    out = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(info, groups, j, paper) for j in range(1, len(metrics))}
+    out = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(info, groups, j, paper, seeded) for j in range(1, len(metrics))}
     if len(metrics) >= 3:
         out["pareto_3d"] = _figure_3d(info, groups)
     out["learning_curves"] = _curves_figure(info, epochs)

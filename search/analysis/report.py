@@ -72,6 +72,7 @@ from qkvsearch.search.analysis.static_export import export_static
 from qkvsearch.search.analysis.targets_report import target_folders, targets_report
 from qkvsearch.search.records.layout import FINAL_STATUSES, Campaign, open_campaign
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
+from qkvsearch.spaces.metrics import COST_METRICS
 from qkvsearch.storage import write_bytes
 
 __all__ = ["build_report", "objective_columns", "paper_setting"]
@@ -120,9 +121,10 @@ def _formatted(df: pd.DataFrame, col: str) -> list[str]:
 
 
 def _table_layout(df: pd.DataFrame, campaign: Campaign, info: FrontInfo, extra=()) -> TableLayout:
-    """A trial table's layout (search.analysis.columns): the space's keys, then the objectives and constraints."""
+    """A trial table's layout (search.analysis.columns): the space's keys, then the objectives and constraints, each
+    front point's mean and spread over its seeds where it has them (front_with_seeds), then ``extra``."""
     constraints = [metric_column(df.columns, c.metric) for c in campaign.spec.constraints]
-    return table_layout(df, campaign.spec.space.keys, [*info.columns, *constraints],
+    return table_layout(df, campaign.spec.space.keys, [*info.columns, *constraints, *_seed_columns(df)],
                         _front_columns(df, info.columns) + list(extra))
 
 
@@ -158,13 +160,17 @@ def _markdown_table(df: pd.DataFrame, layout: TableLayout | list[str]) -> str:
     return "\n".join(lines + (["", f"{FIXED_TITLE}: {fixed}"] if fixed else []))
 
 
+def _configurations(pool: pd.DataFrame) -> list[str]:
+    """Each row's configuration: its training identity without the seed (the seeds of one design together)."""
+    return [identity(config_of(c), ignore=("seed",)) for c in pool["config_json"]]
+
+
 def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
     """Configurations trained with several seeds (search.repeats): per configuration, the eligible
     trials, their seeds, and each objective's mean and sample standard deviation over them."""
     pool = rows(df, df["eligible"], ["config_json", "trial_name", "config_seed", *cols])
-    keys = [identity(config_of(c), ignore=("seed",)) for c in pool["config_json"]]
     out = []
-    for _key, group in pool.groupby(keys, sort=False):
+    for _key, group in pool.groupby(_configurations(pool), sort=False):
         if len(group) < 2:
             continue
         row = {"configuration": str(group["trial_name"].iloc[0]).rsplit("-", 1)[0], "n": len(group),
@@ -174,6 +180,28 @@ def repeat_summary(df: pd.DataFrame, metrics, cols) -> pd.DataFrame:
             row[f"{m} mean"], row[f"{m} sd"] = values.mean(), values.std(ddof=1)
         out.append(row)
     return pd.DataFrame(out)
+
+
+def front_with_seeds(info: FrontInfo) -> pd.DataFrame:
+    """The front's trials, each with its configuration's mean and sample standard deviation over its seeds of every
+    objective that is not a cost (``<metric> mean``, ``<metric> sd``) and the number of seeds (``seeds``), where
+    some configuration on the front trained under several; else the front as it is."""
+    front, df = info.front, info.trials
+    measured = [(m, c) for m, c in zip(info.metrics, info.columns) if m not in COST_METRICS]
+    pool = rows(df, df["eligible"], ["config_json", *[c for _, c in measured]])
+    if not len(front) or not measured or not len(pool):
+        return front
+    pool["configuration"] = _configurations(pool)
+    stats = pool.groupby("configuration")[[c for _, c in measured]].agg(["mean", "std", "count"])
+    keys = pool.loc[front.index, "configuration"]
+    if stats.loc[keys, (measured[0][1], "count")].max() < 2:
+        return front
+    out = front.copy()
+    for m, c in measured:
+        out[f"{m} mean"] = stats.loc[keys, (c, "mean")].to_numpy()
+        out[f"{m} sd"] = stats.loc[keys, (c, "std")].to_numpy()
+    out["seeds"] = stats.loc[keys, (measured[0][1], "count")].to_numpy()
+    return out
 
 
 @dataclass
@@ -228,6 +256,11 @@ def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats
         "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",
     ]
     return "\n".join(parts)
+
+
+def _seed_columns(df: pd.DataFrame) -> list[str]:
+    """The seed columns front_with_seeds gave ``df``, where it did."""
+    return [c for c in df.columns if c.endswith((" mean", " sd")) or c == "seeds"]
 
 
 def _settings_json(campaign: Campaign) -> str:
@@ -294,8 +327,8 @@ def _write_page(out: str, campaign: Campaign, info: FrontInfo, epochs: pa.Table,
     size = paper_setting(df)
     paper = paper_points(size, reference_csv) if size else None
     found = findings(campaign, info, reference_csv)
-    figures = make_figures(info, epochs, paper)
-    front = info.front
+    front = front_with_seeds(info)
+    figures = make_figures(info, epochs, paper, front)
     fcols = _front_columns(df, info.columns)
     repeats = repeat_summary(df, info.metrics, info.columns)
     partial = partial_note(campaign, df["status"])

@@ -285,7 +285,8 @@ def test_repeats_train_each_configuration_with_successive_seeds(ray_local, tmp_p
 def test_front_repeats_train_the_front_under_more_seeds_after_repeats_of_any_searcher(ray_local, tmp_path):
     """random search with repeats 2 (one configuration proposed, trained under seeds 0 and 1), then front_repeats 3:
     the front's configuration trains once more, under seed 2, through the ordinary trial path in a Tune experiment
-    of its own; the campaign plans and ends with it."""
+    of its own; the campaign plans and ends with it, and the report gives the front point its mean over 3 seeds."""
+    from qkvsearch.search.analysis.report import build_report
     from qkvsearch.search.campaign.launch import launch
     from qkvsearch.search.monitor.progress import read_progress
     from qkvsearch.search.records.front_repeats import read_plan
@@ -301,3 +302,9 @@ def test_front_repeats_train_the_front_under_more_seeds_after_repeats_of_any_sea
     assert (exp / "front_repeats" / "tuner.pkl").exists()
     progress = read_progress(str(exp))
     assert progress.trials_planned == 3 and progress.ended
+    md = Path(build_report(str(exp), out_dir=str(tmp_path / "report"), static=False)["md"]).read_text()
+    front = md.split("## Pareto front")[1].split("##")[0]
+    head, _, row = front.strip().splitlines()[:3]
+    cells = dict(zip([c.strip() for c in head.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
+    top1 = [r["epochs"][-1]["top1"] for r in records]
+    assert cells["seeds"] == "3" and float(cells["top1 mean"]) == pytest.approx(np.mean(top1), abs=5e-3)

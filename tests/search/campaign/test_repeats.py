@@ -35,3 +35,25 @@ def test_the_report_shows_mean_and_spread_of_each_repeated_configuration(tmp_pat
     assert float(row["top1 mean"]) == pytest.approx(54.0) and float(row["top1 sd"]) == pytest.approx(4.0)
     assert "Repeated configurations" in open(paths["html"]).read()
     assert open(paths["csv"]).readline().startswith("trial_id,")
+
+
+def test_a_front_point_trained_under_several_seeds_carries_their_mean_and_spread(tmp_path):
+    """search.front_repeats' runs in the report: the front table gives the front point its configuration's mean and
+    standard deviation over its seeds, and the figure draws them as an error bar."""
+    import json
+    import re
+
+    write_json(f"{tmp_path}/qs_campaign.json", {"name": "rep", "spec": SPEC})
+    trials = [record(0, 0, 64, 50.0), record(1, 1, 64, 54.0), record(2, 2, 64, 58.0), record(3, 0, 32, 40.0)]
+    for rec in trials:
+        write_json(f"{tmp_path}/qs_trials/{rec['trial_id']}.json", rec)
+    paths = build_report(str(tmp_path), out_dir=str(tmp_path / "out"), static=False)
+    front = open(paths["md"]).read().split("## Pareto front")[1].split("##")[0]
+    head, _, row = front.strip().splitlines()[:3]
+    cells = dict(zip([c.strip() for c in head.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
+    assert cells["trial_name"] == "sne-h64-t2" and cells["seeds"] == "3"   # width 64 at 58: the front (one gmacs)
+    assert float(cells["top1 mean"]) == pytest.approx(54.0) and float(cells["top1 sd"]) == pytest.approx(4.0)
+    page = open(paths["html"]).read()
+    trace = page[page.index('"name":"front configuration: top1 mean ± sd over its seeds"'):]
+    bar = re.search(r'"error_y":\{"type":"data","array":(\[[^\]]*\])', trace)
+    assert json.loads(bar.group(1)) == [pytest.approx(4.0)] and "sne-h64-t2: top1 54 ± 4 over 3 seeds" in trace
