@@ -7,8 +7,9 @@ layer          what it owns                                                     
 =============  ==================================================================  =====================
 records        the campaign folder's files: layout, statuses, epochs CSV, readers,  neither
                the recorder
-analysis       Pareto maths, results tables (Parquet), the report, one-shot         neither
-               fidelity
+analysis       Pareto maths, results tables (Parquet), the report (effects at       neither
+               equal cost, importance, the paper's table), one-shot fidelity,
+               campaigns compared
 monitor        progress, the terminal view, metrics, Grafana, status, watch         neither (Ray's
                                                                                     metrics lazily)
 scheduling     MO-ASHA's rules (pure) and the Tune schedulers that apply them       Ray (the adapters)

@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     from qkvsearch.search.campaign.oneshot.export import add_export_parser  # torch loads only as it runs
     add_export_parser(sub)
+    from qkvsearch.search.analysis.compare_command import add_compare_parser  # its command: args.run
+    add_compare_parser(sub)
     return p
 
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = _attach_log_handler()
     out = sys.stdout = GuardedStdout(sys.stdout)
     try:
-        code = _COMMANDS[args.command](args)
+        code = (_COMMANDS.get(args.command) or args.run)(args)
         out.flush()  # what is still buffered fails here, not when the interpreter exits
         return _output_failed(args, out) if out.failed else code
     except OutputFailed:
@@ -353,8 +355,7 @@ def cmd_cost(args) -> int:
     spec = _load(args)   # a bad spec is refused before the model libraries load
     from qkvsearch.search.campaign.costs import cost_table, format_table
 
-    rows = cost_table(spec)
-    print(format_table(rows, as_csv=args.csv))
+    print(format_table(cost_table(spec), as_csv=args.csv))
     return EXIT_OK
 
 
