@@ -21,6 +21,11 @@ MAX_BLOCKS = 256        # depth
 MAX_UNITS = 65536       # a count of channels, hidden units, code features, heads, charts or tokens
 MAX_PIXELS = 8192       # img_size, patch_size
 MAX_MLP_RATIO = 64.0    # mlp_ratio, token_mlp_ratio
+# Every int a campaign file takes has an upper bound (``integer`` requires one): a value past what the field can
+# mean is refused by validate, not met by a run that hangs or fails (10**9 control subnets drawn one by one).
+MAX_COUNT = 10**9       # a count with no tighter bound of its own (trials, epochs, images, steps): past any campaign
+MAX_SEED = 2**32 - 1    # numpy's RandomState, which Optuna's samplers seed, takes none above
+MAX_LOADER_WORKERS = 512  # DataLoader processes of one worker: past the CPUs of any node
 
 
 class Bad(Exception):
@@ -39,6 +44,7 @@ class Check:
     numeric: str | None = None         # "int" or "float": int/float ranges may be searched over this key
     options: tuple = ()                # closed set of strings, for did-you-mean hints
     arrow: str = "string"              # Parquet column type: int64 | float64 | bool | string
+    limit: str = ""                    # "up to 1000": a bound the reference shows (messages: when it is passed)
 
     def __call__(self, value):
         return self.fn(value)
@@ -48,7 +54,7 @@ class Check:
             return None if v is None else self.fn(v)
 
         return Check(f"{self.expected} or null", f"{self.plural} or nulls", fn, self.numeric, self.options,
-                     self.arrow)
+                     self.arrow, self.limit)
 
 
 def is_int(v) -> bool:
@@ -70,8 +76,8 @@ def finite(v, default=None):
 
 
 
-def integer(low: int, high: int | None = None) -> Check:
-    """An int >= low (and <= high: a value past it names the bound)."""
+def integer(low: int, high: int) -> Check:
+    """An int in [low, high] (a value past high names the bound: "a positive int up to 1000")."""
     word = {0: "non-negative", 1: "positive"}.get(low)
     expected = f"a {word} int" if word else f"an int >= {low}"
     plural = f"{word} ints" if word else f"ints >= {low}"
@@ -79,11 +85,11 @@ def integer(low: int, high: int | None = None) -> Check:
     def fn(v):
         if not is_int(v) or v < low:
             raise Bad
-        if high is not None and v > high:
+        if v > high:
             raise Bad(f"{expected} up to {high}")
         return v
 
-    return Check(expected, plural, fn, "int", arrow="int64")
+    return Check(expected, plural, fn, "int", arrow="int64", limit=f"up to {high}" if high < MAX_COUNT else "")
 
 
 def number(low: float, high: float | None = None, low_open=False, high_open=True) -> Check:
@@ -140,10 +146,22 @@ AUTO_AUGMENT = Check("a timm auto_augment string such as rand-m9-mstd0.5-inc1",
 FLAG = Check("true or false", "booleans", _flag, arrow="bool")
 AUTO_FLAG = Check("true, false or auto", "true, false or auto", lambda v: v if v == "auto" else _flag(v),
                   options=("auto",))  # Parquet: string ("true", "false", "auto")
-POS_INT = integer(1)
-NONNEG_INT = integer(0)
-WORKERS = Check("a non-negative int or auto", "non-negative ints or auto",
-                lambda v: v if v == "auto" else NONNEG_INT(v), options=("auto",))  # Parquet: string ("0", "auto")
+POS_INT = integer(1, MAX_COUNT)
+NONNEG_INT = integer(0, MAX_COUNT)
+SEED = integer(0, MAX_SEED)
+
+
+def _workers(v):
+    if v == "auto":
+        return v
+    try:
+        return integer(0, MAX_LOADER_WORKERS)(v)
+    except Bad as bad:
+        raise Bad(bad.expected and f"{bad.expected} or auto") from None
+
+
+WORKERS = Check("a non-negative int or auto", "non-negative ints or auto", _workers, options=("auto",),
+                limit=f"up to {MAX_LOADER_WORKERS}")  # Parquet: string ("0", "auto")
 POS_NUM = number(0, low_open=True)
 NONNEG_NUM = number(0)
 FRACTION = number(0, 1)  # [0, 1)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from qkvsearch.spaces.errors import ConfigError, config_error
 
+MAX_CLASSES = 10**6   # num_classes' bound (spaces.checks: every int has one): past any set (ImageNet-21k: 21,843)
+
 
 @dataclass(frozen=True)
 class Dataset:

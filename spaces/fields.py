@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkvsearch.spaces import dimensions
-from qkvsearch.spaces.checks import Bad, Check
+from qkvsearch.spaces.checks import POS_INT, Bad, Check
 from qkvsearch.spaces.errors import Collector
 
 OWN = object()   # Field.read's default: the field's own
@@ -81,10 +81,13 @@ def nonempty(expected: str) -> Check:
 
 
 def _positive_or_auto(v):
-    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+    if v == "auto":
         return v
-    raise Bad
+    try:
+        return POS_INT(v)
+    except Bad as bad:
+        raise Bad(bad.expected and f'{bad.expected} or "auto"') from None
 
 
 MODE = choice("max", "min", text="max or min")   # an objective's or a scheduler's
-POSITIVE_OR_AUTO = Check('a positive int or "auto"', 'positive ints or "auto"', _positive_or_auto)
+POSITIVE_OR_AUTO = Check('a positive int or "auto"', 'positive ints or "auto"', _positive_or_auto)   # up to MAX_COUNT

@@ -31,6 +31,7 @@ from qkvsearch.spaces.checks import (
     POS_INT,
     POS_NUM,
     REGISTERED_PREFIX,
+    SEED,
     TEXT,
     WORKERS,
     Bad,
@@ -61,6 +62,7 @@ from qkvsearch.spaces.datasets import (
     BAD_IMAGE_POLICIES,
     DATASET_INFO,
     DATASETS,
+    MAX_CLASSES,
     PIPELINES,
     fill_from_dataset,
 )
@@ -122,7 +124,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("img_size", "model", integer(8, MAX_PIXELS).or_none(), None,
        "input size; null: the dataset's (32, imagefolder 224), or timm's for a bare model",
        unit="px", section="model"),
-    _k("num_classes", "model", integer(2).or_none(), None,
+    _k("num_classes", "model", integer(2, MAX_CLASSES).or_none(), None,
        "classes; null: the dataset's (imagefolder: its class folders), or timm's for a bare model",
        section="model", searchable=False),
     _k("in_chans", "model", POS_INT, 3, "input channels", section="model", searchable=False),
@@ -230,7 +232,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("random_erasing", "train", FRACTION, 0.0, "timm random erasing probability per image (per-pixel "
        "noise, as DeiT); 0 = off", section="train"),
     _k("clip_grad", "train", POS_NUM.or_none(), None, "max global gradient norm; null = off", section="train"),
-    _k("seed", "train", NONNEG_INT, 0, "seed of weights, data order and augmentation", section="train"),
+    _k("seed", "train", SEED, 0, "seed of weights, data order and augmentation", section="train"),
     _k("checkpoint_every", "train", POS_INT, 1, "epochs between checkpoints (the last is always saved)",
        unit="epochs", section="train"),
     _k("max_steps_per_epoch", "train", POS_INT.or_none(), None,
@@ -308,11 +310,10 @@ REQUIRED_TRAIN_KEYS = tuple(k.section_key or k.name for k in KEYS.values() if k.
 def fill(cfg: Mapping, groups: tuple[str, ...] = GROUPS) -> dict:
     """A copy of ``cfg`` with every key of ``groups`` checked and its default filled in.
 
-    Keys of other groups pass through unchecked. A key that applies only to some embeddings is null
-    for the others (giving it a value there is an error). With the data group: img_size and num_classes
-    come from the dataset when null, and the data-dependent rules are checked. ``width`` (the solved
-    width) passes through. Raises ConfigError naming the key, the expected and the given value.
-    """
+    Keys of other groups pass through unchecked. A key that applies only to some embeddings is null for the others
+    (giving it a value there is an error). With the data group: img_size and num_classes come from the dataset when
+    null, and the data-dependent rules are checked. ``width`` (the solved width) passes through. Raises ConfigError
+    naming the key, the expected and the given value."""
     if not isinstance(cfg, Mapping):
         raise config_error("config", "a mapping of trial keys", cfg)
     for key in cfg:
@@ -409,12 +410,12 @@ def flatten(section: str, values: Mapping) -> dict:
 
 
 def identity(config: Mapping, ignore: tuple[str, ...] = (), policy: bool = False) -> str:
-    """What makes two resolved trials the same training: the config with null keys (those that do not
-    apply to the trial) left out, and the solved ``width`` standing for the requested ``hidden_width``.
-    The quantization policy changes nothing in training: its keys (a block's own included) are left out, unless
-    ``policy`` (then the model as deployed, its policy as ``quant_policy`` gives it: a config without policy keys
-    and one whose policy is all ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``). A dataset read by
-    index trains the same with any ``loader_workers``: it counts as its default there (spaces.datasets.Dataset.dealt)."""
+    """What makes two resolved trials the same training: the config with null keys (those that do not apply to the
+    trial) left out, and the solved ``width`` standing for the requested ``hidden_width``. The quantization policy
+    changes nothing in training: its keys (a block's own included) are left out, unless ``policy`` (then the model
+    as deployed, its policy as ``quant_policy`` gives it: a config without policy keys and one whose policy is all
+    ``fp`` are one model). ``ignore``: keys left out too (``("seed",)``). A dataset read by index trains the same
+    with any ``loader_workers``: it counts as its default there (spaces.datasets.Dataset.dealt)."""
     skip = {"hidden_width", *ignore}
     kept = {k: v for k, v in config.items() if v is not None and k not in skip and not is_policy_key(k)}
     if "loader_workers" in kept and not getattr(DATASET_INFO.get(config.get("dataset")), "dealt", False):

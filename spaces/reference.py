@@ -75,9 +75,14 @@ def field_default(field: Field) -> str:
     return field.default_doc or yaml_value(field.default)
 
 
+def takes(check) -> str:
+    """What a check takes, in words, with its bound where it has one of its own ("a positive int, up to 1000")."""
+    return f"{check.expected}, {check.limit}" if check.limit else check.expected
+
+
 def key_table(section: str) -> str:
     """The trial keys a section sets: its name there, what it takes, its default, unit and meaning."""
-    rows = [(f"`{k.section_key or k.name}`", k.check.expected, f"`{key_default(k)}`", k.unit,
+    rows = [(f"`{k.section_key or k.name}`", takes(k.check), f"`{key_default(k)}`", k.unit,
              k.doc + ("" if (k.section_key or k.name) == k.name else f" (trial key `{k.name}`)"))
             for k in KEYS.values() if k.section == section]
     return _table(("key", "takes", "default", "unit", "meaning"), rows)
@@ -89,7 +94,7 @@ def space_table() -> str:
     for k in KEYS.values():
         if k.section is None and k.searchable:
             applies = f"; applies when {k.applies_key} is {' or '.join(k.applies_to)}" if k.applies_to else ""
-            rows.append((f"`{k.name}`", k.group, k.check.expected, f"`{key_default(k)}`", k.unit, k.doc + applies))
+            rows.append((f"`{k.name}`", k.group, takes(k.check), f"`{key_default(k)}`", k.unit, k.doc + applies))
     return _table(("key", "group", "takes", "default", "unit", "meaning"), rows)
 
 
@@ -101,7 +106,7 @@ def field_table(name: str) -> str:
     for f in SECTION_TABLES[name].values():
         applies = f" ({', '.join(f.applies)} only)" if f.applies else ""
         default = f"`{field_default(f)}`" if not f.default_doc or f.required else field_default(f)
-        rows.append((f"`{f.name}`", f.expected, default, f.doc + applies))
+        rows.append((f"`{f.name}`", takes(f.check) if f.check else f.expected, default, f.doc + applies))
     return _table(("field", "takes", "default", "meaning"), rows)
 
 

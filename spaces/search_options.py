@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from qkvsearch.spaces import dimensions
-from qkvsearch.spaces.checks import POS_INT, integer, one_of
+from qkvsearch.spaces.checks import MAX_COUNT, POS_INT, SEED, integer, one_of
 from qkvsearch.spaces.errors import Collector, section_failed
 from qkvsearch.spaces.fields import Field, nonempty, table
 from qkvsearch.spaces.metrics import COUNTED_METRICS, MEASURED_METRICS
@@ -34,8 +34,8 @@ SEARCH_FIELDS = table(
                       "training objective and one or two counted costs, else gp; random for one objective"),
     Field("num_trials", POS_INT, None, "trials to run (proposals a one-shot campaign scores)",
           default_doc="required, except for grid: grid points x repeats"),
-    Field("seed", integer(0), SearchSpec.seed, "seed of the searcher's draws"),
-    Field("population_size", integer(2), SearchSpec.population_size, "NSGA-II's population",
+    Field("seed", SEED, SearchSpec.seed, "seed of the searcher's draws"),
+    Field("population_size", integer(2, MAX_COUNT), SearchSpec.population_size, "NSGA-II's population",
           default_doc=f"min({NSGA2_POPULATION}, num_trials // 2), at least 2", applies=("nsga2",)),
     Field("repeats", POS_INT, SearchSpec.repeats, "runs of each configuration proposed, under the seeds seed, "
           "seed + 1, ...; the searcher learns each configuration from its first (grid: of each grid point)",

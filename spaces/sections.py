@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.batches import batch_plan
-from qkvsearch.spaces.checks import NONNEG_INT, POS_INT, integer, is_number, one_of
+from qkvsearch.spaces.checks import MAX_COUNT, NONNEG_INT, POS_INT, integer, is_number, one_of
 from qkvsearch.spaces.errors import Collector, hint, show
 from qkvsearch.spaces.fields import MODE, POSITIVE_OR_AUTO, Field, table
 from qkvsearch.spaces.keys import (
@@ -59,7 +59,7 @@ SCHEDULER_FIELDS = table(
           "non-dominated sorting over the objectives"),
     Field("grace_epochs", POS_INT, SchedulerSpec.grace_epochs,
           "epochs before the first rung; at most train.epochs", applies=RUNGS),
-    Field("reduction_factor", integer(2), SchedulerSpec.reduction_factor,
+    Field("reduction_factor", integer(2, MAX_COUNT), SchedulerSpec.reduction_factor,
           "rungs at grace_epochs x reduction_factor^k epochs; the top 1/reduction_factor go on", applies=RUNGS),
     Field("brackets", POS_INT, SchedulerSpec.brackets,
           "asynchronous Hyperband brackets, bracket s judging first at grace_epochs x reduction_factor^s; at most "

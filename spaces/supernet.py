@@ -35,7 +35,7 @@ recipe on one input.
 from __future__ import annotations
 
 from qkvsearch.spaces.blocks import base_key
-from qkvsearch.spaces.checks import FLAG, NONNEG_INT, POS_INT, Bad
+from qkvsearch.spaces.checks import FLAG, POS_INT, Bad, integer
 from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.fields import Field, choice, nonempty, table
 from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, key_of, section_keys
@@ -54,23 +54,28 @@ WIDTH_KEYS = tuple(k.name for k in sorted(KEYS.values(), key=lambda k: k.group !
 RETRAIN = ("front", "top_k")
 RETRAIN_FROM = ("scratch", "inherited")
 _WORKERS = tuple(n for n, _ in WORKER_RESOURCES)
+# The section's counts, bounded by what each can mean (spaces.checks: every int has a bound)
+MAX_RANDOM_SUBNETS = 64   # each a forward and a backward of every update
+MAX_BN_BATCHES = 1000     # BatchNorm statistics settle within tens of batches, and every subnet scored pays them
+MAX_CONTROL = 10_000      # each scored, then retrained from scratch under two seeds
 # The section's fields (spaces.fields); defaults: SupernetSpec's (``from`` is its ``source``).
 SUPERNET_FIELDS = table(
     Field("train", "a mapping of train keys (epochs, lr, ...)", {},
           "the supernet's recipe: train-section keys; the rest are the train section's",
           default_doc="{} (epochs required unless from)"),
-    Field("random_subnets", NONNEG_INT, SupernetSpec.random_subnets,
+    Field("random_subnets", integer(0, MAX_RANDOM_SUBNETS), SupernetSpec.random_subnets,
           "random subnets per update, besides the largest and smallest of the update's branch"),
     Field("distill", FLAG, SupernetSpec.distill, "students learn the largest subnet's soft labels (in-place "
                                                   "distillation)"),
     # >= 1: a subnet's BatchNorm statistics are its own; without a batch they stay at (0, 1)
-    Field("bn_batches", POS_INT, SupernetSpec.bn_batches,
-          "training batches each subnet's BatchNorm is recalibrated on before scoring"),
+    Field("bn_batches", integer(1, MAX_BN_BATCHES), SupernetSpec.bn_batches,
+          "training batches each subnet's BatchNorm is recalibrated on before scoring (past one pass over the "
+          "training split: the next passes')"),
     Field("retrain", choice(*RETRAIN), SupernetSpec.retrain,
           "which scored subnets train on their own: the inherited front, or the top_k by non-dominated rank"),
     Field("top_k", POS_INT, SupernetSpec.top_k, "how many subnets retrain with retrain: top_k",
           default_doc="null (required with retrain: top_k)"),
-    Field("control", NONNEG_INT, SupernetSpec.control,
+    Field("control", integer(0, MAX_CONTROL), SupernetSpec.control,
           "subnets drawn from the space's feasible ones, scored, and retrained from scratch under two seeds: "
           "the rank agreement's sample"),
     Field("from", nonempty("a campaign folder or URI whose supernet was trained (a string)"), SupernetSpec.source,

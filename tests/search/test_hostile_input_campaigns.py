@@ -460,3 +460,60 @@ def test_resume_refuses_what_it_cannot_resume_before_writing_anything(tmp_path, 
     code, out, err = _run(capsys, "resume", str(exp))
     _refused(code, out, err, *(("tuner.pkl",) if damage == "no tuner.pkl" else ("version 99", f"up to {STATE_VERSION}")))
     assert tree_digest(exp) == before  # the campaign file's ended_at and the records as they were
+
+
+# ------------------------------------------------------------------ every int a campaign file takes is bounded
+
+
+def _int_checks():
+    """(where, check) of every int a campaign file takes: every declared section table's Field rows (those the
+    reference prints), the trial keys, the phases' own resources."""
+    from qkvsearch.spaces.keys import KEYS
+    from qkvsearch.spaces.reference import SECTION_TABLES
+    from qkvsearch.spaces.schema import WORKER_RESOURCES
+
+    found = [(f"{section}.{name}", field.check) for section, table in SECTION_TABLES.items()
+             for name, field in table.items() if field.check is not None]
+    found += [(f"key {name}", key.check) for name, key in KEYS.items()]
+    found += [(f"resources.{name}", check) for name, check in WORKER_RESOURCES]
+
+    def takes_ints(check) -> bool:
+        try:
+            return type(check(5)) is int
+        except Exception:  # noqa: BLE001  (a check of strings or choices)
+            return False
+
+    return [(where, check) for where, check in found if takes_ints(check)]
+
+
+def test_every_int_a_campaign_file_takes_has_an_upper_bound():
+    from qkvsearch.spaces.checks import Bad
+
+    checks = _int_checks()
+    assert {"supernet.control", "supernet.bn_batches", "search.seed", "key loader_workers", "key seed",
+            "resources.workers_per_trial"} <= {where for where, _ in checks}
+    for where, check in checks:
+        with pytest.raises(Bad) as info:
+            check(10**12)
+        assert info.value.expected and " up to " in info.value.expected, where
+
+
+@pytest.mark.parametrize("sections,expected", [
+    ({"supernet": {"train": {"epochs": 1}, "control": 10**9}},
+     "supernet.control: expected a non-negative int up to 10000, given 1000000000"),
+    ({"supernet": {"train": {"epochs": 1}, "bn_batches": 10**9}},
+     "supernet.bn_batches: expected a positive int up to 1000, given 1000000000"),
+    ({"supernet": {"train": {"epochs": 1}, "random_subnets": 10**6}},
+     "supernet.random_subnets: expected a non-negative int up to 64, given 1000000"),
+    ({"search": {"algorithm": "random", "num_trials": 2, "seed": 2**40}},
+     "search.seed: expected a non-negative int up to 4294967295, given 1099511627776"),
+    ({"train": {"epochs": 2, "batch_size": 8, "seed": 2**40}},
+     "train.seed: expected a non-negative int up to 4294967295, given 1099511627776"),
+    ({"train": {"epochs": 2, "batch_size": 8, "loader_workers": 1_000_000}},
+     "train.loader_workers: expected a non-negative int up to 512 or auto, given 1000000"),
+    ({"measure": {"batch": 10**12}}, "measure.batch: expected a positive int up to 1000000000, given 1000000000000"),
+])
+def test_a_count_past_what_its_field_can_mean_is_refused(sections, expected):
+    space = {"embedding": ["linear", "sne"]} if "supernet" not in sections else {"embedding": {"choice": ["linear"]}}
+    errors = _errors(space=space, **sections)
+    assert any(e.startswith(expected) for e in errors), errors
