@@ -13,7 +13,7 @@ device, precision, batch, compile mode and software versions (trainers.deploy.me
 """
 from __future__ import annotations
 
-from qkvsearch.spaces.checks import POS_INT, POS_NUM
+from qkvsearch.spaces.checks import POS_INT, POS_NUM, is_number
 from qkvsearch.spaces.errors import Collector, hint, show
 from qkvsearch.spaces.fields import Field, nonempty, table
 from qkvsearch.spaces.metrics import MEASURED_METRICS
@@ -70,7 +70,7 @@ def measured_metrics(spec) -> tuple[str, ...]:
 
 
 def ray_resources(raw, where: str, c: Collector) -> FrozenMap:
-    """A mapping {Ray resource name: amount > 0} (CPU and GPU among them), each entry checked and named."""
+    """A mapping {Ray resource name: amount > 0, finite} (CPU and GPU among them), each entry checked and named."""
     if raw is None:
         return FrozenMap()
     if not isinstance(raw, dict):
@@ -78,8 +78,7 @@ def ray_resources(raw, where: str, c: Collector) -> FrozenMap:
         return FrozenMap()
     out = {}
     for name, amount in raw.items():
-        if not isinstance(name, str) or not name or isinstance(amount, bool) \
-                or not isinstance(amount, (int, float)) or amount <= 0:
+        if not isinstance(name, str) or not name or not is_number(amount) or amount <= 0:
             c.expected(f"{where}.{name}", "a positive amount of a named Ray resource", amount)
         else:
             out[name] = float(amount)

@@ -71,6 +71,9 @@ SCHEDULER_METRICS = ("top1", "top5", "val_loss", "train_loss")        # change f
 PERCENT = (0.0, 100.0)
 BOUNDS: dict[str, tuple[float, float]] = {"top1": PERCENT, "top5": PERCENT, "top1_q": PERCENT,
                                           **{m.name: PERCENT for m in STAGE_METRIC_LIST}}
+# Metrics every model has above their low bound (it has weights, does work, takes time and memory): a max at or
+# below that bound holds for no configuration. (embed_params is 0 for a model without q/k/v maps.)
+ABOVE_LOW = ("params", "params_m", "gmacs", *MEASURED_METRICS)
 
 
 def ranked_by(metric: str) -> str:
@@ -85,10 +88,14 @@ def metric_bounds(metric: str) -> tuple[float, float]:
     return BOUNDS.get(metric, (0.0, math.inf))
 
 
-def bound_problem(metric: str, value: float) -> str | None:
+def bound_problem(metric: str, value: float, side: str | None = None) -> str | None:
     """Why ``value`` cannot bound ``metric`` ("expected ..., given ..."): it lies outside what the metric can
-    take, so the constraint would hold for every configuration or for none. None when it can."""
+    take, or (``side`` "max") at or below the low bound of a metric every model is above (ABOVE_LOW), so the
+    constraint would hold for every configuration or for none. None when it can."""
     low, high = metric_bounds(metric)
+    if side == "max" and metric in ABOVE_LOW and value == low:
+        return (f"expected a number > {low:g} (every model's {metric} is above {low:g}: a max of {value:g} holds "
+                f"for none), given {value:g}")
     if low <= value <= high:
         return None
     what = (f"in [{low:g}, {high:g}] ({metric} is a percentage)" if (low, high) == PERCENT

@@ -205,7 +205,7 @@ def parse_constraints(raw, c: Collector) -> list[Constraint]:
             if side in bound:
                 if not is_number(bound[side]):
                     c.expected(f"{path}.{side}", "a number", bound[side])
-                elif problem := bound_problem(metric, float(bound[side])):
+                elif problem := bound_problem(metric, float(bound[side]), side):
                     c.add(f"{path}.{side}", problem)
                 else:
                     values[side] = float(bound[side])

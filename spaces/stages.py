@@ -309,7 +309,7 @@ def _parse_constraints(raw, finetune, ood, c: Collector) -> list[Constraint]:
                 or not all(is_number(v) for v in bound.values()):
             c.expected(path, "{max: number} and/or {min: number}", bound)
             continue
-        problems = [(side, p) for side, v in bound.items() if (p := bound_problem(metric, float(v)))]
+        problems = [(side, p) for side, v in bound.items() if (p := bound_problem(metric, float(v), side))]
         for side, problem in problems:
             c.add(f"{path}.{side}", problem)
         if problems:

@@ -100,8 +100,9 @@ def parse_targets(raw, c: Collector) -> tuple[TargetSpec, ...]:
         elif name in names:
             c.add(f"{where}.name", f"expected a name no other target has, given {show(name)} twice")
         names.add(name)
-        objectives = tuple(_within(where, c, parse_objectives, item.get("objectives"))) \
-            if item.get("objectives") else ()
+        # left out or null: the campaign's; anything else is the target's own (an empty list is refused)
+        objectives = tuple(_within(where, c, parse_objectives, item["objectives"])) \
+            if item.get("objectives") is not None else ()
         _within(where, c, lambda objs, sub: check_served(objs, None, sub), objectives)
         out.append(TargetSpec(
             str(name), _resources(item, where, c), _precisions(item.get("precisions"), f"{where}.precisions", c),

@@ -79,7 +79,7 @@ def parse_constraints(texts, curves: Curves) -> tuple[Constraint, ...]:
             raise BadInput(f"constraints: expected METRIC:max=X or METRIC:min=X with METRIC a cost column "
                            f"({', '.join(costs) or 'none in this table'}), given {text!r}")
         for side, value in values.items():
-            if problem := bound_problem(metric, value):  # as a campaign's constraints (spaces.metrics)
+            if problem := bound_problem(metric, value, side):  # as a campaign's constraints (spaces.metrics)
                 raise BadInput(f"constraints: {metric}:{side}: {problem}")
         out.append(Constraint(metric, values.get("max"), values.get("min")))
     return tuple(out)

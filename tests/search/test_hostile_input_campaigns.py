@@ -517,3 +517,43 @@ def test_a_count_past_what_its_field_can_mean_is_refused(sections, expected):
     space = {"embedding": ["linear", "sne"]} if "supernet" not in sections else {"embedding": {"choice": ["linear"]}}
     errors = _errors(space=space, **sections)
     assert any(e.startswith(expected) for e in errors), errors
+
+
+# ------------------------------------------------------------------ deployment targets and their bounds
+
+
+ONESHOT = {**BASE, "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
+           "space": {"depth": 2, "embedding": {"choice": ["linear", "sne"]}},
+           "supernet": {"train": {"epochs": 1}, "control": 0}}
+
+
+@pytest.mark.parametrize("amount", [float("nan"), float("inf"), -1, 0, True, "1"])
+@pytest.mark.parametrize("where", ["targets", "measure"])
+def test_a_resource_amount_that_is_no_positive_finite_number_is_refused(where, amount):
+    if where == "targets":
+        errors = _errors(**ONESHOT, targets=[{"name": "phone", "resources": {"CPU": amount}}])
+        path = "targets[0].resources.CPU"
+    else:
+        errors = _errors(measure={"resources": {"CPU": amount}})
+        path = "measure.resources.CPU"
+    assert len(errors) == 1 and errors[0].startswith(f"{path}: expected a positive amount of a named Ray resource"), \
+        errors
+
+
+@pytest.mark.parametrize("metric", ["params", "params_m", "gmacs", "latency_ms", "throughput", "train_step_ms",
+                                    "peak_mem_gb", "size_mb"])
+def test_a_max_of_0_on_a_cost_every_model_has_is_refused_for_the_campaign_and_a_target(metric):
+    expected = f"expected a number > 0 (every model's {metric} is above 0: a max of 0 holds for none), given 0"
+    errors = _errors(**ONESHOT, constraints={metric: {"max": 0}})
+    assert errors == [f"constraints.{metric}.max: {expected}"], errors
+    errors = _errors(**ONESHOT, targets=[{"name": "phone", "constraints": {metric: {"max": 0.0}}}])
+    assert errors == [f"targets[0].constraints.{metric}.max: {expected}"], errors
+    load_campaign({**ONESHOT, "constraints": {metric: {"min": 0}}})   # holds for every model: no harm
+
+
+@pytest.mark.parametrize("given", [[], {}, ""])
+def test_empty_target_objectives_are_refused_not_taken_for_the_campaigns(given):
+    errors = _errors(**ONESHOT, targets=[{"name": "phone", "objectives": given}])
+    assert len(errors) == 1 and errors[0].startswith("targets[0].objectives: expected a non-empty list"), errors
+    spec = load_campaign({**ONESHOT, "targets": [{"name": "phone", "objectives": None}]})   # null: the campaign's
+    assert spec.targets[0].objectives == ()
