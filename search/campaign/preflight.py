@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from qkvsearch.search.campaign.prepare import describe as describe_input_path  # noqa: F401  (validate's lines)
 from qkvsearch.search.cluster.capacity import ResourceError
-from qkvsearch.spaces.errors import BadInput, show
+from qkvsearch.spaces.errors import BadInput, reason, show
 
 log = logging.getLogger(__name__)
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -67,15 +67,48 @@ def check_oneshot(spec) -> None:
     configuration), and a supernet it takes from another campaign (``supernet.from``) was trained on its data
     and holds its space, and the space's smallest subnet meets every counted constraint (the targets'
     included): BadInput naming the field otherwise, before Ray starts."""
-    from qkvsearch.search.campaign.oneshot.phases import trained_plan
-    from qkvsearch.search.campaign.oneshot.plan import SUPERNET_DIR, supernet_plan
+    from qkvsearch.search.campaign.oneshot.plan import supernet_plan
     from qkvsearch.search.campaign.oneshot.targets import check_reachable
 
-    if spec.supernet.source is None:
-        plan = supernet_plan(spec)
-    else:
-        plan = trained_plan(f"{spec.supernet.source}/{SUPERNET_DIR}", spec)
+    plan = supernet_plan(spec) if spec.supernet.source is None else source_plan(spec)
     check_reachable(spec, plan)
+
+
+def source_plan(spec) -> dict:
+    """``supernet.from``: the plan of the supernet that campaign trained (phases.trained_plan), once it is known to
+    be there, readable and trained; BadInput naming supernet.from and the folder as the spec gives it otherwise,
+    whatever is missing or damaged in it."""
+    import pyarrow.fs as pafs
+
+    from qkvsearch.search.campaign.oneshot.phases import _trained, trained_plan
+    from qkvsearch.search.campaign.oneshot.plan import PLAN_FILE, SUPERNET_DIR
+    from qkvsearch.search.records.layout import CAMPAIGN_FILE, read_campaign
+    from qkvsearch.storage import exists, open_location
+
+    source = spec.supernet.source
+    supernet_dir = f"{source}/{SUPERNET_DIR}"
+    given = f"supernet.from: expected a one-shot campaign folder whose supernet has trained, given {show(source)}"
+    try:
+        fs, root = open_location(source)
+        kind = fs.get_file_info(root).type
+    except (OSError, ValueError) as exc:  # pyarrow: a URI it cannot open
+        raise BadInput(f"{given}, which cannot be opened ({reason(exc)})") from None
+    if kind != pafs.FileType.Directory:
+        raise BadInput(f"{given}, which {'does not exist' if kind == pafs.FileType.NotFound else 'is no folder'}")
+    for name in (CAMPAIGN_FILE, PLAN_FILE):
+        if not exists(f"{supernet_dir}/{name}"):
+            raise BadInput(f"{given}, which holds no {SUPERNET_DIR}/{name} (no supernet trained there: a campaign "
+                           "of trials, or one that took its supernet from another)")
+    try:
+        read_campaign(supernet_dir)   # CampaignFileError naming the damaged file
+        _trained(supernet_dir)
+        return trained_plan(source, spec)
+    except BadInput as err:
+        text = str(err)
+        raise BadInput(text if text.startswith("supernet.from:") else f"{given}: {text}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # its plan.json, unreadable or not a plan
+        raise BadInput(f"{given}: {SUPERNET_DIR}/{PLAN_FILE} cannot be read as a supernet's plan "
+                       f"({reason(exc)})") from None
 
 
 def check_warm_start(spec) -> None:

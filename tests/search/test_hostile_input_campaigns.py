@@ -557,3 +557,40 @@ def test_empty_target_objectives_are_refused_not_taken_for_the_campaigns(given):
     assert len(errors) == 1 and errors[0].startswith("targets[0].objectives: expected a non-empty list"), errors
     spec = load_campaign({**ONESHOT, "targets": [{"name": "phone", "objectives": None}]})   # null: the campaign's
     assert spec.targets[0].objectives == ()
+
+
+def _written_supernet(folder, *, trained: bool, plan: bool = True) -> None:
+    """A campaign folder holding a supernet/ nested campaign as a launch leaves it (without its weights)."""
+    from helpers.campaign_files import atomic_json
+
+    sub = folder / "supernet"
+    write_campaign(sub, ["completed" if trained else "running"], name="supernet")
+    if plan:
+        atomic_json(sub / "plan.json", {})
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("missing", "which does not exist"),
+    ("a-file", "which is no folder"),
+    ("of-trials", "which holds no supernet/qs_campaign.json (no supernet trained there"),
+    ("no-plan", "which holds no supernet/plan.json"),
+    ("untrained", "expected a trained supernet (a completed trial with its checkpoint), given running"),
+    ("damaged", "supernet/qs_campaign.json: expected a JSON object, given invalid or truncated JSON"),
+])
+def test_a_supernet_from_that_holds_no_trained_supernet_is_refused_naming_the_field_as_written(
+        workdir, capsys, no_ray, source, fragment):
+    (workdir / "a-file").write_text("x")
+    write_campaign(workdir / "of-trials", ["completed"])
+    _written_supernet(workdir / "no-plan", trained=True, plan=False)
+    _written_supernet(workdir / "untrained", trained=False)
+    _written_supernet(workdir / "damaged", trained=True)
+    (workdir / "damaged" / "supernet" / "qs_campaign.json").write_text('{"name": "supernet", "spec": {')
+    spec = _spec_file(workdir, **{k: v for k, v in ONESHOT.items() if k != "supernet"},
+                      supernet={"from": source, "control": 0})
+    for command in ("validate", "launch"):
+        code, out, err = _run(capsys, command, spec)
+        _refused(code, out, err, "supernet.from: expected a one-shot campaign folder whose supernet has trained, "
+                                 f'given "{source}"', fragment)
+        if source not in ("untrained", "damaged"):   # only the file at fault is named beyond the folder as given
+            assert f"{source}/supernet/" not in err.replace(f"{source}/supernet/qs_campaign.json", ""), err
+    assert not (workdir / "results").exists()

@@ -60,7 +60,7 @@ def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=
             plan = _train_supernet(campaign, supernet_dir, cluster, version, verbose)
         else:
             supernet_dir = f"{source}/{SUPERNET_DIR}"
-            plan = trained_plan(supernet_dir, spec)
+            plan = trained_plan(source, spec)
         checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
         log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
         size = pool_size(spec.resources, cluster, concurrency)
@@ -131,9 +131,11 @@ def _trained(supernet_dir: str) -> tuple[str, dict, str]:
     return rec["checkpoint_path"], rec["config"], f"{supernet_dir}:{rec['trial_id']}@epoch{len(rec['epochs'])}"
 
 
-def trained_plan(supernet_dir: str, spec) -> dict:
-    """``supernet.from``: that supernet's plan, checked to serve this campaign (plan.check_source)."""
+def trained_plan(source: str, spec) -> dict:
+    """``supernet.from`` (``source``: the campaign folder as the spec gives it): the plan of the supernet it trained,
+    checked to serve this campaign (plan.check_source). What is missing or damaged there: preflight.source_plan."""
+    supernet_dir = f"{source.rstrip('/')}/{SUPERNET_DIR}"
     read_campaign(supernet_dir)  # CampaignFileError naming the file when it is no supernet campaign
     plan = read_json(f"{supernet_dir}/{PLAN_FILE}")
-    check_source(supernet_dir, plan, supernet_plan(spec))
+    check_source(source, plan, supernet_plan(spec))
     return plan

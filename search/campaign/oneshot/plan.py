@@ -10,7 +10,7 @@ from functools import lru_cache
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.inherited import SUPERNET_DIR
 from qkvsearch.spaces import base_config, load_campaign
-from qkvsearch.spaces.errors import BadInput
+from qkvsearch.spaces.errors import BadInput, show
 from qkvsearch.spaces.keys import is_policy_key, names
 
 PLAN_FILE = "plan.json"     # <exp>/supernet/plan.json: what the supernet was trained over (``supernet.from``)
@@ -74,8 +74,8 @@ def supernet_spec(campaign: OpenedCampaign, plan: dict):
     return load_campaign(d)
 
 
-def check_source(source_dir: str, source_plan: dict, plan: dict) -> None:
-    """``supernet.from``: the trained supernet at ``source_dir`` (its plan) must have been trained on this
+def check_source(source: str, source_plan: dict, plan: dict) -> None:
+    """``supernet.from``: the supernet the campaign ``source`` trained (its plan) must have been trained on this
     campaign's data, classes and image size, and hold every tensor of this campaign's space (its tensors
     sized for this plan's covers, teacher and sandwich); BadInput naming the field otherwise."""
     from qkvsearch.trainers.supernet.plan import SupernetPlan
@@ -84,14 +84,14 @@ def check_source(source_dir: str, source_plan: dict, plan: dict) -> None:
     differ = [k for k in SAME_DATA if theirs.teacher.get(k) != ours.teacher.get(k)]
     if differ:
         raise BadInput("supernet.from: expected a supernet trained on this campaign's data, classes and image size, "
-                       f"given {source_dir}, trained with " + ", ".join(
+                       f"given {show(source)}, trained with " + ", ".join(
                            f"{k} {theirs.teacher.get(k)!r} (this campaign: {ours.teacher.get(k)!r})" for k in differ))
     supernet = theirs.supernet(init=False)
     for cfg in (ours.teacher, ours.smallest, *(c for _, lg, sm in ours.sandwich for c in (lg, sm)), *ours.covers):
         why = supernet.serves(cfg)
         if why:
             raise BadInput(f"supernet.from: expected a supernet whose space holds this campaign's, given "
-                           f"{source_dir}, which cannot run {cfg.get('embedding')} ({why})")
+                           f"{show(source)}, which cannot run {cfg.get('embedding')} ({why})")
 
 
 def space_hash(spec) -> str:

@@ -103,13 +103,13 @@ def test_the_selection_and_its_control_sample_are_disjoint_and_fixed_by_the_seed
 
 
 def _trained_elsewhere(tmp_path, name: str, spec: dict) -> str:
-    """A campaign folder holding a supernet's campaign and its plan, as a launch leaves them."""
+    """A campaign folder holding a supernet's campaign and its plan, as a launch leaves them (``supernet.from``)."""
     other = load_campaign({**spec, "name": name})
     folder = tmp_path / name / SUPERNET_DIR
     plan = supernet_plan(other)
     CampaignFolder.create(str(folder), supernet_spec(OpenedCampaign(other, str(tmp_path / name)), plan), "test")
     write_json(str(folder / PLAN_FILE), plan)
-    return str(folder)
+    return str(tmp_path / name)
 
 
 def test_a_supernet_from_another_campaign_must_hold_this_space(tmp_path):
