@@ -594,3 +594,67 @@ def test_a_supernet_from_that_holds_no_trained_supernet_is_refused_naming_the_fi
         if source not in ("untrained", "damaged"):   # only the file at fault is named beyond the folder as given
             assert f"{source}/supernet/" not in err.replace(f"{source}/supernet/qs_campaign.json", ""), err
     assert not (workdir / "results").exists()
+
+
+# ------------------------------------------------------------------ one-shot runs: none chosen, a space exhausted
+
+
+def _scored(spec, **metrics) -> list[dict]:
+    """An evaluation per configuration of the spec's space, as scoring records them."""
+    from qkvsearch.search.campaign.oneshot.plan import candidates
+
+    return [{"subnet_id": f"subnet_{i:06d}", "keys": t["keys"], "config": t["config"], "cost": t["cost"],
+             "metrics": {"top1": 50.0 + i, **metrics}, "status": "completed"} for i, t in enumerate(candidates(spec))]
+
+
+def test_a_selection_of_no_feasible_subnet_chooses_none_and_plans_no_retraining(caplog):
+    from qkvsearch.search.campaign.oneshot.retrain import retraining, select
+
+    spec = load_campaign({**ONESHOT, "constraints": {"size_mb": {"max": 0.001}}})   # no subnet is this small
+    records = _scored(spec, size_mb=1.0)
+    for scored in (records, [], [{**r, "status": "failed", "metrics": {}, "error": "Traceback ...\nStopIteration"}
+                                 for r in records]):
+        chosen = select(spec, scored)
+        assert chosen["chosen"] == [] and chosen["control"] == []
+        with caplog.at_level("WARNING", logger="qkvsearch"):
+            assert retraining(spec, chosen, scored, "target phone: ") is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["target phone: nothing to retrain: none of the 2 subnet(s) scored meets the constraints with "
+                    "every objective known",
+                    "target phone: nothing to retrain: no subnet was scored: every proposal broke a constraint, or "
+                    "no model can be made of it",
+                    "target phone: nothing to retrain: every one of the 2 subnet(s) scored failed; the first, "
+                    "subnet_000000: StopIteration"], said
+
+
+def test_a_control_sample_larger_than_the_space_ends_with_what_the_space_holds():
+    import time
+
+    from qkvsearch.search.campaign.oneshot.retrain import control_sample
+
+    spec = load_campaign({**ONESHOT, "supernet": {"train": {"epochs": 1}, "control": 10_000}})
+    start = time.monotonic()
+    drawn = control_sample(spec, [{"depth": 2, "embedding": "linear"}])
+    assert drawn == [{"depth": 2, "embedding": "sne"}]   # the one configuration left
+    assert time.monotonic() - start < 60
+
+
+def test_bn_batches_past_one_pass_over_the_training_split_take_the_next_passes():
+    import torch
+
+    from qkvsearch.search.campaign.oneshot.plan import candidates, supernet_plan
+    from qkvsearch.trainers.data.sources import DatasetError
+    from qkvsearch.trainers.supernet.plan import SupernetPlan
+    from qkvsearch.trainers.supernet.scoring import SubnetScorer
+
+    spec = load_campaign(ONESHOT)
+    plan = SupernetPlan.from_dict(supernet_plan(spec))
+    state = {"model": plan.supernet(init=False).state_dict()}   # its values play no part in which batches come
+    config = candidates(spec)[0]["config"]
+    scorer = SubnetScorer(plan, state, {**config, "batch_size": 512}, bn_batches=5)   # 1437 images: 2 a pass
+    batches = list(scorer._bn_batches())
+    assert len(batches) == 5 and all(x.shape[0] == 512 for x in batches)
+    assert not torch.equal(batches[0], batches[2])   # the second pass, in its own order
+    with pytest.raises(DatasetError, match=r"^supernet.bn_batches: expected a training split of at least one batch "
+                                           r"\(4096 images\) to recalibrate BatchNorm on, given 1437 images"):
+        list(SubnetScorer(plan, state, {**config, "batch_size": 4096}, bn_batches=1)._bn_batches())

@@ -34,11 +34,22 @@ class SubnetScorer:
         self.autocast = engine.autocast_context(cfg, self.device)  # bf16 on CUDA, as a trial evaluates
 
     def _bn_batches(self):
-        order = qdata.train_part(self.train_src, 1, 0, BN_SEED, 0)
-        batches = self.train_src.batches(order, self.bpw, self.device, drop_last=True)
-        for _ in range(self.bn_batches):
-            x, _ = next(batches)
-            yield x
+        """The first ``bn_batches`` training batches (x (B, C, H, W)) of the passes (seed BN_SEED) over the training
+        split: past the first pass, the next ones'. DatasetError when the split holds no whole batch."""
+        given, epoch = 0, 0
+        while given < self.bn_batches:
+            order = qdata.train_part(self.train_src, 1, 0, BN_SEED, epoch)
+            before = given
+            for x, _ in self.train_src.batches(order, self.bpw, self.device, drop_last=True):
+                yield x
+                given += 1
+                if given == self.bn_batches:
+                    return
+            if given == before:
+                raise qdata.DatasetError(f"supernet.bn_batches: expected a training split of at least one batch "
+                                         f"({self.bpw} images) to recalibrate BatchNorm on, given "
+                                         f"{len(self.train_src)} images")
+            epoch += 1
 
     def _recalibrate(self, cfg: dict) -> None:
         """The subnet's BatchNorm statistics from the same batches under the same random state, whatever ran

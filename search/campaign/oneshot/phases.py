@@ -29,11 +29,7 @@ from qkvsearch.search.campaign.oneshot.plan import (
     supernet_plan,
     supernet_spec,
 )
-from qkvsearch.search.campaign.oneshot.retrain import (
-    init_weights,
-    retrain_spec,
-    selected_records,
-)
+from qkvsearch.search.campaign.oneshot.retrain import init_weights, retraining, selected_records
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
 from qkvsearch.search.campaign.oneshot.targets import check_placeable, retrain_targets, score_targets
 from qkvsearch.search.campaign.opened import OpenedCampaign
@@ -74,9 +70,12 @@ def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=
     if spec.targets:
         retrain_targets(opened, supernet_id, cluster, version, concurrency=concurrency, verbose=verbose)
         return
+    retrain_with = retraining(spec, chosen, records)
+    if retrain_with is None:   # a selection of none: no campaign to run
+        return
     log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
              "subnet(s), these under two seeds")
-    retrain = replace(campaign, spec=retrain_spec(spec, chosen))
+    retrain = replace(campaign, spec=retrain_with)
     restoring = exists(f"{exp}/tuner.pkl")
     CampaignRun(retrain, folder, cluster, version, init_weights=init_weights(chosen, chosen_records, files),
                 describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(

@@ -17,6 +17,8 @@ whatever the campaign's scheduler, so the rank figures are over finished trainin
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
@@ -26,7 +28,8 @@ from qkvsearch.spaces import base_config, load_campaign
 from qkvsearch.spaces.keys import fill, identity
 from qkvsearch.spaces.schema import violations
 
-MAX_DRAWS_PER_CONTROL = 200   # draws per control subnet before the space is taken to hold no more feasible ones
+log = logging.getLogger(__name__)
+MAX_DRAWS_PER_CONTROL = 200   # draws in a row that add none before the space is taken to hold no more feasible ones
 
 
 def _objective(record: dict, metric: str) -> float:
@@ -41,7 +44,8 @@ def select(spec, records: list[dict], feasible=None) -> dict:
     its counted cost against the constraints."""
     records = list({inherited.subnet_identity(r["config"]): r for r in records}.values())  # one per subnet and policy
     metrics, modes = [o.metric for o in spec.objectives], [o.mode for o in spec.objectives]
-    values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float)
+    values = np.array([[_objective(r, m) for m in metrics] for r in records], dtype=float).reshape(
+        len(records), len(metrics))   # (subnets, objectives), also for none
     ok = ~np.isnan(values).any(axis=1) & np.array(
         [not violations(spec.constraints, {**r["cost"], **r["metrics"]}) for r in records], dtype=bool)
     idx = np.flatnonzero(ok)
@@ -59,7 +63,8 @@ def select(spec, records: list[dict], feasible=None) -> dict:
 
 def control_sample(spec, chosen: list[dict], feasible=None) -> list[dict]:
     """``supernet.control`` space keys drawn uniformly from the space (seeded by the search's seed), each a
-    feasible configuration, none a chosen one, no two the same subnet."""
+    feasible configuration, none a chosen one, no two the same subnet; fewer when MAX_DRAWS_PER_CONTROL draws in a
+    row add none (the space holds no more)."""
     from qkvsearch.search.campaign.oneshot.plan import subnet_space
 
     space = subnet_space(spec)
@@ -67,9 +72,9 @@ def control_sample(spec, chosen: list[dict], feasible=None) -> list[dict]:
     rng = np.random.default_rng([spec.search.seed, 1])
     taken = {_subnet(base, keys) for keys in chosen}
     out: list[dict] = []
-    for _ in range(MAX_DRAWS_PER_CONTROL * max(1, spec.supernet.control)):
-        if len(out) >= spec.supernet.control:
-            break
+    missed = 0
+    while len(out) < spec.supernet.control and missed < MAX_DRAWS_PER_CONTROL:
+        missed += 1
         keys, _ = space.draw(rng)
         subnet = _subnet(base, keys)
         if subnet is None or subnet in taken:
@@ -78,6 +83,7 @@ def control_sample(spec, chosen: list[dict], feasible=None) -> list[dict]:
         config, cost = _resolved(base, keys)
         if (feasible(keys, config, cost) if feasible is not None else not violations(spec.constraints, cost)):
             out.append(keys)
+            missed = 0
     return out
 
 
@@ -100,6 +106,28 @@ def selection(campaign: OpenedCampaign, records: list[dict], feasible=None) -> d
         found = select(campaign.spec, records, feasible)
         inherited.write_selection(campaign.exp, found)
     return found
+
+
+def none_chosen(records: list[dict]) -> str:
+    """Why a selection chose no subnet and drew no control one, in words (the campaign ends without retraining)."""
+    failed = [r for r in records if r.get("status") == "failed"]
+    if not records:
+        return "no subnet was scored: every proposal broke a constraint, or no model can be made of it"
+    if len(failed) == len(records):
+        first = failed[0]
+        error = (str(first.get("error") or "no error message").strip().splitlines() or ["no error message"])[-1]
+        return f"every one of the {len(records)} subnet(s) scored failed; the first, {first['subnet_id']}: {error}"
+    return f"none of the {len(records)} subnet(s) scored meets the constraints with every objective known"
+
+
+def retraining(spec, chosen: dict, records: list[dict], where: str = ""):
+    """The campaign the selection ``chosen`` retrains in (``retrain_spec``), or None when it plans no training (no
+    subnet chosen, none drawn for the control sample): logged with why (``none_chosen``); the campaign ends there.
+    ``where``: who it is for in the message ("target phone: ")."""
+    if inherited.retrained_variants(chosen):
+        return retrain_spec(spec, chosen)
+    log.warning(f"{where}nothing to retrain: {none_chosen(records)}")
+    return None
 
 
 def retrain_spec(spec, chosen: dict):

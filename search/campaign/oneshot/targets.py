@@ -23,11 +23,7 @@ from dataclasses import replace
 from qkvsearch.search.campaign.measured import CACHE_DIR
 from qkvsearch.search.campaign.oneshot.evaluation import Scoring, export_subnets, subnet_key
 from qkvsearch.search.campaign.oneshot.plan import space_hash
-from qkvsearch.search.campaign.oneshot.retrain import (
-    init_weights,
-    retrain_spec,
-    selected_records,
-)
+from qkvsearch.search.campaign.oneshot.retrain import init_weights, none_chosen, retraining, selected_records
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.run import CampaignRun
 from qkvsearch.search.cluster.capacity import ResourceError
@@ -116,7 +112,10 @@ def score_targets(campaign: OpenedCampaign, scorers, supernet_id: str, version: 
         _learn(known, records, tc.exp)
         chosen_records, control_records = selected_records(records, chosen)
         export_subnets(tc.exp, scorers, supernet_id, chosen_records + control_records)
-        log.info(f"target {target.name}: {len(chosen['chosen'])} subnet(s) chosen and exported")
+        if chosen["chosen"]:
+            log.info(f"target {target.name}: {len(chosen['chosen'])} subnet(s) chosen and exported")
+        else:
+            log.warning(f"target {target.name}: no subnet chosen: {none_chosen(records)}")
     return opened
 
 
@@ -138,10 +137,13 @@ def _learn(known: dict, records: list[dict], folder: str) -> None:
 def _retrain(tc: OpenedCampaign, supernet_id: str, cluster, version: str, concurrency, verbose, view) -> None:
     chosen = inherited.read_selection(tc.exp)
     records = inherited.read_evaluations(tc.exp)
+    retrain_with = retraining(tc.spec, chosen, records, f"target {tc.spec.name}: ")
+    if retrain_with is None:   # a selection of none: no campaign to run
+        return
     chosen_records, _ = selected_records(records, chosen)
     files = {r["subnet_id"]: inherited.subnet_file(tc.exp, r["subnet_id"]) for r in chosen_records}
     log.info(f"target {tc.spec.name}: retraining {len(chosen['chosen'])} chosen subnet(s)")
-    CampaignRun(replace(tc, spec=retrain_spec(tc.spec, chosen)), CampaignFolder.open(tc.exp), cluster, version,
+    CampaignRun(replace(tc, spec=retrain_with), CampaignFolder.open(tc.exp), cluster, version,
                 init_weights=init_weights(chosen, chosen_records, files),
                 describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(
         concurrency, restoring=exists(f"{tc.exp}/tuner.pkl"), verbose=verbose, view=view)
