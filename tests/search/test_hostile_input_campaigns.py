@@ -658,3 +658,18 @@ def test_bn_batches_past_one_pass_over_the_training_split_take_the_next_passes()
     with pytest.raises(DatasetError, match=r"^supernet.bn_batches: expected a training split of at least one batch "
                                            r"\(4096 images\) to recalibrate BatchNorm on, given 1437 images"):
         list(SubnetScorer(plan, state, {**config, "batch_size": 4096}, bn_batches=1)._bn_batches())
+
+
+def test_a_value_no_model_can_take_is_refused_by_validate_naming_the_key(workdir, capsys):
+    """XCiT's attention splits embed_dim among its heads without checking: 999 over 4 heads was a reshape's
+    RuntimeError in validate, and in `export --set embed_dim=999`."""
+    from qkvsearch.search.searchers.problem import build_trial
+    from qkvsearch.spaces import base_config
+
+    spec = _spec_file(workdir, model=ONESHOT["model"], space={"depth": 2, "embed_dim": [64, 999]},
+                      search={"algorithm": "grid"})
+    code, out, err = _run(capsys, "validate", spec)
+    _refused(code, out, err, "embed_dim: expected an embed_dim that xcit_nano_12_p8_224's 4 heads divide "
+                             "(embed_dim 999), given 999")
+    trial = build_trial(base_config(load_campaign(ONESHOT)), {"depth": 2, "embedding": "sne", "embed_dim": 999})
+    assert trial["invalid"].startswith("embed_dim: expected an embed_dim that")

@@ -96,7 +96,16 @@ class Host:
 
 
 class XCiT(Host):
-    pass
+    @classmethod
+    def create(cls, model: str, arch: Arch, kwargs: dict) -> nn.Module:
+        host = super().create(model, arch, kwargs)
+        heads = host.blocks[0].attn.num_heads if len(host.blocks) else None   # timm's XCA asserts nothing
+        if heads and host.embed_dim % heads:
+            key, given = ("num_heads", heads) if arch.num_heads is not None else ("embed_dim", host.embed_dim)
+            raise _bad(key, f"an embed_dim that {model}'s {heads} heads divide (embed_dim {host.embed_dim})"
+                       if key == "embed_dim" else f"a number of heads that divides embed_dim {host.embed_dim} "
+                                                  f"for {model}", given)
+        return host
 
 
 class ViT(Host):
