@@ -70,6 +70,7 @@ from qkvsearch.search.analysis.results import (
 from qkvsearch.search.analysis.stages import stage_report
 from qkvsearch.search.analysis.static_export import export_static
 from qkvsearch.search.analysis.targets_report import target_folders, targets_report
+from qkvsearch.search.records import inherited
 from qkvsearch.search.records.layout import FINAL_STATUSES, Campaign, open_campaign
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.spaces.metrics import COST_METRICS
@@ -379,6 +380,9 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
     ``<exp>/report/``). ``static=False`` skips png/svg export; ``reference_csv`` overrides the paper's
     reference points file; ``objectives`` overrides the spec's. Returns {name: written path}."""
     campaign = open_campaign(experiment_dir)
+    if inherited.is_one_shot(campaign):   # its records read before anything is written: DamagedRecord, exit 2
+        for problem in inherited.read_folders(experiment_dir, campaign).problems:
+            logger.warning(f"{problem}: the report goes on without it")
     campaign_objectives = [{"metric": m, "mode": d} for m, d in campaign.objectives]
     objectives = objectives or campaign_objectives
     out = resolve_out_dir(experiment_dir, out_dir, "report")  # refuses a file before anything is written

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from qkvsearch.search.records import inherited
 from qkvsearch.spaces.schema import violations
-from qkvsearch.storage import exists, read_bytes, read_json, write_bytes
+from qkvsearch.storage import exists, read_bytes, write_bytes
 
 TARGETS_FILE = "targets.parquet"
 TARGETS_MD = "targets.md"
@@ -52,8 +52,7 @@ def target_rows(exp: str, spec) -> pd.DataFrame:
         first = tspec.objectives[0]
         best = [v for r in chosen_records if (v := r["metrics"].get(first.metric, r["cost"].get(first.metric)))
                 is not None]
-        predictor = read_json(f"{folder}/{inherited.PREDICTOR_FILE}") \
-            if exists(f"{folder}/{inherited.PREDICTOR_FILE}") else {}
+        predictor = inherited.read_predictor(folder)
         held_out = next(iter((predictor.get("held_out") or {}).items()), (None, {}))
         nodes = {(r.get("measured_on") or {}).get("node") for r in records} - {None}
         rows.append({

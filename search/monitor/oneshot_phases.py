@@ -10,20 +10,22 @@
 
 A phase is done once a later one has begun (its records exist), so a folder an earlier version wrote, or one
 whose nested supernet folder is gone, still reads as far as its records go. The scored count is every
-evaluation recorded, the control sample's included once selected: what the report counts as scored.
+evaluation recorded, the control sample's included once selected: what the report counts as scored. What the
+folders lack or hold damaged (search.records.inherited.read_folders) is named in ``problems``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from qkvsearch.search.records import inherited
+from qkvsearch.search.records.inherited import TUNER_FILE, is_one_shot
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, FINAL_STATUSES, CampaignFileError, open_campaign
+from qkvsearch.search.records.lease import read_lease
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.storage import exists
 
 PHASES = ("supernet", "scoring", "selection", "retraining")
 DONE = "done"  # every phase done: the driver recorded its end, or every training it planned ended
-TUNER_FILE = "tuner.pkl"  # written when the retraining's Tune experiment starts, before any trial's record
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class OneShotPhases:
     control: int | None = None
     retrained: int = 0                # retraining trials ended (a final status)
     to_retrain: int | None = None     # trainings the selection plans; None: nothing selected yet
+    problems: tuple[str, ...] = ()    # "<file>: expected ..., given ...": records missing or damaged
 
     def begun(self, phase: str) -> bool:
         return self.phase == DONE or PHASES.index(phase) <= PHASES.index(self.phase)
@@ -57,11 +60,14 @@ class OneShotPhases:
         """The live line's part: the phases begun so far, the current one last, and the retraining's size once
         the selection is known."""
         texts = self.texts()
-        return "; ".join(texts[p] for p in PHASES if self.begun(p) or (p == "retraining" and self.to_retrain))
+        shown = "; ".join(texts[p] for p in PHASES if self.begun(p) or (p == "retraining" and self.to_retrain))
+        return shown + (f"; {len(self.problems)} record(s) missing or damaged (`qkvsearch status` names them)"
+                        if self.problems else "")
 
     def lines(self) -> list[str]:
         """`qkvsearch status`: the phase, then one line per phase."""
-        return [f"one-shot phase: {self.phase}"] + [f"  {text}" for text in self.texts().values()]
+        return [f"one-shot phase: {self.phase}"] + [f"  {text}" for text in self.texts().values()] \
+            + [f"  missing or damaged record {p}" for p in self.problems]
 
     def bars(self) -> list[tuple[str, int, int, str]]:
         """`watch`'s progress bars: (label, done, total, text) of the supernet, the scoring and the retraining."""
@@ -104,11 +110,6 @@ class OneShotPhases:
         return f"retraining {self.retrained} of {_count(self.to_retrain)}"
 
 
-def is_one_shot(campaign) -> bool:
-    """Whether the campaign (search.records.layout.Campaign) is a one-shot one: a ``supernet`` section."""
-    return bool(campaign.spec.supernet) or isinstance(campaign.stored_spec.get("supernet"), dict)
-
-
 def read_phases(exp, campaign=None, records: list[dict] | None = None) -> OneShotPhases | None:
     """The one-shot campaign at ``exp`` now; None for a campaign of trials. campaign: its Campaign, records: its
     trial records, when read already."""
@@ -117,21 +118,21 @@ def read_phases(exp, campaign=None, records: list[dict] | None = None) -> OneSho
         return None
     root = str(exp).rstrip("/")
     targets = getattr(campaign.spec, "targets", ()) or ()
+    read = inherited.read_folders(root, campaign, driver_live=read_lease(root).live)
+    scored = sum(read.scored.values())
     if targets:   # each target scores, selects and retrains in its own folder: the campaign's sums
         folders = [inherited.target_dir(root, t.name) for t in targets]
         retrains = [f for t, f in zip(targets, folders) if t.retrain]
         records = [r for f in retrains if exists(f"{f}/{CAMPAIGN_FILE}") for r in read_trials(f).records]
-        selections = [inherited.read_selection(f) for f in folders]
+        selections = [read.selections.get(f) for f in folders]
         selection = None if None in selections else {
             role: [k for sel in selections for k in sel.get(role) or []] for role in ("chosen", "control")}
-        planned = [_planned(inherited.read_selection(f)) for f in retrains]
+        planned = [_planned(read.selections.get(f)) for f in retrains]
         to_retrain = None if selection is None or None in planned else sum(planned)
         retraining = bool(records) or any(exists(f"{f}/{TUNER_FILE}") for f in retrains)
-        scored = sum(len(inherited.read_evaluations(f)) for f in folders)
     else:
         records = records if records is not None else read_trials(root).records
-        selection = inherited.read_selection(root)
-        scored = len(inherited.read_evaluations(root))
+        selection = read.selections[root]
         retraining = bool(records) or exists(f"{root}/{TUNER_FILE}")
         to_retrain = _planned(selection)
     retrained = sum(1 for r in records if r.get("status") in FINAL_STATUSES)
@@ -155,7 +156,7 @@ def read_phases(exp, campaign=None, records: list[dict] | None = None) -> OneSho
         supernet_source=source, scored=scored,
         to_score=None if campaign.trials_planned is None else campaign.trials_planned * max(1, len(targets)),
         chosen=_length(selection, "chosen"), control=_length(selection, "control"),
-        retrained=retrained, to_retrain=to_retrain)
+        retrained=retrained, to_retrain=to_retrain, problems=read.problems)
 
 
 def _supernet(folder: str) -> tuple[int, int | None, str | None]:

@@ -330,18 +330,52 @@ def _text_or_none(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
+def _parse_object(data: bytes, expected: str = "a JSON object", kind=dict) -> tuple[dict | None, str | None]:
+    """(the JSON value of ``data``, None), or (None, "expected <expected>, given <what it holds>") when it is not
+    UTF-8 JSON of type ``kind``."""
     if not data or data.isspace():
-        return None, "expected a JSON object, given an empty file"
+        return None, f"expected {expected}, given an empty file"
     try:
         obj = loads_json(data)
     except UnicodeDecodeError as exc:
         return None, f"expected UTF-8 JSON, given bytes that are not UTF-8 (at byte {exc.start})"
     except ValueError as exc:
-        return None, f"expected a JSON object, given invalid or truncated JSON ({exc})"
-    if not isinstance(obj, dict):
-        return None, f"expected a JSON object, given {_kind(obj)}"
+        return None, f"expected {expected}, given invalid or truncated JSON ({exc})"
+    if not isinstance(obj, kind):
+        return None, f"expected {expected}, given {_kind(obj)}"
     return obj, None
+
+
+class DamagedRecord(BadInput):
+    """A campaign's JSON record that its readers cannot use (``read_json_record``): the message names the file."""
+
+
+def read_json_record(uri, expected: str, problem=None, kind=dict):
+    """The JSON value (of type ``kind``) of the campaign record at ``uri`` (local path or URI); None when there is
+    no file. DamagedRecord "<file>: expected <expected>, given <what it holds>" when it is no file (a folder, a pipe:
+    never opened), cannot be read, is no UTF-8 JSON of that type (cut short, emptied), or ``problem(value)`` says
+    what its content lacks ("<key>: expected ..., given ..."). The one reader of the records a command cannot do
+    without (one-shot selections, measured costs, predictor reports); trial records are read apart
+    (search.records.readers), a damaged one skipped and named."""
+    shown = _display(uri)
+    fs, path = open_location(uri)
+    found = fs.get_file_info(path).type
+    if found == pafs.FileType.NotFound:
+        return None
+    if found != pafs.FileType.File:
+        what = "a folder" if found == pafs.FileType.Directory else "a pipe, socket or device"
+        raise DamagedRecord(f"{shown}: expected {expected} (a file), given {what}")
+    try:
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+    except OSError as exc:
+        raise DamagedRecord(f"{shown}: expected {expected}, given a file that cannot be read ({reason(exc)})") from None
+    value, why = _parse_object(data, expected, kind)
+    if why is None and problem is not None:
+        why = problem(value)
+    if why is not None:
+        raise DamagedRecord(f"{shown}: {why}")
+    return value
 
 
 def _kind(value) -> str:

@@ -673,3 +673,120 @@ def test_a_value_no_model_can_take_is_refused_by_validate_naming_the_key(workdir
                              "(embed_dim 999), given 999")
     trial = build_trial(base_config(load_campaign(ONESHOT)), {"depth": 2, "embedding": "sne", "embed_dim": 999})
     assert trial["invalid"].startswith("embed_dim: expected an embed_dim that")
+
+
+# ------------------------------------------------------------------ one-shot campaign folders: damaged, or missing a part
+
+
+TARGETED = {**ONESHOT, "targets": [{"name": "a"}, {"name": "b"}]}
+
+
+def _oneshot_folder(root, spec: dict = ONESHOT) -> tuple[str, list[str]]:
+    """A one-shot campaign's folder as its driver leaves it once every folder of scores has scored
+    search.num_trials (2) subnets and chosen one (the supernet and the retraining left out); -> (the campaign
+    folder, its folders of scores: its own, or one per deployment target)."""
+    from qkvsearch.search.records import inherited
+    from qkvsearch.search.records.layout import CampaignFolder
+
+    exp = str(root / "results" / "t")
+    full = load_campaign({**spec, "storage": str(root / "results")})
+    CampaignFolder.create(exp, full, "test")
+    folders = [inherited.target_dir(exp, t.name) for t in full.targets] or [exp]
+    for folder in folders:
+        if folder != exp:
+            CampaignFolder.create(folder, load_campaign({**ONESHOT, "name": folder.rsplit("/", 1)[1],
+                                                         "storage": f"{exp}/targets"}), "test")
+        keys = [{"depth": 2, "embedding": e} for e in ("linear", "sne")]
+        for i, k in enumerate(keys):
+            inherited.write_batch(folder, i, [{"subnet_id": f"subnet_{i:06d}", "keys": k, "config": {**k, "seed": 0},
+                                               "cost": {"gmacs": 0.1 + i}, "metrics": {"top1": 50.0 + i},
+                                               "supernet": "s", "space": "h"}])
+        inherited.write_selection(folder, {"chosen": keys[1:], "control": [], "seed": 0, "retrain_from": "scratch"})
+    return exp, folders
+
+
+READERS = {"status": [], "watch": ["--once"], "report": ["--no-static"]}
+DAMAGED = {  # what a record holds -> what the message says it holds
+    "selection.json": {b'{"chosen": [{"depth": 2': "given invalid or truncated JSON",
+                       b"": "given an empty file",
+                       b"[1, 2]": "given a list",
+                       b'{"chosen": 5, "control": [], "seed": 0}': "chosen: expected a list of objects (space keys), "
+                                                                   "given 5",
+                       b'{"chosen": [], "control": []}': "seed: expected an int, given nothing"},
+    "measured.json": {b'{"subnet_000001": {"cost": {"latency_ms"': "given invalid or truncated JSON",
+                      b'{"subnet_000001": 5}': 'subnet_000001: expected {"cost": {...}, "measured_on": ...} or '
+                                               '{"error": ...}, given 5'},
+}
+
+
+@pytest.mark.parametrize("command", READERS)
+@pytest.mark.parametrize("spec", [ONESHOT, TARGETED], ids=["campaign", "targets"])
+def test_a_damaged_selection_or_measured_cost_record_exits_2_naming_it_with_nothing_written(
+        tmp_path, capsys, command, spec):
+    from qkvsearch.search.records import inherited
+
+    exp, folders = _oneshot_folder(tmp_path, spec)
+    cases = [(name, content, said) for name, contents in DAMAGED.items() for content, said in contents.items()]
+    cases += [("selection.json", "folder", "(a file), given a folder"),
+              ("selection.json", "pipe", "(a file), given a pipe, socket or device")]   # never opened: no hang
+    for name, content, said in cases:
+        path = f"{folders[-1]}/{inherited.INHERITED_DIR}/{name}"
+        kept = open(path, "rb").read() if os.path.exists(path) else None
+        os.remove(path) if os.path.exists(path) else None
+        if content == "folder":
+            os.mkdir(path)
+        elif content == "pipe":
+            os.mkfifo(path)
+        else:
+            open(path, "wb").write(content)
+        before = _files(exp)
+        code, out, err = _run(capsys, command, exp, *READERS[command])
+        _refused(code, out, err, f"qkvsearch {command}: {path}: ", said)
+        assert _files(exp) == before and not os.path.exists(f"{exp}/report")
+        os.rmdir(path) if content == "folder" else os.remove(path)
+        if kept is not None:
+            open(path, "wb").write(kept)
+
+
+def _files(root) -> dict:
+    """Every plain file under root -> its digest (a pipe is never opened: reading it would block)."""
+    import hashlib
+
+    return {os.path.join(d, f): hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+            for d, _, files in os.walk(root) for f in files if os.path.isfile(os.path.join(d, f))}
+
+
+def _damage(exp: str, folders: list[str], what: str) -> str:
+    """Damage the folder as ``what`` says; -> the file or folder a reader must name."""
+    import shutil
+
+    from qkvsearch.search.records import inherited
+
+    batch = f"{folders[-1]}/{inherited.INHERITED_DIR}/batch-000001.json"
+    if what == "truncated batch":
+        open(batch, "r+b").truncate(20)
+        return batch
+    if what == "emptied batch":
+        open(batch, "w").write("[]")
+        return batch
+    if what == "missing selection":
+        selection = f"{folders[-1]}/{inherited.INHERITED_DIR}/{inherited.SELECTION_FILE}"
+        os.remove(selection)
+        return selection
+    shutil.rmtree(folders[0])   # a missing target folder
+    return folders[0]
+
+
+@pytest.mark.parametrize("what,spec", [("truncated batch", ONESHOT), ("emptied batch", TARGETED),
+                                       ("missing selection", ONESHOT), ("missing selection", TARGETED),
+                                       ("missing target folder", TARGETED)])
+def test_a_missing_part_or_a_damaged_batch_is_named_by_status_watch_and_report(tmp_path, capsys, what, spec):
+    exp, folders = _oneshot_folder(tmp_path, spec)
+    named = _damage(exp, folders, what)
+    code, out, err = _run(capsys, "status", exp)
+    assert code == 0 and f"  missing or damaged record {named}: expected " in out, out + err
+    code, out, err = _run(capsys, "watch", exp, "--once")
+    assert code == 0 and "1 record(s) missing or damaged (`qkvsearch status` names them)" in out, out + err
+    code, out, err = _run(capsys, "report", exp, "--no-static")
+    assert code == 0 and f"warning: {named}: expected " in err and "the report goes on without it" in err, err
+    assert "Traceback" not in err
