@@ -72,6 +72,7 @@ from qkvsearch.search.analysis.static_export import export_static
 from qkvsearch.search.analysis.targets_report import target_folders, targets_report
 from qkvsearch.search.records import inherited
 from qkvsearch.search.records.layout import FINAL_STATUSES, Campaign, open_campaign
+from qkvsearch.search.records.outputs import REPORT_DIR
 from qkvsearch.spaces.keys import RESOLVED_KEYS, identity
 from qkvsearch.spaces.metrics import COST_METRICS
 from qkvsearch.storage import write_bytes
@@ -385,7 +386,7 @@ def build_report(experiment_dir, out_dir=None, *, static: bool = True, front_sta
             logger.warning(f"{problem}: the report goes on without it")
     campaign_objectives = [{"metric": m, "mode": d} for m, d in campaign.objectives]
     objectives = objectives or campaign_objectives
-    out = resolve_out_dir(experiment_dir, out_dir, "report")  # refuses a file before anything is written
+    out = resolve_out_dir(experiment_dir, out_dir, REPORT_DIR)  # refuses a file before anything is written
     trials, epochs = collect(experiment_dir, opened=True)
     reference = hv_reference.ready(hv_reference.read(experiment_dir)) if objectives == campaign_objectives else None
     # pyarrow encodes the Parquet files without the GIL: in a second thread, beside the page's Python work.

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from qkvsearch.search.records import inherited
+from qkvsearch.search.records.outputs import REPORT_DIR
 from qkvsearch.spaces.schema import violations
 from qkvsearch.storage import exists, read_bytes, write_bytes
 
@@ -69,7 +70,7 @@ def target_rows(exp: str, spec) -> pd.DataFrame:
             "predictor_metric": held_out[0], "predictor_mape": held_out[1].get("mape"),
             "predictor_kendall_tau": held_out[1].get("kendall_tau"),
             "confirmed_mape": ((predictor.get("confirmed_error") or {}).get(held_out[0]) or {}).get("mape"),
-            "report": f"../{inherited.TARGETS_DIR}/{target.name}/report/pareto.html",
+            "report": f"../{inherited.TARGETS_DIR}/{target.name}/{REPORT_DIR}/pareto.html",
         })
     return pd.DataFrame(rows)
 

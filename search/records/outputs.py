@@ -8,10 +8,11 @@ Refused with an OutputPathError (a BadInput: the command line exits 2), before a
 - a local folder that cannot be made or written: its nearest existing ancestor is a file, or no folder
   can be made in it. That is found by making an empty folder there and removing it: permission bits say
   nothing for root, and /proc or a read-only mount refuse what ``os.access`` allows;
-- a campaign folder itself, or a path inside one of its trial folders: ``qs_trials/`` (the records),
-  ``train_runs/`` (Train's checkpoints) or a Tune trial folder (a child folder holding Tune's
-  ``params.json``). The campaign is ``campaign`` when given, and any folder holding ``qs_campaign.json``
-  that the path lies in.
+- a path inside a campaign folder, except in the folders its commands write (OUTPUT_DIRS: report/,
+  simulate/, exports/): the campaign folder itself, its records (qs_trials/, qs_inherited/, ...), Train's
+  checkpoints, its nested campaigns' folders (supernet/, targets/<name>/: campaigns of their own, whose output
+  folders are theirs). The campaign is the innermost of ``campaign`` (when given) and the folders holding
+  ``qs_campaign.json`` that the path lies in.
 
 URIs (``s3://``, ``gs://``, ``file://``) pass the same file and campaign checks; whether a bucket accepts
 writes is left to its store. A URI pyarrow cannot open is refused too. Nothing is left behind here (the
@@ -34,6 +35,9 @@ __all__ = ["OutputPathError", "check_output_dir"]
 A_FOLDER = "a folder"
 MAKEABLE = "a folder that exists or can be created"
 OUTSIDE = "a folder outside a campaign's own files"
+# The folders of a campaign its commands write into: `report`'s, `simulate`'s and `export`'s defaults
+REPORT_DIR, SIMULATE_DIR, EXPORTS_DIR = "report", "simulate", "exports"
+OUTPUT_DIRS = (REPORT_DIR, SIMULATE_DIR, EXPORTS_DIR)
 
 
 class OutputPathError(BadInput):
@@ -78,7 +82,8 @@ def _open(text: str, field: str) -> tuple[pafs.FileSystem, str]:
 
 
 def _outside_campaigns(fs: pafs.FileSystem, where: str, text: str, field: str, campaign) -> None:
-    """Refuse ``where`` when it is a campaign folder or lies in one's trial folders (module doc)."""
+    """Refuse ``where`` when it lies in the innermost campaign folder holding it outside its OUTPUT_DIRS (module
+    doc)."""
     roots = []
     if campaign is not None:
         cfs, croot = open_location(campaign)
@@ -87,17 +92,21 @@ def _outside_campaigns(fs: pafs.FileSystem, where: str, text: str, field: str, c
     for folder in _ancestors(where):  # any campaign folder the path lies in, whoever named it
         if folder not in roots and _is_file(fs, posixpath.join(folder, CAMPAIGN_FILE)):
             roots.append(folder)
-    for root in roots:
-        rel = _relative(where, root)
-        if rel is None:
-            continue
-        if rel == "":
-            _refuse(field, OUTSIDE, text, "which is the campaign folder itself")
-        first = rel.split("/", 1)[0]
-        if first in (TRIALS_DIR, TRAIN_RUNS_DIR):
-            _refuse(field, OUTSIDE, text, f"which is inside the campaign's {first}/ folder")
-        if _is_file(fs, posixpath.join(root, first, TUNE_TRIAL_FILE)):
-            _refuse(field, OUTSIDE, text, f"which is inside the campaign's Tune trial folder {first}/")
+    inside = [(root, rel) for root in roots if (rel := _relative(where, root)) is not None]
+    if not inside:
+        return
+    root, rel = min(inside, key=lambda pair: len(pair[1]))   # the innermost campaign: a nested one's own
+    if rel == "":
+        _refuse(field, OUTSIDE, text, "which is the campaign folder itself")
+    first = rel.split("/", 1)[0]
+    if first in OUTPUT_DIRS:
+        return
+    if first in (TRIALS_DIR, TRAIN_RUNS_DIR):
+        _refuse(field, OUTSIDE, text, f"which is inside the campaign's {first}/ folder")
+    if _is_file(fs, posixpath.join(root, first, TUNE_TRIAL_FILE)):
+        _refuse(field, OUTSIDE, text, f"which is inside the campaign's Tune trial folder {first}/")
+    _refuse(field, OUTSIDE, text, f"which is inside the campaign folder {root}, where only "
+                                  f"{', '.join(d + '/' for d in OUTPUT_DIRS)} take outputs beside its records")
 
 
 def _ancestors(where: str) -> list[str]:

@@ -19,7 +19,9 @@ def default_out_dir(source) -> str:
     if _is_table(text):
         stem, _ = os.path.splitext(text)
         return f"{stem}-simulate"
-    return f"{text}/simulate"
+    from qkvsearch.search.records.outputs import SIMULATE_DIR
+
+    return f"{text}/{SIMULATE_DIR}"
 
 
 def checked_out_dir(source, out=None) -> str:

@@ -790,3 +790,74 @@ def test_a_missing_part_or_a_damaged_batch_is_named_by_status_watch_and_report(t
     code, out, err = _run(capsys, "report", exp, "--no-static")
     assert code == 0 and f"warning: {named}: expected " in err and "the report goes on without it" in err, err
     assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------ export --out: never a record, never a file kept
+
+
+def _export(capsys, exp, *argv):
+    return _run(capsys, "export", exp, "--target", "a", "--rank", "1", *argv) if "targets" in os.listdir(exp) \
+        else _run(capsys, "export", exp, "--rank", "1", *argv)
+
+
+@pytest.mark.parametrize("inside,said", [
+    ("qs_inherited/selection.json", "which is inside the campaign folder"),
+    ("qs_inherited/batch-000000.json", "which is inside the campaign folder"),
+    ("targets/a/qs_inherited/selection.json", "which is inside the campaign folder"),
+    ("targets/a/subnets/x.pt", "which is inside the campaign folder"),
+    ("targets/x.pt", "which is inside the campaign folder"),
+    ("x.pt", "which is the campaign folder itself"),
+    ("qs_trials/x.pt", "which is inside the campaign's qs_trials/ folder"),
+])
+def test_export_refuses_an_out_inside_the_campaigns_records(tmp_path, capsys, inside, said):
+    exp, _ = _oneshot_folder(tmp_path, TARGETED)
+    before = tree_digest(exp, skip=None)
+    code, out, err = _export(capsys, exp, "--out", f"{exp}/{inside}")
+    _refused(code, out, err, "qkvsearch export: --out: expected a folder outside a campaign's own files", said)
+    assert tree_digest(exp, skip=None) == before
+
+
+def test_export_replaces_no_file_without_force_and_writes_no_summary_over_its_checkpoint(tmp_path, capsys):
+    from qkvsearch.search.records import inherited
+
+    exp, folders = _oneshot_folder(tmp_path, ONESHOT)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "kept.pt").write_text("a file of mine")
+    (mine / "other.json").write_text("a summary of mine")
+    exports = f"{exp}/exports"
+    os.makedirs(exports)
+    open(f"{exports}/subnet_000001.pt", "w").write("an earlier export")   # the chosen subnet's own name
+    before = tree_digest(tmp_path, skip=None)
+    for argv, said in (
+            (["--out", str(mine / "kept.pt")], f'--out: expected a path where no file is, given "{mine}/kept.pt", '
+                                              f"whose checkpoint {mine}/kept.pt exists"),
+            (["--out", str(mine / "other.pt")], f"whose summary {mine}/other.json exists"),
+            ([], f"{exports}/subnet_000001.pt: expected no file where the export writes its checkpoint, given an "
+                 "earlier export of this subnet; --force replaces it"),
+            (["--out", str(mine / "y.json")], "--out: expected a checkpoint's path not ending in .json"),
+            (["--out", f"{exports}/y.json", "--force"], "--out: expected a checkpoint's path not ending in .json")):
+        code, out, err = _export(capsys, exp, *argv)
+        _refused(code, out, err, said)
+    assert tree_digest(tmp_path, skip=None) == before
+    assert inherited.read_selection(folders[0])["chosen"] == [{"depth": 2, "embedding": "sne"}]
+
+
+@pytest.mark.slow
+def test_export_with_force_replaces_the_file_at_out_and_touches_no_record(trained_oneshot, tmp_path, capsys):
+    """On the one-shot campaign trained once per session: the refusals above, then --force writing for real."""
+    from helpers.trained_supernet import TRAINED_TARGET
+
+    exp = str(trained_oneshot)
+    before = tree_digest(exp, skip=None)
+    out = tmp_path / "mine.pt"
+    out.write_text("a file of mine")
+    argv = ["export", exp, "--target", TRAINED_TARGET, "--rank", "1", "--out"]
+    for where in (f"{exp}/targets/{TRAINED_TARGET}/qs_inherited/selection.json", str(out)):
+        code, _, err = _run(capsys, *argv, where)
+        assert code == 2 and "--out: expected a " in err, err
+    code, printed, err = _run(capsys, *argv, str(out), "--force")
+    assert code == 0, err
+    assert printed.splitlines() == [f"checkpoint: {out}", f"summary: {tmp_path / 'mine.json'}"]
+    assert out.read_bytes()[:2] == b"PK"   # torch's zip format, in place of the file it replaced
+    assert tree_digest(exp, skip=None) == before

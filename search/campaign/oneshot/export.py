@@ -25,14 +25,12 @@ import yaml
 from qkvsearch.search.campaign.oneshot.plan import PLAN_FILE
 from qkvsearch.search.records import inherited
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, open_campaign
-from qkvsearch.search.records.outputs import check_output_dir
+from qkvsearch.search.records.outputs import EXPORTS_DIR, check_output_dir
 from qkvsearch.spaces import base_config
 from qkvsearch.spaces.errors import BadInput, show
 from qkvsearch.spaces.keys import quant_policy
 from qkvsearch.spaces.metrics import COUNTED_METRICS
 from qkvsearch.storage import exists, open_location, read_json, write_bytes, write_json
-
-EXPORTS_DIR = "exports"
 
 
 def add_export_parser(sub) -> None:
@@ -46,19 +44,22 @@ def add_export_parser(sub) -> None:
     which.add_argument("--subnet", metavar="ID", help="a scored subnet, by its id (subnet_000012)")
     which.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE",
                        help="a space key's value, one per key it searches")
-    cmd.add_argument("--out", metavar="PATH", default=None, help="the checkpoint's path (default DIR/exports/NAME.pt)")
+    cmd.add_argument("--out", metavar="PATH", default=None,
+                     help="the checkpoint's path, outside the campaign's records (default DIR/exports/NAME.pt); its "
+                          "summary is written beside it as the same name with .json")
+    cmd.add_argument("--force", action="store_true", help="replace a checkpoint or summary already at those paths")
 
 
 def cmd_export(args) -> int:
     for kind, path in export_subnet(args.dir, target=args.target, rank=args.rank, subnet=args.subnet,
-                                    sets=args.sets or (), out=args.out).items():
+                                    sets=args.sets or (), out=args.out, force=args.force).items():
         print(f"{kind}: {path}")
     return 0
 
 
-def export_subnet(exp: str, *, target=None, rank=None, subnet=None, sets=(), out=None) -> dict[str, str]:
+def export_subnet(exp: str, *, target=None, rank=None, subnet=None, sets=(), out=None, force=False) -> dict[str, str]:
     """Write the subnet (module docstring); -> {"checkpoint": its path, "summary": the JSON's}. BadInput naming
-    what cannot be exported, before anything is written."""
+    what cannot be exported, before anything is written: a file already at either path too, unless ``force``."""
     from qkvsearch.search.searchers.problem import build_trial
 
     if sum(x is not None for x in (rank, subnet, sets or None)) != 1:
@@ -79,7 +80,7 @@ def export_subnet(exp: str, *, target=None, rank=None, subnet=None, sets=(), out
     record = record or next((e for e in inherited.read_evaluations(folder)
                              if inherited.subnet_identity(e["config"]) == ident), None)
     name = record["subnet_id"] if record else hashlib.sha256(inherited.keys_text(keys).encode()).hexdigest()[:12]
-    pt, summary = _paths(exp, folder, name, out)
+    pt, summary = _paths(exp, folder, name, out, force)
 
     import torch
 
@@ -156,16 +157,30 @@ def _set_keys(space, sets) -> dict:
     return {**keys, **given}
 
 
-def _paths(exp: str, folder: str, name: str, out: str | None) -> tuple[str, str]:
-    """(the checkpoint's path, the summary's): ``out`` checked as a file in a folder one may write into."""
+def _paths(exp: str, folder: str, name: str, out: str | None, force: bool) -> tuple[str, str]:
+    """(the checkpoint's path, the summary's): ``out`` checked as a file in a folder one may write into
+    (search.records.outputs: outside the campaign's records), its summary another file; neither there already
+    unless ``force``."""
     if out is None:
-        return f"{folder}/{EXPORTS_DIR}/{name}.pt", f"{folder}/{EXPORTS_DIR}/{name}.json"
-    out = str(out)
-    if out.endswith("/") or _is_folder(out):
-        raise BadInput(f"--out: expected a file's path, given {show(out)}, which is a folder")
-    check_output_dir(posixpath.dirname(out) or ".", "--out", campaign=exp)
-    stem, ext = posixpath.splitext(out)
-    return out, f"{stem if ext else out}.json"
+        pt, summary = f"{folder}/{EXPORTS_DIR}/{name}.pt", f"{folder}/{EXPORTS_DIR}/{name}.json"
+    else:
+        pt = str(out)
+        if pt.endswith("/") or _is_folder(pt):
+            raise BadInput(f"--out: expected a file's path, given {show(pt)}, which is a folder")
+        check_output_dir(posixpath.dirname(pt) or ".", "--out", campaign=exp)
+        stem, ext = posixpath.splitext(pt)
+        summary = f"{stem if ext else pt}.json"
+        if summary == pt:
+            raise BadInput(f"--out: expected a checkpoint's path not ending in .json (its summary is written beside "
+                           f"it as <name>.json), given {show(pt)}")
+    for kind, path in () if force else (("checkpoint", pt), ("summary", summary)):
+        if exists(path) and out is not None:
+            raise BadInput(f"--out: expected a path where no file is, given {show(out)}, whose {kind} {path} exists "
+                           "(an earlier export, or a file of yours); --force replaces it")
+        if exists(path):
+            raise BadInput(f"{path}: expected no file where the export writes its {kind}, given an earlier export "
+                           "of this subnet; --force replaces it, --out writes elsewhere")
+    return pt, summary
 
 
 def _is_folder(path: str) -> bool:
