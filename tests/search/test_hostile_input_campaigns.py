@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import sys
 
 import pytest
 import yaml
 from helpers.campaign_files import tree_digest, write_campaign
+from helpers.images import write_imagefolder
 
 from qkvsearch.search.cli import main
 from qkvsearch.search.searchers.state import VERSION as STATE_VERSION
@@ -861,3 +863,97 @@ def test_export_with_force_replaces_the_file_at_out_and_touches_no_record(traine
     assert printed.splitlines() == [f"checkpoint: {out}", f"summary: {tmp_path / 'mine.json'}"]
     assert out.read_bytes()[:2] == b"PK"   # torch's zip format, in place of the file it replaced
     assert tree_digest(exp, skip=None) == before
+
+
+# ------------------------------------------------------------------ data that the trial would refuse: validate does
+
+
+def _png(side: int = 8) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _hf_folder(folder, train: list, val: list) -> str:
+    """A folder as datasets writes one (Dataset.to_parquet), a split per file: (image, label) rows."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    folder.mkdir()
+    for split, rows in (("train", train), ("validation", val)):
+        datasets.Dataset.from_dict({"image": [r[0] for r in rows], "label": [r[1] for r in rows]},
+                                   features=features).to_parquet(str(folder / f"{split}-00000-of-00001.parquet"))
+    return str(folder)
+
+
+def _wds_folder(folder, train: list[dict], val: list[dict]) -> str:
+    """A shard per split as webdataset's TarWriter writes one (samples: {extension: value}), and timm's info file."""
+    import webdataset as wds
+
+    folder.mkdir()
+    info = {"name": "hostile", "splits": {}}
+    for split, samples in (("train", train), ("validation", val)):
+        with wds.TarWriter(str(folder / f"{split}-0000.tar")) as sink:
+            for i, sample in enumerate(samples):
+                sink.write({"__key__": f"s{i:06d}", **sample})
+        info["splits"][split] = {"name": split, "num_samples": len(samples), "filenames": [f"{split}-0000.tar"],
+                                 "shard_lengths": [len(samples)]}
+    (folder / "_info.json").write_text(json.dumps(info))
+    return str(folder)
+
+
+def _data_cases(tmp_path) -> dict:
+    """case -> (the data section, what validate says of it)."""
+    good = [({"bytes": _png(), "path": None}, i % 3) for i in range(4)]
+    empty = {"bytes": b"", "path": None}
+    sample = {"png": _png(), "cls": 1}
+    imagefolder = tmp_path / "imagefolder"
+    write_imagefolder(imagefolder, ["ant", "bee", "cat"], 2)
+    (imagefolder / "train" / "ant" / "0.png").write_bytes(b"")
+    return {
+        "hfds empty split": ({"dataset": "hfds", "path": _hf_folder(tmp_path / "h1", good, [])},
+                             "expected rows in split validation of"),
+        "hfds label missing": ({"dataset": "hfds", "path": _hf_folder(tmp_path / "h2", good + [(good[0][0], None)],
+                                                                      good)},
+                               "expected a label on every row of"),
+        "hfds zero-byte image": ({"dataset": "hfds", "path": _hf_folder(tmp_path / "h3", [(empty, 0)] + good, good)},
+                                 "given one that cannot be read (ValueError: an empty image (0 bytes, no path))"),
+        "hfds label out of range": ({"dataset": "hfds", "path": _hf_folder(tmp_path / "h4", good + [(good[0][0], 7)],
+                                                                           good)},
+                                    "expected labels in 0..2 (num_classes)"),
+        "wds json labels": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w1", [{"png": _png(), "json": {"label": 1}}],
+                                                                    [sample])},
+                            "could not be decoded (expected an image jpg / png / webp and its class in .cls): KeyError: "
+                            "'no .cls file (its files: json, png)'"),
+        "wds label out of range": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w2", [{**sample, "cls": 7}],
+                                                                           [sample])},
+                                   "has label 7, expected 0..2 (num_classes 3)"),
+        "wds zero-byte image": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w3", [sample], [{**sample, "png": b""}])},
+                                "ValueError: an empty image file (0 bytes)"),
+        "imagefolder zero-byte image": ({"dataset": "imagefolder", "path": str(imagefolder)},
+                                        "0.png', given a file that cannot be read (ValueError: an empty file (0 bytes))"),
+    }
+
+
+def test_validate_refuses_data_the_trial_would_refuse(workdir, capsys, no_ray):
+    model = {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 3}
+    for data, said in _data_cases(workdir).values():
+        spec = _spec_file(workdir, model=model, data=data)
+        for command in ("validate", "launch"):
+            code, out, err = _run(capsys, command, spec)
+            _refused(code, out, err, "data_path: ", data["path"], said)
+            assert "expected" in err, err
+    assert not (workdir / "results").exists()
+
+
+def test_the_same_data_made_sound_passes(workdir, capsys):
+    good = [({"bytes": _png(), "path": None}, i % 3) for i in range(4)]
+    model = {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 3}
+    for data in ({"dataset": "hfds", "path": _hf_folder(workdir / "h", good, good)},
+                 {"dataset": "wds", "path": _wds_folder(workdir / "w", [{"png": _png(), "cls": 1}],
+                                                         [{"png": _png(), "cls": 2}])}):
+        code, out, err = _run(capsys, "validate", _spec_file(workdir, model=model, data=data))
+        assert code == 0, err

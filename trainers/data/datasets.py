@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from qkvsearch.spaces.errors import reason
 from qkvsearch.trainers.data import formats as more
 from qkvsearch.trainers.data.formats import CIFAR_FILES
 from qkvsearch.trainers.data.formats import (
     check_cifar as _check_cifar,  # the name search.campaign.stages reads
 )
 from qkvsearch.trainers.data.sources import (  # noqa: F401  (prepare_images, the deal by index: re-exported)
+    CHECKED_SAMPLES,
     IMAGE_EXTENSIONS,
     ArrayImages,
     DatasetError,
@@ -78,8 +80,10 @@ def _check_imagefolder(cfg, path):
     if classes["train"] != classes["val"]:
         raise DatasetError(f"data_path: expected the same class folders in {path!r}/train and /val, "
                            f"given train={classes['train']} val={classes['val']}")
+    first = {}
     for split in ("train", "val"):
-        empty = [c for c in classes[split] if not _has_image(os.path.join(path, split, c))]
+        first[split] = [_first_image(os.path.join(path, split, c)) for c in classes[split]]
+        empty = [c for c, image in zip(classes[split], first[split]) if image is None]
         if empty:
             raise DatasetError(f"data_path: expected images ({', '.join(IMAGE_EXTENSIONS)}) in every class folder "
                                f"of {os.path.join(path, split)!r}, given {len(empty)} without any: "
@@ -88,6 +92,9 @@ def _check_imagefolder(cfg, path):
     if n is not None and n != len(classes["train"]):
         raise DatasetError(f"num_classes: expected {len(classes['train'])} (class folders in "
                            f"{os.path.join(path, 'train')!r}), given {n}")
+    for split in ("train", "val"):   # the first class folders' first images decode
+        for image in first[split][:CHECKED_SAMPLES]:
+            _check_image(image)
 
 
 def _ranks(world_size: int | None) -> int:
@@ -99,18 +106,35 @@ def _ranks(world_size: int | None) -> int:
 
 def _check_shards(cfg, path, world_size):
     from qkvsearch.trainers.data.shard_index import check_shards
+    from qkvsearch.trainers.data.shard_source import check_samples
 
     if cfg["num_classes"] is None:
         raise DatasetError("num_classes: required for dataset wds (its labels are 0..num_classes-1)")
-    check_shards(path, world_size, loader_processes(cfg))
+    check_samples(check_shards(path, world_size, loader_processes(cfg)), cfg["num_classes"])
 
 
-def _has_image(folder: str) -> bool:
-    """Whether a class folder holds at least one image file, at any depth (as torchvision's ImageFolder)."""
-    for _root, _dirs, files in os.walk(folder):
-        if any(f.lower().endswith(IMAGE_EXTENSIONS) for f in files):
-            return True
-    return False
+def _first_image(folder: str) -> str | None:
+    """The first image file of a class folder in torchvision's ImageFolder order (at any depth), None without one."""
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        images = sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
+        if images:
+            return os.path.join(root, images[0])
+    return None
+
+
+def _check_image(path: str) -> None:
+    """DatasetError naming the file unless it decodes as an image (as the trial's loader opens it)."""
+    from PIL import Image
+
+    try:
+        if os.path.getsize(path) == 0:
+            raise ValueError("an empty file (0 bytes)")
+        with Image.open(path) as img:
+            img.load()
+    except Exception as err:  # any failure here means "this file is no image": say which
+        raise DatasetError(f"data_path: expected an image in {path!r}, given a file that cannot be read "
+                           f"({reason(err)})") from err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from qkvsearch.storage import open_location
 from qkvsearch.trainers.data.shard_deal import Piece, reader_pieces
 from qkvsearch.trainers.data.shard_index import ShardSet, Split, check_readers, read_shard_set
 from qkvsearch.trainers.data.sources import (
+    CHECKED_SAMPLES,
     DECODE_PROBE_SAMPLES,
     DatasetError,
     Part,
@@ -67,8 +68,13 @@ def decode_sample(sample: dict) -> tuple:
     from PIL import Image
 
     image = next((sample[k] for k in IMAGE_KEYS.split(";") if k in sample), None)
+    given = ", ".join(sorted(k for k in sample if not k.startswith("__"))) or "none"
     if image is None:
-        raise KeyError(f"no {IMAGE_KEYS.replace(';', ' / ')} file")
+        raise KeyError(f"no {IMAGE_KEYS.replace(';', ' / ')} file (its files: {given})")
+    if "cls" not in sample:
+        raise KeyError(f"no .cls file (its files: {given})")
+    if not image:
+        raise ValueError("an empty image file (0 bytes)")
     with io.BytesIO(image) as b:
         img = Image.open(b)
         img.load()
@@ -232,6 +238,18 @@ class ShardSource:
                 stream, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
                 pin_memory=device.type == "cuda")
         return self._loaders[key]
+
+
+def check_samples(shards: ShardSet, num_classes: int) -> None:
+    """The first CHECKED_SAMPLES samples of each split (of its first shard holding any) decode as a trial decodes
+    them: an image and its .cls class in 0..num_classes-1. ShardError naming the shard and the sample otherwise."""
+    fs, root = open_location(shards.location)
+    for split in (shards.train, shards.val):
+        first = next(i for i, n in enumerate(split.lengths) if n)   # the info file holds a sample (shard_index)
+        stream = _ReaderStream(shards, split, lambda img: img, num_classes, 1, None)
+        for _, sample in read_piece(fs, root, shards, split, Piece(first, 0, min(CHECKED_SAMPLES,
+                                                                                  split.lengths[first]))):
+            stream.decode(sample)
 
 
 def shard_sources(cfg: dict, train_transform: Callable, eval_transform: Callable):

@@ -28,6 +28,10 @@ from qkvsearch.spaces.errors import BadInput
 
 # loader_workers auto's decode-rate probe: this many samples or seconds at most, before the first batch
 DECODE_PROBE_SAMPLES, DECODE_PROBE_S = 32, 2.0
+# Samples of each split the check before any worker starts decodes (the first ones it reads): a mistake made
+# throughout a set (labels of another kind or numbering, empty or foreign images) shows in them; one deeper in
+# is named by the trial that reads it.
+CHECKED_SAMPLES = 4
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # The splits a dataset stored by split (wds, hfds) may call its training and validation splits, tried in order
