@@ -37,7 +37,7 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     from qkvsearch.search.campaign.tracking import check_trackers
     from qkvsearch.spaces import base_config
     from qkvsearch.spaces.keys import fill
-    from qkvsearch.trainers.data.datasets import check_dataset
+    from qkvsearch.trainers.data.datasets import check_dataset, data_here
 
     check_storage(spec.storage)
     if spec.measure.cache is not None:
@@ -46,10 +46,7 @@ def check_spec(spec, *, launching: bool) -> list[tuple[dict, dict]]:
     check_tracker_files(spec)
     models = check_models(spec)
     config = fill(base_config(spec))
-    path = config["data_path"]
-    if not launching and path is not None and not _URI.match(path) and not os.path.exists(path):
-        log.warning(f"data.path: {path} does not exist on this machine; launch checks it where it runs")
-    else:
+    if data_here(config["data_path"], "data.path", launching):
         check_dataset(config, max(1, spec.resources.workers_per_trial))
     if spec.stages:  # the stages' datasets and OOD sets (search.campaign.stages)
         from qkvsearch.search.campaign.stages import check_stages

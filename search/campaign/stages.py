@@ -310,7 +310,7 @@ def check_stages(spec, trial_configs: list[dict], launching: bool) -> None:
     says; so are the OOD sets. BadInput naming the stage's field. A folder this machine does not have fails
     a launch; `validate` (launching=False) only warns."""
     from qkvsearch.spaces.errors import BadInput, SpecError
-    from qkvsearch.trainers.data.datasets import check_dataset
+    from qkvsearch.trainers.data.datasets import check_dataset, data_here
     from qkvsearch.trainers.model.cost import resolve_trial
 
     problems = []
@@ -318,7 +318,7 @@ def check_stages(spec, trial_configs: list[dict], launching: bool) -> None:
         where = f"stages.finetune[{i}]"
         try:
             cfg = finetune_config(trial_configs[0], stage)
-            if _present(stage.path, f"{where}.path", launching):
+            if data_here(stage.path, f"{where}.path", launching):
                 check_dataset(cfg)
             resized = {}  # a model the stage's img_size changes, once per model: the patches must tile it
             for trial_config in trial_configs:
@@ -330,7 +330,7 @@ def check_stages(spec, trial_configs: list[dict], launching: bool) -> None:
         except BadInput as err:  # "data_path: ..." is this stage's path; "<trial key>: ..." its recipe or the trial
             problems.append(_stage_problem(where, stage, str(err)))
     for i, s in enumerate(spec.stages.ood.datasets if spec.stages.ood else ()):
-        if s.path is not None and _present(s.path, f"stages.ood.datasets[{i}].path", launching):
+        if s.path is not None and data_here(s.path, f"stages.ood.datasets[{i}].path", launching):
             problem = _ood_set_problem(s)
             if problem:
                 problems.append(f"stages.ood.datasets[{i}].path: {problem}")
@@ -349,15 +349,6 @@ def _stage_problem(where: str, stage, text: str) -> str:
     return f"{where}: {text}"
 
 
-def _present(path, where: str, launching: bool) -> bool:
-    import os
-
-    if path is None or launching or os.path.exists(path):
-        return True
-    log.warning(f"{where}: {path} does not exist on this machine; launch checks it where it runs")
-    return False
-
-
 def _ood_set_problem(s) -> str | None:
     """Why an OOD set cannot be read from its path, or None."""
     import os
@@ -368,7 +359,7 @@ def _ood_set_problem(s) -> str | None:
     if not os.path.isdir(s.path):
         return f"expected a folder holding the {s.format} set {s.name!r}, given {s.path!r}, which is not one"
     try:
-        if s.format == "imagefolder" and not data._has_image(s.path):
+        if s.format == "imagefolder" and data._first_image(s.path) is None:
             return f"expected images ({', '.join(data.IMAGE_EXTENSIONS)}) under {s.path!r}, given a folder without any"
         if s.format in data.CIFAR_FILES:
             data._check_cifar(s.format, s.path)

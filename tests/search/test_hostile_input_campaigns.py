@@ -957,3 +957,20 @@ def test_the_same_data_made_sound_passes(workdir, capsys):
                                                          [{"png": _png(), "cls": 2}])}):
         code, out, err = _run(capsys, "validate", _spec_file(workdir, model=model, data=data))
         assert code == 0, err
+
+
+# ------------------------------------------------------------------ a stage's data in a bucket
+
+
+def test_a_stage_path_in_a_bucket_is_checked_as_data_path_is_not_warned_about(workdir, capsys):
+    stages = {"finetune": [{"dataset": "cifar10", "path": "s3://stage-data/cifar-10-batches-py", "epochs": 1}]}
+    code, out, err = _run(capsys, "validate", _spec_file(workdir, stages=stages))
+    _refused(code, out, err, "stages.finetune[0].path: expected a local folder holding data_batch_1",
+             "(cifar10 is read from files; wds also from a bucket prefix), given 's3://stage-data/cifar-10-batches-py'")
+    assert "does not exist on this machine" not in err
+    code, out, err = _run(capsys, "validate", _spec_file(workdir, data={"dataset": "cifar10",
+                                                                       "path": "s3://stage-data/cifar-10-batches-py"}))
+    _refused(code, out, err, "data_path: expected a local folder holding data_batch_1")   # the same rule
+    stages["finetune"][0]["path"] = str(workdir / "elsewhere")   # a folder of another machine: a warning
+    code, out, err = _run(capsys, "validate", _spec_file(workdir, stages=stages))
+    assert code == 0 and f"stages.finetune[0].path: {workdir / 'elsewhere'} does not exist on this machine" in err

@@ -12,6 +12,7 @@ shards in sequence (wds) deals a sources.Part its own way, as many samples (trai
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from qkvsearch.trainers.data.sources import (  # noqa: F401  (prepare_images, th
     train_transform,
 )
 
+log = logging.getLogger(__name__)
 SYNTHETIC_SIZES = (1024, 256)   # (train, val) images of the synthetic dataset
 SYNTHETIC_RES = 32              # stored resolution; batches are resized to img_size
 
@@ -59,10 +61,26 @@ def check_dataset(cfg: dict, world_size: int | None = None) -> None:
     if reader.shards:  # a folder or a bucket prefix, read through qkvsearch.storage
         reader.check(cfg, path, _ranks(world_size))
         return
+    if "://" in path:  # as qkvsearch.storage tells a URI
+        shards = ", ".join(name for name, r in READERS.items() if r.shards)
+        raise DatasetError(f"data_path: expected a local folder holding {reader.expected} ({cfg['dataset']} is read "
+                           f"from files; {shards} also from a bucket prefix), given {path!r}")
     if not os.path.isdir(path):
         raise DatasetError(f"data_path: expected a folder holding {reader.expected}, "
                            f"given {path!r}, which {'is not a folder' if os.path.exists(path) else 'does not exist'}")
     reader.check(cfg, path)
+
+
+def data_here(path: str | None, field: str, launching: bool) -> bool:
+    """Whether the data at ``path`` (a dataset's or a stage's, named ``field``) is checked now (check_dataset): a URI
+    always (read through qkvsearch.storage, as every node reads it), a local path unless `validate` (``launching``
+    False) runs on a machine without it, which only warns: the spec may be meant for a cluster whose nodes hold it."""
+    from qkvsearch.storage import exists
+
+    if path is None or launching or "://" in path or exists(path):
+        return True
+    log.warning(f"{field}: {path} does not exist on this machine; launch checks it where it runs")
+    return False
 
 
 def _check_imagefolder(cfg, path):
