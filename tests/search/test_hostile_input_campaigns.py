@@ -974,3 +974,17 @@ def test_a_stage_path_in_a_bucket_is_checked_as_data_path_is_not_warned_about(wo
     stages["finetune"][0]["path"] = str(workdir / "elsewhere")   # a folder of another machine: a warning
     code, out, err = _run(capsys, "validate", _spec_file(workdir, stages=stages))
     assert code == 0 and f"stages.finetune[0].path: {workdir / 'elsewhere'} does not exist on this machine" in err
+
+
+def test_every_source_declares_what_loader_workers_auto_asks_with_the_defaults_of_one_in_memory():
+    from qkvsearch.trainers.data.shard_source import ShardSource
+    from qkvsearch.trainers.data.sources import PilSource, Source, TensorSource
+
+    for cls in (TensorSource, PilSource, ShardSource):
+        assert Source in cls.__mro__
+        assert all(callable(getattr(cls, name)) for name in ("decode_rate", "most_workers", "part", "batches"))
+    import torch
+
+    memory = TensorSource(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64), 8, 1)
+    assert (memory.loader_workers, memory.decode_rate(), memory.most_workers(4)) == (None, None, None)
+    assert PilSource([], 2).most_workers(4) is None and PilSource([], 2).loader_workers == 2

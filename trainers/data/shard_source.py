@@ -35,6 +35,7 @@ from qkvsearch.trainers.data.sources import (
     DECODE_PROBE_SAMPLES,
     DatasetError,
     Part,
+    Source,
     decode_rate,
     loader_processes,
     seed_sample,
@@ -175,7 +176,7 @@ def _stack(batch):
 
 
 @dataclass
-class ShardSource:
+class ShardSource(Source):
     """One split of a shard set, read as the Part of it a rank is dealt (``part``; no index is read)."""
 
     shards: ShardSet

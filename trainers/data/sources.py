@@ -76,13 +76,27 @@ class Source(Protocol):
     """What the training loop reads a split through: ``part`` gives a rank's share of the split (training:
     with the epoch's (seed, epoch), which decide its order; validation: seed and epoch None, the split in its
     stored order, the ranks covering it once between them), in the form the same source's ``batches``
-    reads; ``batches`` yields its (x float (B, C, img_size, img_size), y int64 (B,)) batches on ``device``."""
+    reads; ``batches`` yields its (x float (B, C, img_size, img_size), y int64 (B,)) batches on ``device``.
+
+    What ``loader_workers: auto`` asks of a source (trainers.training.feeding), with the defaults of a split held
+    in memory, which needs no loader process: ``loader_workers`` (the loader processes it reads through, set
+    before its first batch; None: none, it reads from memory), ``decode_rate()`` (images/s one process decodes;
+    None: nothing to decode) and ``most_workers(ranks)`` (the most loader processes per rank its data allows;
+    None: no cap of its own). Every source subclasses this protocol, so that it inherits these defaults."""
+
+    loader_workers: int | None = None
 
     def __len__(self) -> int: ...
 
     def part(self, world_size: int, rank: int, seed: int | None = None, epoch: int | None = None): ...
 
     def batches(self, share, batch_size: int, device: torch.device, drop_last: bool): ...
+
+    def decode_rate(self) -> float | None:
+        return None
+
+    def most_workers(self, ranks: int) -> int | None:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +117,7 @@ def eval_shard(n: int, world_size: int, rank: int) -> torch.Tensor:
     return torch.arange(rank, n, world_size)
 
 
-class ReadByIndex:
+class ReadByIndex(Source):
     """A source whose ``batches`` reads the (N,) int64 indices it is given: its share of a split is the indices
     train_shard (training) or eval_shard (validation) deal to the rank."""
 

@@ -75,11 +75,11 @@ def size_loaders(run) -> int | None:
     them; None for a config that sets a number."""
     if run.cfg["loader_workers"] != "auto":
         return None
-    sources = [s for s in (run.train_src, run.val_src) if hasattr(s, "loader_workers")]
+    sources = [s for s in (run.train_src, run.val_src) if s.loader_workers is not None]   # sources.Source
     k = 0
-    if sources and hasattr(run.train_src, "decode_rate"):
-        most = run.train_src.most_workers(run.dist.world_size) if hasattr(run.train_src, "most_workers") else None
-        decode, train = run.train_src.decode_rate(), train_rate(run)
+    decode = run.train_src.decode_rate() if sources else None
+    if decode is not None:
+        most, train = run.train_src.most_workers(run.dist.world_size), train_rate(run)
         k = chosen_workers(decode, train, torch.get_num_threads(), cuda=run.dist.device.type == "cuda", most=most)
         log.info("loader_workers auto: %d (decoding %.0f images/s per process, the device training %.0f, %d CPUs)",
                  k, decode, train, torch.get_num_threads())
