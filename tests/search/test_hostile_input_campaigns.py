@@ -553,6 +553,18 @@ def test_a_max_of_0_on_a_cost_every_model_has_is_refused_for_the_campaign_and_a_
     load_campaign({**ONESHOT, "constraints": {metric: {"min": 0}}})   # holds for every model: no harm
 
 
+def test_a_counted_max_the_smallest_subnet_breaks_is_refused_for_the_campaign_and_a_target(workdir, capsys, no_ray):
+    for sections, said in (({"constraints": {"params_m": {"max": 0.001}}}, "constraints.params_m: "),
+                           ({"targets": [{"name": "phone", "constraints": {"gmacs": {"max": 1e-6}}}]},
+                            "targets[0].constraints.gmacs: ")):
+        code, out, err = _run(capsys, "validate", _spec_file(workdir, **{**ONESHOT, **sections}))
+        _refused(code, out, err, said + "expected a bound the space's smallest subnet meets, given {'max': ",
+                 "which it breaks", "no subnet of the space can serve it")
+    code, out, err = _run(capsys, "validate", _spec_file(workdir, **{**ONESHOT, "search": {"algorithm": "grid"}},
+                                                         constraints={"params_m": {"min": 0.5}}))
+    assert code == 0, err   # a min the smallest breaks: larger subnets may meet it (grid: no searcher estimates)
+
+
 @pytest.mark.parametrize("given", [[], {}, ""])
 def test_empty_target_objectives_are_refused_not_taken_for_the_campaigns(given):
     errors = _errors(**ONESHOT, targets=[{"name": "phone", "objectives": given}])

@@ -33,7 +33,6 @@ from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder
 from qkvsearch.spaces import load_campaign
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.metrics import COUNTED_METRICS
-from qkvsearch.spaces.schema import violations
 from qkvsearch.spaces.targets import DEVICE_RESOURCES, target_space
 from qkvsearch.storage import exists, write_json
 
@@ -74,17 +73,17 @@ def check_placeable(targets) -> None:
 
 
 def check_reachable(spec, plan: dict) -> None:
-    """No target's counted constraint is broken by the space's smallest subnet (by counted MACs, as the
-    supernet's plan finds it): a target no subnet can serve is refused, naming the target and the constraint."""
+    """No counted max, the campaign's or a target's, is broken by the space's smallest subnet (by counted MACs, as
+    the supernet's plan finds it): a campaign or target no subnet can serve is refused, naming the constraint."""
     from qkvsearch.spaces import base_config
     from qkvsearch.spaces.keys import fill
     from qkvsearch.trainers.model.cost import model_cost
 
     cost = model_cost(fill({**base_config(spec), **plan["smallest"]}))
-    for i, target in enumerate(spec.targets):
-        where = f"targets[{i}].constraints"
-        for c in target.constraints:
-            if c.metric in COUNTED_METRICS and c.metric in cost and violations((c,), cost):
+    for where, constraints in (("constraints", spec.constraints),
+                               *((f"targets[{i}].constraints", t.constraints) for i, t in enumerate(spec.targets))):
+        for c in constraints:
+            if c.metric in COUNTED_METRICS and c.max is not None and cost.get(c.metric, -1.0) > c.max:
                 raise BadInput(f"{where}.{c.metric}: expected a bound the space's smallest subnet meets, given "
                                f"{c.to_dict()}, which it breaks ({c.metric} {cost[c.metric]:.4g}): no subnet "
                                "of the space can serve it")
