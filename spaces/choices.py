@@ -145,11 +145,12 @@ QUANT_PARTS: dict[str, str] = {
     "quant_token_mlp": "the token-mixing MLP's linears (an MLP-Mixer's)",
 }
 
-VIT, XCIT, MIXER = "vit", "xcit", "mixer"
+VIT, XCIT, MIXER, TIMM = "vit", "xcit", "mixer", "timm"
 _MIXER_WHY = "an MLP-Mixer mixes tokens by MLPs"
 _NO_TOKEN_MLP = Need("quant_token_mlp", ("fp",), "only an MLP-Mixer has token-mixing MLPs to quantize")
 FAMILIES: dict[str, Family] = {
-    VIT: Family(_T + "hosts:ViT", (), "a ViT or DeiT", "is a ViT or DeiT", needs=(_NO_TOKEN_MLP,)),
+    VIT: Family(_T + "hosts:ViT", (), "a ViT or DeiT", "is a ViT, a DeiT or another timm transformer",
+                needs=(_NO_TOKEN_MLP,)),
     XCIT: Family(_T + "hosts:XCiT", ("xcit",), "an XCiT",
                  "keeps its cross-covariance attention, conv stem and Fourier positions", needs=(_NO_TOKEN_MLP,)),
     MIXER: Family(_T + "hosts:Mixer", ("mixer_",), "an MLP-Mixer",
@@ -158,6 +159,11 @@ FAMILIES: dict[str, Family] = {
                          Need("key", ("shared",), f"{_MIXER_WHY}: there is no key"),
                          Need("quant_qkv", ("fp",), f"{_MIXER_WHY}: there is no q/k/v to quantize"),
                          Need("quant_proj", ("fp",), f"{_MIXER_WHY}: there is no attention projection to quantize"))),
+    # any other timm transformer (Swin, CaiT, BEiT, EVA, ...): no name tells it from a ViT here, so model_family
+    # names it vit and trainers.model.choices.family_name tells it by timm's module; its host refuses by name what
+    # it cannot take (trainers.model.hosts.Timm)
+    TIMM: Family(_T + "hosts:Timm", (), "another timm transformer", "is a timm transformer other than ViT/DeiT, "
+                                                                    "XCiT and MLP-Mixer", needs=(_NO_TOKEN_MLP,)),
 }
 
 # key -> its table (the model family is decided by the model name: model_family)

@@ -119,7 +119,7 @@ class Key:
 _k = Key   # (name, group, check, default, doc, **the rest)
 KEYS: dict[str, Key] = {k.name: k for k in (
     # model (campaign section `model`)
-    _k("model", "model", MODEL_NAME, None, "timm model: an XCiT, a ViT/DeiT with a fused qkv, or an MLP-Mixer",
+    _k("model", "model", MODEL_NAME, None, "timm model: a transformer whose attention maps tokens to q, k, v (docs: hosts), or an MLP-Mixer",
        section="model", section_key="name", required=True),
     _k("img_size", "model", integer(8, MAX_PIXELS).or_none(), None,
        "input size; null: the dataset's (32, imagefolder 224), or timm's for a bare model",

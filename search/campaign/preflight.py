@@ -66,7 +66,15 @@ def check_oneshot(spec) -> None:
     included): BadInput naming the field otherwise, before Ray starts."""
     from qkvsearch.search.campaign.oneshot.plan import supernet_plan
     from qkvsearch.search.campaign.oneshot.targets import check_reachable
+    from qkvsearch.spaces import base_config
+    from qkvsearch.trainers.model.choices import family_of
+    from qkvsearch.trainers.model.hosts import timm_module
 
+    model = base_config(spec)["model"]
+    if not family_of(model).supernet:   # the supernet slices a ViT's, XCiT's or MLP-Mixer's blocks
+        raise BadInput(f"supernet: expected a campaign on a ViT, DeiT, XCiT or MLP-Mixer (one-shot search slices "
+                       f"their blocks' tensors), given one on {model}, a {timm_module(model)} model: search its "
+                       f"space with a searcher instead (remove the supernet section)")
     plan = supernet_plan(spec) if spec.supernet.source is None else source_plan(spec)
     check_reachable(spec, plan)
 

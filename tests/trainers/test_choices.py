@@ -63,7 +63,8 @@ def test_each_registry_holds_exactly_the_names_spaces_checks(key):
 
 def test_the_model_families_resolve_and_are_told_by_name():
     assert list(FAMILIES) == list(tables.FAMILIES)
-    assert {f: FAMILIES[f].__name__ for f in FAMILIES} == {"vit": "ViT", "xcit": "XCiT", "mixer": "Mixer"}
+    assert {f: FAMILIES[f].__name__ for f in FAMILIES} == {"vit": "ViT", "xcit": "XCiT", "mixer": "Mixer",
+                                                           "timm": "Timm"}
     assert [model_family(m) for m in ("vit_tiny_patch16_224", "qkv_xcit_nano_12_p16_224", "mixer_s16_224",
                                        "deit_small_patch16_224")] == ["vit", "xcit", "mixer", "vit"]
 

@@ -8,7 +8,7 @@ from torch import nn
 from qkvsearch.trainers import build_model
 from qkvsearch.trainers.model.cost import model_cost
 from qkvsearch.trainers.model.embeddings import FSNE, PSNE, SNE
-from qkvsearch.trainers.model.models import EmbeddedClassAttn, apply_embedding
+from qkvsearch.trainers.model.models import apply_embedding
 
 XCIT = dict(model="xcit_nano_12_p16_224", img_size=32, num_classes=10)  # 2x2 patches
 VIT = dict(model="vit_tiny_patch16_224", img_size=32, num_classes=10)
@@ -63,23 +63,31 @@ def test_forward_backward_every_variant(base, variant):
 def test_which_blocks_are_embedded():
     model = build_model({**XCIT, "embedding": "sne"})
     assert all(isinstance(b.attn.qkv, SNE) for b in model.blocks)
-    assert all(isinstance(b.attn, ClassAttn) for b in model.cls_attn_blocks)  # kept by default
+    assert all(type(b.attn.q) is nn.Linear for b in model.cls_attn_blocks)  # kept by default
     model = build_model({**XCIT, "embedding": "sne", "embed_class_attn": True})
-    assert all(isinstance(b.attn, EmbeddedClassAttn) for b in model.cls_attn_blocks)
+    assert all(type(b.attn) is ClassAttn and all(isinstance(getattr(b.attn, p), SNE) for p in "qkv")
+               for b in model.cls_attn_blocks)   # timm's class attention, its q, k and v maps embedded
     assert model.qkv_config["width"] == 64 and model.qkv_config["hidden_width"] == "paper"
 
 
-def test_embedded_class_attn_equals_class_attn_for_linear_weights():
+@pytest.mark.parametrize("kind", ["sne", "psne", "fsne"])
+def test_class_attention_embeds_the_class_tokens_q_alone(kind):
+    """timm's ClassAttn makes q of the class token only: its embedded q map sees one row per image, and shares
+    what the kind shares with the k and v maps (P-SNE's second layer, F-SNE's layers)."""
     torch.manual_seed(0)
-    attn = ClassAttn(16, num_heads=4, qkv_bias=True)
-    qkv = nn.Linear(16, 48)
-    with torch.no_grad():
-        qkv.weight.copy_(torch.cat([attn.q.weight, attn.k.weight, attn.v.weight]))
-        qkv.bias.copy_(torch.cat([attn.q.bias, attn.k.bias, attn.v.bias]))
-    x = torch.randn(2, 7, 16)
-    for fused in (True, False):
-        attn.fused_attn = fused
-        torch.testing.assert_close(EmbeddedClassAttn(attn, qkv)(x), attn(x))
+    model = build_model({**XCIT, "embedding": kind, "embed_class_attn": True})
+    attn = model.cls_attn_blocks[0].attn
+    seen = {}
+    hooks = [getattr(attn, p).register_forward_pre_hook(lambda _m, a, p=p: seen.__setitem__(p, a[0].shape))
+             for p in "qkv"]
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    for hook in hooks:
+        hook.remove()
+    assert seen["q"] == (2, 128) and seen["k"] == seen["v"] == (2, 5, 128)   # the class token; it and 2x2 patches
+    if kind != "sne":
+        assert attn.q.fc2 is attn.k.fc2 is attn.v.fc2
+    cost = model_cost({**XCIT, "embedding": kind, "embed_class_attn": True})
+    assert cost["params"] == _params(model)
 
 
 def test_shared_codes_are_one_parameter():

@@ -46,9 +46,10 @@ def _int8(model: nn.Module) -> dict[str, str]:
             for n, m in model.named_modules() if isinstance(m, nn.Linear) and isinstance(m.weight, Int8Tensor)}
 
 
-# The parts of XCiT-N12 with SNE in its class attention too: 12 XCA blocks + 2 class-attention blocks (an SNE's
-# fc1 and its three fc2; the MLP's fc1 and fc2); an MLP-Mixer's token-mixing MLPs are the one part it lacks.
-XCIT_PARTS = {"quant_qkv": 12 * 4 + 2 * 4, "quant_proj": 14, "quant_mlp": 28}
+# The parts of XCiT-N12 with SNE in its class attention too: 12 XCA blocks (an SNE's fc1 and its three fc2) + 2
+# class-attention blocks (their q, k and v maps apart, each an SNE of one part: fc1 and one fc2; the MLP's fc1 and
+# fc2); an MLP-Mixer's token-mixing MLPs are the one part it lacks.
+XCIT_PARTS = {"quant_qkv": 12 * 4 + 2 * 3 * 2, "quant_proj": 14, "quant_mlp": 28}
 MIXER_ONLY = "quant_token_mlp"
 
 

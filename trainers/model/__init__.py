@@ -1,7 +1,9 @@
 """Building a model and counting it, without training:
 
 - models: ``build_model(cfg)``, timm's vision transformers with their q/k/v embedding replaced;
-- hosts: the model families (ViT/DeiT, XCiT, MLP-Mixer) and how timm builds each;
+- hosts: the model families (ViT/DeiT, XCiT, MLP-Mixer, any other timm transformer) and how timm builds each;
+- sites: where each timm attention makes q, k and v (a registry of site adapters); coverage: the probe of one timm
+  entrypoint with each embedding; meta: building on the meta device without running initialisers;
 - architecture: the architecture keys as classes and timm arguments;
 - choices: the registries, one class per value of each choice key (the names: spaces.choices);
 - attention/: those classes (token mixers, keys, positions, stems); embeddings and embedding_forms: the q/k/v

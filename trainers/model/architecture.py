@@ -124,9 +124,11 @@ class Arch:
 def vit_stage(host: nn.Module) -> Shape:
     """The stage shape of a timm VisionTransformer built with timm's own choices (its first block tells
     heads and biases); ``plain`` where the registered classes replace its layers exactly."""
-    pe, attn = host.patch_embed, host.blocks[0].attn
-    plain = type(attn) is Attention and isinstance(attn.q_norm, nn.Identity) and isinstance(attn.norm, nn.Identity) \
-        and getattr(attn, "gate", None) is None and type(pe) is PatchEmbed and isinstance(pe.norm, nn.Identity)
+    pe, attn = host.patch_embed, getattr(host.blocks[0], "attn", None)
+    if type(attn) is not Attention or type(pe) is not PatchEmbed:   # parallel blocks (ViT-22B style), a hybrid stem
+        return Shape(dim=host.embed_dim, prefix=host.num_prefix_tokens, plain=False)
+    plain = isinstance(attn.q_norm, nn.Identity) and isinstance(attn.norm, nn.Identity) \
+        and getattr(attn, "gate", None) is None and isinstance(pe.norm, nn.Identity)
     s = Shape(dim=host.embed_dim, heads=attn.num_heads, grid=tuple(pe.grid_size), prefix=host.num_prefix_tokens,
               qkv_bias=attn.qkv.bias is not None, proj_bias=attn.proj.bias is not None,
               in_chans=pe.proj.in_channels, patch=pe.patch_size[0], stem_bias=pe.proj.bias is not None,

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
+from functools import lru_cache
 
 from qkvsearch.spaces.choices import FAMILIES as FAMILY_TABLE
-from qkvsearch.spaces.choices import PRECISION_CHOICES, TABLES
+from qkvsearch.spaces.choices import PRECISION_CHOICES, TABLES, TIMM, VIT
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import ConfigError
 from qkvsearch.spaces.keys import model_family as _family
 
 __all__ = ["EMBEDDINGS", "FAMILIES", "KEY_TYPES", "MIXERS", "POSITIONS", "PRECISIONS", "STEMS", "Registry",
-           "embedding_classes", "family_of"]
+           "embedding_classes", "family_name", "family_of"]
 
 
 def _load(target: str) -> type:
@@ -59,9 +60,27 @@ FAMILIES = Registry("model", {n: f.target for n, f in FAMILY_TABLE.items()})
 PRECISIONS = Registry("quant", {n: c.target for n, c in PRECISION_CHOICES.items()})   # every quant_* key
 
 
+# timm modules whose models are VisionTransformer (or a subclass): the ViT family's host; any other timm transformer
+# the name family leaves to ViT is served as itself (hosts.Timm)
+VIT_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid")
+
+
+@lru_cache(maxsize=1024)
+def family_name(model: str) -> str:
+    """The family of a timm model name: spaces.keys.model_family's, where timm's module of a ``vit`` name tells a
+    VisionTransformer from any other timm transformer (``timm``)."""
+    name = _family(model)
+    if name == VIT:
+        from qkvsearch.trainers.model.hosts import timm_module
+
+        if timm_module(model) not in VIT_MODULES:
+            return TIMM
+    return name
+
+
 def family_of(model: str) -> type:
     """The host class (trainers.model.hosts) of a timm model name's family."""
-    return FAMILIES[_family(model)]
+    return FAMILIES[family_name(model) if isinstance(model, str) else _family(model)]
 
 
 def embedding_classes() -> tuple[type, ...]:

@@ -10,7 +10,7 @@
   ``torch.utils.flop_counter.FlopCounterMode`` FLOPs / 2: matmuls, convolutions and attention products
   only (not norms, softmax or activations), the convention of fvcore and of the XCiT paper's "GFLOPs";
   FFTs (FNet) by the convention of trainers.model.attention.fft (2.5·L·log2 L MACs a length-L transform);
-- width: the solved hidden width (0 for linear; ``hidden_width`` is the requested one).
+- width: the solved hidden width at the first site (0 for linear; ``hidden_width`` is the requested one).
 
 ``resolve_trial(cfg)`` -> (resolved config, cost): a trial's config with every default filled, its width
 solved (``width``) and its cost, computed once when the trial is built; everything downstream (the trial
@@ -22,14 +22,15 @@ device per (model, num_classes, img_size, in_chans, macro shape) and cached (``b
 registered choice then replaces what it replaces by its class's own exact counts, the counts of the
 classes production builds (trainers.model.choices; each checked against the built module by
 tests/trainers/test_choices.py): the mixer of every block, the positions and the stem
-(``Host.substitutions``), the key and the q/k/v embedding of every fused-qkv site. So a configuration
-costs microseconds. ``measure_cost(cfg)`` builds and counts the whole variant itself (the slow, direct
+(``Host.substitutions``), the key and the q/k/v embedding of every q/k/v site (trainers.model.sites: each map's
+MACs over the rows it saw in the counted forward, all windows of a Swin, the class token alone for a class
+attention's q). So a configuration costs microseconds. ``measure_cost(cfg)`` builds and counts the whole variant itself (the slow, direct
 check the counts are tested against).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 from torch import nn
@@ -38,8 +39,9 @@ from qkvsearch.spaces.keys import ConfigError, fill
 from qkvsearch.trainers.model.architecture import Arch
 from qkvsearch.trainers.model.attention.fft import flop_counter
 from qkvsearch.trainers.model.attention.shape import Shape
-from qkvsearch.trainers.model.choices import EMBEDDINGS, KEY_TYPES, MIXERS, embedding_classes, family_of
+from qkvsearch.trainers.model.choices import EMBEDDINGS, KEY_TYPES, MIXERS, family_of
 from qkvsearch.trainers.model.embeddings import Linear
+from qkvsearch.trainers.model.meta import skip_meta_init
 from qkvsearch.trainers.model.models import (
     EmbeddingSpec,
     ModelConfig,
@@ -49,24 +51,29 @@ from qkvsearch.trainers.model.models import (
     embedded_sites,
     find_sites,
     resolve_width,
-    site_block,
+    served_sites,
     site_embeddings,
 )
+from qkvsearch.trainers.model.sites import PARTS, adapter_of
 
 __all__ = ["count_macs", "measure_cost", "model_cost", "resolve_trial"]
 
 
 @dataclass(frozen=True)
 class BaseProfile:
-    """timm's model with its own choices: total params and MACs, its q/k/v sites with their token counts,
-    the stage shape the registered classes count at and its number of blocks."""
+    """timm's model with its own choices: total params and MACs, its q/k/v sites with the rows each map sees, the
+    stage shape the registered classes count at and its number of blocks."""
 
     params: int
     macs: int
     sites: tuple[Site, ...]
-    tokens: dict  # site path -> tokens N entering the site (batch 1)
+    rows: dict  # (site path, map child) -> (rows, calls): the vectors the map embeds in one forward (batch 1)
     stage: Shape | None    # read off timm's model, before an architecture fits it (Host.stage)
     blocks: int
+
+    def site_rows(self, site: Site) -> dict[str, tuple[int, int]]:
+        """map child -> (rows, calls) of one site (a map a manifold key narrowed, ``qkv.qv``, sees what ``qkv`` saw)."""
+        return {m.child: self.rows[(site.path, m.child.removesuffix(".qv"))] for m in site.maps}
 
 
 def input_size(model: nn.Module, img_size: int | None) -> tuple[int, int]:
@@ -82,75 +89,109 @@ def count_macs(model: nn.Module, in_chans: int, img_size: int | None) -> int:
     device = next(model.parameters()).device
     x = torch.zeros(1, in_chans, h, w, device=device)
     was_training = model.training
+    params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
     try:
+        # no parameter requires grad while counting: a view of one made under no_grad (CaiT's expanded class token
+        # fed to a block) would require grad with no grad_fn, which the flop counter's module tracker refuses
+        for p in params:
+            p.requires_grad_(False)
         with torch.no_grad(), flop_counter() as counter:
             model(x)
     finally:
+        for p in params:
+            p.requires_grad_(True)
         model.train(was_training)
     return counter.get_total_flops() // 2
 
 
-def _linear_macs(site: Site, tokens: int) -> int:
-    """MACs of the host's own projections at a site: fused qkv on all tokens; ClassAttn's q on one."""
-    if site.class_attn:
-        return site.dim * site.dim_out + 2 * tokens * site.dim * site.dim_out
-    return Linear.macs(site.dim, 0, tokens, site.dim_out, parts=site.parts)
+def _forward_error(model: str, img_size: int | None, err: Exception) -> ConfigError:
+    text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if img_size is not None:
+        return ConfigError(f"img_size: expected a size {model} runs at (timm: {text}), given {img_size}")
+    return ConfigError(f'model: expected a timm model whose forward runs at its own size (timm: {text}), '
+                       f'given "{model}"')
 
 
 @lru_cache(maxsize=64)
 def base_profile(model: str, num_classes: int | None, img_size: int | None, in_chans: int,
                  macro: Arch) -> BaseProfile:
     """Build timm's model at the ``macro`` shape with timm's own choices on the meta device, count it, and
-    record each site's token count and the stage shape."""
+    record the rows each q/k/v map of each site sees and the stage shape."""
     with torch.device("meta"):
         linear = EmbeddingSpec.from_cfg({"embedding": "linear"})
         host = ModelConfig(model, linear, num_classes, img_size, in_chans, drop_path_rate=0.0,
                            arch=macro).create_host()  # counted only
     stage = family_of(model).read_stage(host)
-    sites = find_sites(host)
-    tokens: dict[str, int] = {}
-    hooks = [host.get_submodule(s.path).register_forward_pre_hook(
-        lambda _m, args, path=s.path: tokens.__setitem__(path, args[0].shape[1])) for s in sites]
+    sites = served_sites(host, model)
+    for s in sites:   # the maps run as modules, as they will once embedded (BEiT: q/v biases added apart)
+        adapter_of(host.get_submodule(s.path)).prepare(host.get_submodule(s.path))
+    rows: dict[tuple[str, str], list[int]] = {(s.path, m.child): [0, 0] for s in sites for m in s.maps}
+
+    def seen(key, _module, args):
+        x = args[0]
+        rows[key][0] += x.numel() // x.shape[-1]
+        rows[key][1] += 1
+
+    hooks = [host.get_submodule(f"{s.path}.{m.child}").register_forward_pre_hook(partial(seen, (s.path, m.child)))
+             for s in sites for m in s.maps]
     try:
         macs = count_macs(host, in_chans, img_size)
+    except (RuntimeError, AssertionError, ValueError, IndexError, TypeError, NotImplementedError) as err:
+        raise _forward_error(model, img_size, err) from err
     finally:
         for hook in hooks:
             hook.remove()
+    unseen = [f"{path}.{child}" for (path, child), (n, _) in rows.items() if not n]
+    if unseen:   # a map the forward does not call as a module could not be counted, nor its embedding run
+        raise ConfigError(f"model: expected a timm model whose attention calls its q/k/v maps as modules (its "
+                          f"{unseen[0]} is not called{f', nor {len(unseen) - 1} more' if len(unseen) > 1 else ''}), "
+                          f'given "{model}"')
     params = sum(p.numel() for p in host.parameters())
-    return BaseProfile(params, macs, sites, tokens, stage, len(getattr(host, "blocks", ())))
+    return BaseProfile(params, macs, sites, {k: tuple(v) for k, v in rows.items()}, stage,
+                       len(getattr(host, "blocks", ())))
 
 
 def _keyed(sites: tuple[Site, ...], key: type) -> tuple[Site, ...]:
     """The sites as the key leaves them: a manifold key takes the k out of each fused [q | k | v]."""
     if key.parts == 3:
         return sites
-    return tuple(s if s.class_attn else replace(s, linear_params=s.linear_params // 3 * key.parts, parts=key.parts)
-                 for s in sites)
+    out = []
+    for s in sites:
+        fused = [m for m in s.maps if m.parts == PARTS and m.child == "qkv"]
+        if not fused:
+            out.append(s)
+            continue
+        m = fused[0]
+        w = m.widths[0]
+        qv = replace(m, child="qkv.qv", parts="qv", widths=(w, w), params=m.dim * 2 * w + (2 * w if m.bias else 0))
+        out.append(s.with_maps((qv,)))
+    return tuple(out)
 
 
 def model_cost(cfg: dict) -> dict:
     """Cost of ``build_model(cfg)`` (see the module docstring); unknown keys of ``cfg`` are ignored."""
     spec = ModelConfig.from_cfg(cfg)
     arch, family = spec.arch, family_of(spec.model)
+    family.check(spec)
     base = base_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, arch.macro())
     stage = family.stage(base.stage, arch, spec.model)
     params, macs = base.params, base.macs
     for default, chosen, times, shape in family.substitutions(arch, stage, base.blocks):
         params += times * (chosen.params(shape) - default.params(shape))
         macs += times * (chosen.macs(shape) - default.macs(shape))
-    # the key, then the embedding, replace q/k/v projections of the sites (fused qkv: the mixer keeps them)
+    # the key, then the embedding, replace q/k/v maps of the sites (fused qkv: the mixer keeps them)
     qkv_free = family.qkv_free(arch)
     sites = () if qkv_free else base.sites
     key, key_params, key_macs = arch.key_class, 0, 0
     keyed = _keyed(sites, key)
     for s, k in zip(sites, keyed):
         if k is not s:   # [q | k | v] -> [q | v] and a key apart
-            tokens = base.tokens[s.path]
-            at = Shape.of_tokens(s.dim, tokens, charts=arch.key_charts, aggregation=arch.key_aggregation)
+            rows = base.site_rows(s)
+            at = Shape.of_tokens(s.dim, rows["qkv"][0], charts=arch.key_charts, aggregation=arch.key_aggregation)
             key_params, key_macs = key_params + key.params(at), key_macs + key.macs(at)
             params += k.linear_params - s.linear_params
-            macs += _linear_macs(k, tokens) - _linear_macs(s, tokens)
+            macs += Linear.site_macs(k, 0, 0, base.site_rows(k)) - Linear.site_macs(s, 0, 0, rows)
     emb = spec.emb
     sites = embedded_sites(emb, keyed, spec.model, qkv_free)
     h = resolve_width(emb.at(None), sites, base.params)
@@ -160,12 +201,12 @@ def model_cost(cfg: dict) -> dict:
         if not own.row.hidden:
             embed_params += s.linear_params
             continue
-        tokens = base.tokens[s.path]
-        site_params = EMBEDDINGS[own.kind].params(s.dim, width, s.dim_out, n, s.parts)
-        site_macs = EMBEDDINGS[own.kind].macs(s.dim, width, tokens, s.dim_out, n, s.parts)
+        rows = base.site_rows(s)
+        site_params = EMBEDDINGS[own.kind].site_params(s, width, n)
+        site_macs = EMBEDDINGS[own.kind].site_macs(s, width, n, rows)
         embed_params += site_params
         params += site_params - s.linear_params
-        macs += site_macs - _linear_macs(s, tokens)
+        macs += site_macs - Linear.site_macs(s, 0, 0, rows)
     params += codes_params(emb, sites)
     params += key_params
     macs += key_macs
@@ -193,22 +234,23 @@ def resolve_trial(cfg: dict) -> tuple[dict, dict]:
 
 
 def _embedding_modules(model: nn.Module, spec: ModelConfig) -> list[nn.Module]:
-    """The q/k/v embedding modules of a built model (for linear: the host's own projections)."""
+    """The q/k/v embedding modules of a built model: every map of every embedded site (for linear: the host's own
+    linears), the keys of their own and the projections of mixers without a fused qkv."""
     keys = [m for m in model.modules() if isinstance(m, tuple(KEY_TYPES.values()))]   # keys of their own
     keys += [p for m in model.modules() if isinstance(m, tuple(MIXERS.values())) for p in m.qkv_projections()]
-    out = [m for m in model.modules() if isinstance(m, embedding_classes())]
-    for s in find_sites(model):   # the host's projections still in place: the sites a linear embedding keeps
-        if s.class_attn and not spec.emb.class_attn or spec.emb.at(site_block(s)).row.hidden:
+    out = []
+    for s in find_sites(model):
+        if s.class_attn and not spec.emb.class_attn:
             continue
         attn = model.get_submodule(s.path)
-        out += [attn.q, attn.k, attn.v] if s.class_attn else [attn.qkv.qv if s.parts == 2 else attn.qkv]
+        out += [attn.get_submodule(m.child) for m in s.maps]
     return keys + out
 
 
 def measure_cost(cfg: dict) -> dict:
     """Like ``model_cost`` but by building the variant on the meta device and counting it (slow)."""
     spec = ModelConfig.from_cfg(cfg)
-    with torch.device("meta"):
+    with torch.device("meta"), skip_meta_init():
         model = build_model(cfg)
     embed = {id(p): p.numel() for m in _embedding_modules(model, spec) for p in m.parameters()}
     params = sum(p.numel() for p in model.parameters())

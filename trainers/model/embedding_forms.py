@@ -33,27 +33,35 @@ class SNELinears(nn.Module):
             self.fc2.append(layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        hid = self.act(self.fc1(x)).view(B, N, self.parts, self.hidden)  # (B, N, 3, h)
-        return torch.cat([fc(hid[:, :, p]) for p, fc in enumerate(self.fc2)], dim=-1)  # (B, N, [q | k | v])
+        lead = x.shape[:-1]                                       # (B, N), or any leading dims
+        hid = self.act(self.fc1(x)).view(*lead, self.parts, self.hidden)  # (B, N, 3, h)
+        return torch.cat([fc(hid[..., p, :]) for p, fc in enumerate(self.fc2)], dim=-1)  # (B, N, [q | k | v])
 
 
 class FSNELinears(nn.Module):
     """F-SNE with its first layer split: ``nn.Linear(d, h)`` on the tokens and the codes' projection
     ``C · Ws1[d:]`` (parts, h), fixed once trained, as a buffer; the second layer as it is."""
 
-    def __init__(self, fsne: nn.Module):   # trainers.model.embeddings.FSNE
+    def __init__(self, fsne: nn.Module, shared: dict | None = None):   # trainers.model.embeddings.FSNE
+        """shared: the token parts made so far, by first layer (the maps of one site share F-SNE's layers, so
+        their forms share one token part)."""
         super().__init__()
         self.parts, self.dim_out = fsne.parts, fsne.dim_out
         w = fsne.fc1.weight
-        self.fc1 = nn.Linear(fsne.dim, fsne.hidden, device=w.device, dtype=w.dtype)
+        shared = {} if shared is None else shared
+        if id(fsne.fc1) not in shared:
+            fc1 = nn.Linear(fsne.dim, fsne.hidden, device=w.device, dtype=w.dtype)
+            with torch.no_grad():
+                fc1.weight.copy_(w[:, : fsne.dim])          # (h, d): the tokens' columns
+                fc1.bias.copy_(fsne.fc1.bias)
+            shared[id(fsne.fc1)] = fc1
+        self.fc1 = shared[id(fsne.fc1)]
+        codes = fsne.codes if fsne.rows is None else fsne.codes[list(fsne.rows)]   # the codes of its own parts
         with torch.no_grad():
-            self.fc1.weight.copy_(w[:, : fsne.dim])          # (h, d): the tokens' columns
-            self.fc1.bias.copy_(fsne.fc1.bias)
-            self.register_buffer("codes_h", F.linear(fsne.codes, w[:, fsne.dim:]).detach().clone())  # (3, h)
+            self.register_buffer("codes_h", F.linear(codes, w[:, fsne.dim:]).detach().clone())  # (3, h)
         self.act, self.fc2 = fsne.act, fsne.fc2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        hid = self.act(self.fc1(x).unsqueeze(2) + self.codes_h)  # (B, N, 3, h)
-        return self.fc2(hid).reshape(B, N, self.parts * self.dim_out)  # (B, N, [q | k | v])
+        lead = x.shape[:-1]                                       # (B, N), or any leading dims
+        hid = self.act(self.fc1(x).unsqueeze(-2) + self.codes_h)  # (B, N, 3, h)
+        return self.fc2(hid).reshape(*lead, self.parts * self.dim_out)  # (B, N, [q | k | v])

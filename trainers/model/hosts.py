@@ -1,5 +1,5 @@
-"""The model families (spaces.choices.FAMILIES, told apart by the timm model name): how each builds timm's
-model with the architecture keys, and what of it the registered classes replace.
+"""The model families (spaces.choices.FAMILIES, told apart by the timm model name and, for a name of none, timm's
+module): how each builds timm's model with the architecture keys, and what of it the registered classes replace.
 
 - ``ViT`` (ViT, DeiT and any other timm VisionTransformer): the macro shape as timm's keyword arguments;
   the mixer as ``attn_layer``, the stem as ``embed_layer``, positions as ``pos_embed`` ('learn' | 'none';
@@ -10,7 +10,10 @@ model with the architecture keys, and what of it the registered classes replace.
   ``depth`` is its ``num_blocks``, ``mlp_ratio`` its channel-mixing and ``token_mlp_ratio`` its
   token-mixing hidden width over d (timm's ``mlp_ratio=(tokens, channels)``). A stem other than
   ``linear`` replaces timm's ``stem`` (then timm's initialisation runs again over the whole model).
-Every family then puts the manifold keys into the fused-qkv attentions (``install_key``).
+- ``Timm``: any other timm transformer (Swin, PiT, Twins, CrossViT, CaiT, BEiT, ConViT, LeViT, EVA, ...), told from
+  a ViT by timm's module of its entrypoint (trainers.model.choices.family_name): its entrypoint's shape and timm's
+  own attention; only the q/k/v embedding changes it (at every site trainers.model.sites finds).
+Every family then puts the manifold keys into the fused-qkv attentions (``install_key``; Timm refuses the key).
 
 ``substitutions(arch, stage, blocks)``: for the cost model (trainers.model.cost), the registered classes whose
 counts replace those of timm's default choices in the counted default model: (default class, chosen
@@ -18,7 +21,9 @@ class, how many, shape).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import re
 from functools import partial
 from typing import Any
 
@@ -29,14 +34,15 @@ from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
 from qkvsearch.spaces.errors import show
-from qkvsearch.spaces.keys import ConfigError
+from qkvsearch.spaces.keys import DESIGN_KEYS, KEYS, MACRO_KEYS, ConfigError
 from qkvsearch.trainers.model.architecture import Arch, install_key, vit_stage
 from qkvsearch.trainers.model.attention.positions import Learned
 from qkvsearch.trainers.model.attention.shape import Shape
 from qkvsearch.trainers.model.attention.softmax import Softmax
 from qkvsearch.trainers.model.attention.stems import LinearStem
+from qkvsearch.trainers.model.meta import on_meta, skip_meta_init
 
-__all__ = ["Host", "Mixer", "ViT", "XCiT", "timm_model"]
+__all__ = ["Host", "Mixer", "Timm", "ViT", "XCiT", "timm_model"]
 
 
 def _bad(field: str, expected: str, given: Any) -> ConfigError:
@@ -44,21 +50,57 @@ def _bad(field: str, expected: str, given: Any) -> ConfigError:
 
 
 def timm_model(model: str, kwargs: dict, num_heads: int | None = None, create=timm.create_model) -> nn.Module:
-    """timm's ``model`` (no pretrained weights) on the current default device; ConfigError naming the key."""
-    try:
-        return create(model, pretrained=False, **kwargs)
-    except TypeError as err:  # e.g. a CNN: "__init__() got an unexpected keyword argument 'img_size'"
-        raise _bad("model", f"a timm vision transformer with a fused qkv (XCiT, ViT, DeiT) or an MLP-Mixer "
-                            f"accepting {sorted(kwargs)} ({err})", model) from err
-    except AssertionError as err:  # "`patch_size` should divide image dimensions evenly", "dim % heads"
-        text = str(err)
-        if "patch_size" in text or not text:
-            raise _bad("img_size", f"a multiple of {model}'s patch size ({err})", kwargs.get("img_size")) from err
-        raise _bad("num_heads", f"a number of heads that divides embed_dim for {model} ({text})", num_heads) from err
+    """timm's ``model`` (no pretrained weights) on the current default device; ConfigError naming the key. On the
+    meta device its initialisation is skipped (trainers.model.meta: there is nothing to fill)."""
+    kwargs = dict(kwargs)
+    while True:
+        try:
+            with contextlib.ExitStack() as stack:
+                if on_meta():
+                    stack.enter_context(skip_meta_init())
+                return create(model, pretrained=False, **kwargs)
+        except TypeError as err:  # e.g. a CNN: "__init__() got an unexpected keyword argument 'img_size'"
+            unknown = _UNEXPECTED.search(str(err))
+            name = unknown.group(1) if unknown else None
+            if name in kwargs and (name == "img_size" or name in NEUTRAL and kwargs[name] == NEUTRAL[name]):
+                del kwargs[name]   # a model without the argument builds with its neutral value already
+                continue
+            raise _bad("model", f"a timm model accepting {sorted(k for k, v in kwargs.items() if v is not None)} "
+                                f"({err})", model) from err
+        except AssertionError as err:  # "`patch_size` should divide image dimensions evenly", "dim % heads"
+            text = str(err)
+            if num_heads is not None and "patch" not in text:
+                raise _bad("num_heads", f"a number of heads that divides embed_dim for {model} ({text})",
+                           num_heads) from err
+            if kwargs.get("img_size") is not None:
+                raise _bad("img_size", f"a size {model} is built at (timm: {text or 'a multiple of its patch size'})",
+                           kwargs.get("img_size")) from err
+            raise _bad("model", f"a timm model that builds with {_given(kwargs)} (timm: {text})", model) from err
+        except (ValueError, RuntimeError, KeyError, IndexError, AttributeError, ZeroDivisionError) as err:
+            raise _bad("model", f"a timm model that builds with {_given(kwargs)} (timm: {type(err).__name__}: "
+                                f"{err})", model) from err
+
+
+# arguments build_model passes that change nothing at these values: a model without them is built without them;
+# and a model without ``img_size`` takes any size (PVT v2: the counted forward runs it at the size asked)
+NEUTRAL = {"drop_path_rate": 0.0, "in_chans": 3}
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _given(kwargs: dict) -> str:
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    return ", ".join(f"{k}={v}" for k, v in given.items()) or "its own arguments"
 
 
 class Host:
     """A family: ``create`` builds the model, ``stage`` reads the shape of timm's default model."""
+
+    tiles_patches = True    # its patches tile the image or it crops silently: an img_size they do not tile is refused
+    supernet = True         # one-shot search can slice its tensors (trainers.supernet)
+
+    @classmethod
+    def check(cls, spec) -> None:
+        """Raise the ConfigError of a key the family cannot take (``spec``: models.ModelConfig); nothing here."""
 
     @classmethod
     def timm_kwargs(cls, arch: Arch) -> dict:
@@ -191,3 +233,44 @@ class Mixer(Host):
     @classmethod
     def qkv_free(cls, arch: Arch) -> bool:
         return True
+
+
+class Timm(Host):
+    """Any other timm transformer (Swin, PiT, Twins, CrossViT, CaiT, BEiT, ConViT, LeViT, EVA, NaFlexViT, VOLO,
+    MViTv2, ...): timm's model as its entrypoint builds it, at the image size and classes asked; the q/k/v embedding
+    goes into every site trainers.model.sites finds. Its shape is its entrypoint's, so the macro keys, the
+    attention designs (a ViT's or DeiT's) and the manifold key (installed in a ViT's, DeiT's or XCiT's fused
+    qkv) are refused naming the key; a block's own key (``embedding.3``) where its ``blocks.3`` holds a site."""
+
+    DEFAULT_DESIGN = {k: KEYS[k].default for k in DESIGN_KEYS if KEYS[k].applies_to == ()}
+    tiles_patches = False   # timm's own model checks the sizes it takes (PVT's overlapping patches take any)
+    supernet = False
+
+    @classmethod
+    def check(cls, spec) -> None:
+        module = timm_module(spec.model)
+        for key in MACRO_KEYS:
+            value = getattr(spec.arch, key)
+            if value is not None:
+                raise _bad(key, f"null for model {spec.model} (a {module} model: its shape is its entrypoint's; "
+                                f"{key} shapes a ViT, DeiT, XCiT or MLP-Mixer)", value)
+        for key, default in cls.DEFAULT_DESIGN.items():
+            value = getattr(spec.arch, key, None)
+            if value is not None and value != default:
+                why = ("the manifold key is installed in the fused qkv of a ViT, DeiT or XCiT" if key == "key" else
+                       f"timm's own {module} keeps its {key.replace('_', ' ')}; the designs of {key} replace a "
+                       f"ViT's or DeiT's")
+                raise _bad(key, f"{default} for model {spec.model} ({why})", value)
+
+
+def timm_module(model: str) -> str:
+    """The timm module that defines a model name ("swin_transformer"), or "timm" for a name timm does not know."""
+    from timm.models import get_arch_name, is_model, model_entrypoint
+
+    from qkvsearch.spaces.checks import REGISTERED_PREFIX
+
+    name = get_arch_name(model.removeprefix(REGISTERED_PREFIX))
+    if not is_model(name):
+        return "timm"
+    entrypoint = model_entrypoint(name)   # qkvsearch's shrunk models say whose model they are
+    return getattr(entrypoint, "timm_module", entrypoint.__module__.rpartition(".")[2])

@@ -3,19 +3,21 @@
 ``build_model(cfg)`` builds a model from the model and embedding keys of a flat trial config (declared,
 with their defaults, in qkvsearch.spaces.keys.KEYS; other keys are ignored). Widths:
 
-  hidden_width     int (absolute) | float (ratio of the token dim d, rounded) | "match" | "paper"
+  hidden_width     int (absolute) | float (ratio of the token dim d, rounded) | "match" | "paper", per site
+                   (a hierarchical model's stages differ in d):
                    "paper" = the paper's Table 1 width: d/2 sne, 3d/4 psne, d fsne
-                   "match" = the LARGEST width whose whole model has no more parameters than the
-                   linear baseline (params are affine in h, so it is solved in closed form)
-  width            the solved width (0 for linear); used as is when the config carries it
+                   "match" = the LARGEST width whose sites (of each shape) have no more parameters than their
+                   linear maps (params are affine in h, so it is solved in closed form)
+  width            the solved width at the first site (0 for linear); used as is when the config carries it
 
 ``linear`` leaves timm's model untouched (its state_dict loads strictly, outputs are bitwise equal).
 
 The architecture keys (attention, pos_embed, patch_embed, key, the macro shape; trainers.model.architecture)
 decide the host: timm's model of the model's family built with them (``create_host``, trainers.model.hosts);
 the embedding (a class of the registry trainers.model.choices.EMBEDDINGS) is then applied to the host's q/k/v
-sites (with ``key: manifold``, to its q and v only). timm's own model is untouched unless an architecture
-key differs from its default.
+sites (trainers.model.sites: every attention that makes q, k and v by linear maps of its tokens, in any stage;
+with ``key: manifold``, to its q and v only). timm's own model is untouched unless an architecture key differs
+from its default. Whatever a model cannot take is a ConfigError naming the model, the key and why.
 
 The variants are also registered with timm as ``qkv_<timm name>`` (trainers.model.registry).
 """
@@ -27,7 +29,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.models.cait import ClassAttn
 from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
@@ -37,9 +38,10 @@ from qkvsearch.spaces.choices import EMBEDDING_CHOICES, Choice
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import MODEL_GROUPS, ConfigError, fill, names
 from qkvsearch.trainers.model.architecture import Arch
-from qkvsearch.trainers.model.attention.manifold import KeyedQKV
 from qkvsearch.trainers.model.choices import EMBEDDINGS, family_of
 from qkvsearch.trainers.model.embeddings import make_codes
+from qkvsearch.trainers.model.meta import skip_meta_init
+from qkvsearch.trainers.model.sites import PARTS, Site, adapter_of, scan
 
 __all__ = [
     "EmbeddingSpec",
@@ -49,6 +51,7 @@ __all__ = [
     "apply_embedding",
     "build_model",
     "find_sites",
+    "served_sites",
 ]
 
 
@@ -115,10 +118,13 @@ class ModelConfig:
 
     def create_host(self) -> nn.Module:
         """timm's model (no pretrained weights) with the architecture keys, on the current default device."""
+        family = family_of(self.model)
+        family.check(self)
         kwargs = dict(num_classes=self.num_classes, img_size=self.img_size, in_chans=self.in_chans,
                       drop_path_rate=self.drop_path_rate)  # timm drops the None values itself
         host = create_host(self.model, self.arch, kwargs)
-        self._check_patches(host)
+        if family.tiles_patches:
+            self._check_patches(host)
         return host
 
     def _check_patches(self, host: nn.Module) -> None:
@@ -138,37 +144,26 @@ def create_host(model: str, arch: Arch, kwargs: dict) -> nn.Module:
 # ---------------------------------------------------------------------------------------------- sites
 
 
-@dataclass(frozen=True)
-class Site:
-    """One place where a model embeds tokens into q, k, v."""
-
-    path: str  # the attention module, e.g. "blocks.3.attn"
-    class_attn: bool  # timm ClassAttn (XCiT/CaiT class attention: separate q, k, v linears)
-    dim: int  # token dim d
-    dim_out: int  # width of each of q, k, v
-    linear_params: int  # parameters of the host's own q/k/v projections here
-    parts: int = 3  # 3: the site embeds q, k, v; 2: q and v (the key is a manifold key)
-
-
 def _params(*modules: nn.Module) -> int:
     return sum(p.numel() for m in modules for p in m.parameters())
 
 
 def find_sites(model: nn.Module) -> tuple[Site, ...]:
-    """Attention modules with a fused ``qkv`` nn.Linear (d -> 3 d_out), and timm ClassAttn modules."""
-    sites = []
-    for path, m in model.named_modules():
-        qkv = getattr(m, "qkv", None)
-        if isinstance(qkv, KeyedQKV):  # a manifold key: q and v only
-            qv, parts = qkv.qv, type(qkv.key).parts
-            dim = qv.in_features if isinstance(qv, nn.Linear) else qv.dim
-            dim_out = qv.out_features // parts if isinstance(qv, nn.Linear) else qv.dim_out
-            sites.append(Site(path, False, dim, dim_out, _params(qv), parts=parts))
-        elif isinstance(qkv, nn.Linear) and qkv.out_features % 3 == 0:
-            sites.append(Site(path, False, qkv.in_features, qkv.out_features // 3, _params(qkv)))
-        elif isinstance(m, ClassAttn):
-            sites.append(Site(path, True, m.k.in_features, m.k.out_features, _params(m.q, m.k, m.v)))
-    return tuple(sites)
+    """Every q/k/v site of ``model`` (trainers.model.sites): each attention that makes q, k and v by linear maps of
+    its tokens, with its maps."""
+    return tuple(scan(model).sites)
+
+
+def served_sites(model: nn.Module, name: str) -> tuple[Site, ...]:
+    """``find_sites``, or the ConfigError naming the model and the first attention no embedding can take (its
+    path, its timm class and why)."""
+    found = scan(model)
+    if found.unserved:
+        u = found.unserved[0]
+        more = f"; and {len(found.unserved) - 1} more" if len(found.unserved) > 1 else ""
+        raise _bad("model", f"a timm model whose attention makes q, k and v by linear maps of its tokens (at "
+                            f"{u.path}, {u.cls.__name__}: {u.why}{more})", name)
+    return tuple(found.sites)
 
 
 _BLOCK_PATH = re.compile(r"^blocks\.(\d+)\.")
@@ -176,7 +171,7 @@ _BLOCK_PATH = re.compile(r"^blocks\.(\d+)\.")
 
 def block_of(path: str) -> int | None:
     """The index of the block (timm's ``blocks``) a module or parameter path is in, e.g. 3 for "blocks.3.attn";
-    None outside them (XCiT's class attention, the stem, the head)."""
+    None outside them (XCiT's class attention, the stem, the head, a hierarchical model's stages)."""
     match = _BLOCK_PATH.match(path)
     return int(match.group(1)) if match else None
 
@@ -186,100 +181,107 @@ def site_block(site: Site) -> int | None:
 
 
 def site_embeddings(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int) -> list[tuple[Site, EmbeddingSpec, int]]:
-    """(site, its embedding, its solved width h) for each embedded site: per-block keys decide their block's."""
+    """(site, its embedding, its solved width h) for each embedded site: per-block keys decide their block's; a
+    width given as a ratio of d is of each site's own token dim, and ``match`` is solved for each shape of site."""
+    solved: dict[tuple, int] = {}
     out = []
     for site in sites:
         own = emb.at(site_block(site))
-        out.append((site, own, resolve_width(own, sites, host_params)))
+        out.append((site, own, _site_width(own, site, sites, solved)))
     return out
 
 
 # ---------------------------------------------------------------------------------------------- widths
 
 
-def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int) -> int:
-    """The hidden width h of ``emb`` on a host with these (embedded) sites and total parameters.
+def _site_width(emb: EmbeddingSpec, site: Site, sites: tuple[Site, ...], solved: dict) -> int:
+    """The hidden width h of ``emb`` at ``site`` (one of the embedded ``sites``).
 
-    "match": params(h) = host_params - Σ linear + Σ (a_s·h + b_s) + codes is affine in h; the result
-    is the largest integer h with params(h) <= host_params (closed form, no search).
+    An int is every site's; a ratio (and "paper", Table 1's ratio) is of the site's token dim d, rounded;
+    ``width`` (already solved) is the first site's, and of the sites of its shape. "match": per shape of site,
+    params(h) = Σ linear - Σ (a_s·h + b_s) - codes is affine in h: the largest integer h whose sites of that shape
+    (and the codes they hold) have no more parameters than their linear maps (closed form, no search).
     """
     if not emb.row.hidden:
         return 0
-    if emb.width is not None:
+    if emb.width is not None and site.shape == sites[0].shape:
         return emb.width
-    d, w = sites[0].dim, emb.hidden_width
+    w = emb.hidden_width
     if w == PAPER_WIDTH:
         w = emb.row.paper_width   # Table 1: h as a fraction of d
     if isinstance(w, float):
-        h = round(w * d)
+        h = round(w * site.dim)
         if h < 1:
-            raise _bad("hidden_width", f"a ratio giving a width >= 1 at d={d}", emb.hidden_width)
+            raise _bad("hidden_width", f"a ratio giving a width >= 1 at d={site.dim}", emb.hidden_width)
         return h
     if w != "match":
         return w
-    n, cls = emb.code_size or 0, EMBEDDINGS[emb.kind]
-    b = sum(cls.params(s.dim, 0, s.dim_out, n, s.parts) for s in sites)  # params at h = 0
-    a = sum(cls.params(s.dim, 1, s.dim_out, n, s.parts) for s in sites) - b  # per unit of h
-    budget = sum(s.linear_params for s in sites) - b - codes_params(emb, sites)
-    h = budget // a
-    if h < 1:
-        raise _bad("hidden_width", f"'match' only where a width >= 1 fits the baseline ({emb.kind})", w)
-    return h
+    if site.shape not in solved:
+        group = [s for s in sites if s.shape == site.shape]
+        n, cls = emb.code_size or 0, EMBEDDINGS[emb.kind]
+        b = sum(cls.site_params(s, 0, n) for s in group)  # params at h = 0
+        a = sum(cls.site_params(s, 1, n) for s in group) - b  # per unit of h
+        codes = codes_params(emb, tuple(group)) if emb.code_sharing != "shared" or site.shape == sites[0].shape else 0
+        h = (sum(s.linear_params for s in group) - b - codes) // a
+        if h < 1:
+            raise _bad("hidden_width", f"'match' only where a width >= 1 fits the baseline ({emb.kind})", w)
+        solved[site.shape] = h
+    return solved[site.shape]
+
+
+def resolve_width(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int) -> int:
+    """The hidden width h of ``emb`` at the first of the (embedded) sites: the config's ``width`` (0 for linear)."""
+    if not emb.row.hidden or not sites:
+        return 0
+    return _site_width(emb, sites[0], sites, {})
+
+
+def code_letters(sites: tuple[Site, ...]) -> str:
+    """The parts the network's codes stand for: "qkv" (Cq, Ck, Cv), "qv" beside a manifold key."""
+    made = "".join(s.parts for s in sites)
+    return "".join(p for p in PARTS if p in made)
 
 
 def codes_params(emb: EmbeddingSpec, sites: tuple[Site, ...]) -> int:
     """Code parameters of the whole network: 3·n once (shared) or per F-SNE site (per_block); 0 without an
     F-SNE site. (2·n with a manifold key: codes for q and v only.)"""
-    fsne = [s for s in sites if emb.at(site_block(s)).row.codes]
+    fsne = tuple(s for s in sites if emb.at(site_block(s)).row.codes)
     if not fsne:
         return 0
-    return fsne[0].parts * emb.code_size * (1 if emb.code_sharing == "shared" else len(fsne))
+    if emb.code_sharing == "shared":
+        return len(code_letters(fsne)) * emb.code_size
+    return sum(len(s.parts) for s in fsne) * emb.code_size
 
 
 def embedded_sites(emb: EmbeddingSpec, sites: tuple[Site, ...], model_name: str,
                    qkv_free: bool = False) -> tuple[Site, ...]:
-    """The sites ``emb`` replaces: every fused-qkv site, plus class attention if ``class_attn``
-    (none where the token mixing has no fused q/k/v: ``qkv_free``, e.g. FNet or an MLP-Mixer)."""
+    """The sites ``emb`` replaces: every self- and cross-attention site, plus class attention if ``class_attn``
+    (none where the token mixing has no q/k/v: ``qkv_free``, e.g. FNet or an MLP-Mixer). An embedding a site
+    cannot take (P-SNE or F-SNE where q, k and v differ in width) refuses the model, naming the site and why."""
     inc = tuple(s for s in sites if emb.class_attn or not s.class_attn)
     if not inc and qkv_free:
         return inc
     if not inc:
-        raise _bad("model", "a timm model whose attention has a fused qkv nn.Linear (XCiT, ViT, DeiT)",
-                   model_name)
-    if len({(s.dim, s.dim_out) for s in inc}) > 1:  # (mixed parts: only linear, see keys.check_combinations)
-        raise _bad("model", "a model whose q/k/v sites all share one token dim", model_name)
+        raise _bad("model", "a timm model with attention from linear q/k/v maps of its tokens (a ViT, DeiT, XCiT, "
+                            "Swin, CaiT, BEiT, EVA, ...: the hosts page of the docs lists them)", model_name)
+    blocks = {b for s in inc if (b := site_block(s)) is not None}
+    for key, value in emb.blocks:   # a block's own key names a block of timm's ``blocks`` that holds a site
+        if split_block_key(key)[1] not in blocks:
+            where = f"blocks {min(blocks)}-{max(blocks)}" if blocks else "its stages, none in timm's blocks"
+            raise _bad(key, f"null for model {model_name} (it has no q/k/v site in timm's blocks."
+                            f"{split_block_key(key)[1]}: its sites are in {where})", value)
+    for site in inc:
+        own = emb.at(site_block(site))
+        why = EMBEDDINGS[own.kind].refuse(site)
+        if why:
+            fits = [k for k in EMBEDDINGS if all(EMBEDDINGS[k].refuse(s) is None for s in inc)]
+            key = "embedding" if own.kind == emb.kind else f"embedding.{site_block(site)}"
+            raise _bad(key, f"{' or '.join(fits)} for model {model_name} (at {site.path}, {site.adapter}: {why})",
+                       own.kind)
     return inc
 
 
 # ---------------------------------------------------------------------------------------------- models
-
-
-class EmbeddedClassAttn(nn.Module):
-    """timm's ClassAttn (XCiT/CaiT class attention) fed by a fused ``[q | k | v]`` embedding.
-
-    q, k, v are embedded for all tokens (the non-linear embeddings share work across them); the class
-    token's q then attends over all tokens exactly as in ClassAttn. Output: (B, 1, C).
-    """
-
-    def __init__(self, attn: ClassAttn, qkv: nn.Module):
-        super().__init__()
-        self.num_heads, self.scale, self.fused_attn = attn.num_heads, attn.scale, attn.fused_attn
-        self.qkv = qkv
-        self.attn_drop, self.proj, self.proj_drop = attn.attn_drop, attn.proj, attn.proj_drop
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # (B, heads, N, C/heads)
-        q = q[:, :, :1]  # class token only: (B, heads, 1, C/heads)
-        if self.fused_attn:
-            x_cls = nn.functional.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
-        else:
-            attn = self.attn_drop((q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1))
-            x_cls = attn @ v
-        x_cls = x_cls.transpose(1, 2).reshape(B, 1, C)
-        return self.proj_drop(self.proj(x_cls))
 
 
 def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
@@ -288,37 +290,55 @@ def apply_embedding(model: nn.Module, **embedding_keys) -> nn.Module:
     Keyword arguments are the embedding keys of a trial config (spaces.keys, group "embedding":
     embedding, hidden_width, code_size, code_sharing, activation, embed_class_attn), plus ``width``
     when the width is already solved; absent or None ones take their declared defaults.
-    New modules are created on the device and dtype of the projections they replace (meta included).
-    The resolved embedding keys are recorded on the model as the plain dict ``model.qkv_config``.
+    Each embedded site's maps are replaced by the embedding's modules (``build_site``), nothing else of the
+    attention; new modules are created on the device and dtype of the maps they replace (meta included).
+    An attention the embedding cannot take raises ConfigError naming the model, the site and why, so a model is
+    never returned with the embedding left out anywhere it was asked for. The resolved embedding keys are
+    recorded on the model as the plain dict ``model.qkv_config``.
     """
     emb = EmbeddingSpec.from_cfg({k: v for k, v in embedding_keys.items() if v is not None})
     name = getattr(model, "default_cfg", {}).get("architecture", type(model).__name__)
-    sites = embedded_sites(emb, find_sites(model), name, qkv_free(model))
+    sites = embedded_sites(emb, served_sites(model, name), name, qkv_free(model))
     host_params = _params(model)
-    h = resolve_width(emb.at(None), sites, host_params)
-    model.qkv_config = dict(embedding=emb.kind, hidden_width=emb.hidden_width, width=h,
-                            code_size=emb.code_size, code_sharing=emb.code_sharing,
-                            activation=emb.activation, embed_class_attn=emb.class_attn, **dict(emb.blocks))
+    placed = site_embeddings(emb, sites, host_params)
+    model.qkv_config = dict(embedding=emb.kind, hidden_width=emb.hidden_width,
+                            width=resolve_width(emb.at(None), sites, host_params), code_size=emb.code_size,
+                            code_sharing=emb.code_sharing, activation=emb.activation,
+                            embed_class_attn=emb.class_attn, **dict(emb.blocks))
+    letters = code_letters(tuple(s for s, own, _ in placed if own.row.codes))
     codes = None
-    for site, own, width in site_embeddings(emb, sites, host_params):
+    for site, own, width in placed:
         if not own.row.hidden:
             continue
         attn = model.get_submodule(site.path)
-        ref = attn.k.weight if site.class_attn else (attn.qkv.qv if site.parts == 2 else attn.qkv).weight
-        with torch.device(ref.device):
+        ref = next(attn.get_submodule(site.maps[0].child).parameters())
+        with torch.device(ref.device), skip_meta_init():
             if own.row.codes and (codes is None or emb.code_sharing == "per_block"):
-                codes = make_codes(emb.code_size, site.parts)  # (3, n); one Parameter for every shared site
-            new = EMBEDDINGS[own.kind].build(site.dim, width, site.dim_out, emb.activation, emb.code_size, codes,
-                                             site.parts).to(ref.dtype)
-        if site.class_attn:
-            _set_submodule(model, site.path, EmbeddedClassAttn(attn, new))
-        elif site.parts == 2:
-            attn.qkv.qv = new
-        else:
-            attn.qkv = new
+                site_letters = letters if emb.code_sharing == "shared" else site.parts
+                codes = make_codes(emb.code_size, len(site_letters))  # (3, n); one Parameter for every shared site
+            modules = EMBEDDINGS[own.kind].build_site(site, width, emb.activation, emb.code_size, codes,
+                                                      site_letters if own.row.codes else PARTS)
+        for child, module in modules.items():
+            module = module.to(ref.dtype)
+            module.qkv_map_of = site.at(child)   # what it replaced (sites.scan reads it)
+            _set_submodule(attn, child, module)
+        adapter_of(attn).prepare(attn)
     if codes is not None:
         model.no_weight_decay = partial(_no_weight_decay, getattr(model, "no_weight_decay", None))
+    _check_installed(model, placed, name)
     return model
+
+
+def _check_installed(model: nn.Module, placed, name: str) -> None:
+    """Every map of every site given a non-linear embedding holds it (a model is never returned without it)."""
+    for site, own, _ in placed:
+        if not own.row.hidden:
+            continue
+        attn = model.get_submodule(site.path)
+        left = [m.child for m in site.maps if not hasattr(attn.get_submodule(m.child), "qkv_map_of")]
+        if left:
+            raise _bad("embedding", f"an embedding {name} can take at {site.path} (its {', '.join(left)} kept "
+                                    f"timm's map)", own.kind)
 
 
 def qkv_free(model: nn.Module) -> bool:

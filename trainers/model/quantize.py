@@ -5,8 +5,9 @@ A policy gives each part of the network a precision (spaces.keys ``quant_qkv``, 
 block, class-attention blocks included, and a block of timm's ``blocks`` may have its own (``quant_qkv.3``:
 spaces.blocks; the class-attention blocks, outside ``blocks``, take the part's):
 
-    quant_qkv        the q/k/v embedding's linears: timm's fused ``qkv``, SNE / P-SNE / F-SNE layers, ClassAttn's
-                     q, k, v, the q and shared k/v projections of linformer_shared_kv(_heads)
+    quant_qkv        the q/k/v embedding's linears at every q/k/v site (trainers.model.sites): timm's fused ``qkv``
+                     or its maps apart (``q`` and ``kv``, ClassAttn's q, k, v, ...), SNE / P-SNE / F-SNE layers, the
+                     q and shared k/v projections of linformer_shared_kv(_heads)
     quant_proj       each attention's output projection ``proj``
     quant_mlp        the linears of each block's MLP (``mlp``; an MLP-Mixer's channel MLP ``mlp_channels``)
     quant_token_mlp  an MLP-Mixer's token-mixing MLP (``mlp_tokens``): a part of its own, so that a policy
@@ -31,17 +32,15 @@ from __future__ import annotations
 import copy
 
 import torch
-from timm.models.cait import ClassAttn
 from torch import nn
 
 from qkvsearch.spaces.blocks import block_value, split_block_key
 from qkvsearch.spaces.choices import FULL_PRECISION, QUANT_PARTS
 from qkvsearch.spaces.errors import show
 from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, quant_policy
-from qkvsearch.trainers.model.attention.manifold import KeyedQKV
 from qkvsearch.trainers.model.choices import MIXERS, embedding_classes
 from qkvsearch.trainers.model.embedding_forms import FSNELinears, SNELinears  # noqa: F401  (re-exported)
-from qkvsearch.trainers.model.models import block_of
+from qkvsearch.trainers.model.models import block_of, find_sites
 
 __all__ = ["FullPrecision", "Int8Dynamic", "Int8WeightOnly", "FSNELinears", "SNELinears", "linear_forms",
            "part_linears", "precisions", "quantize_model", "quantized_copy", "weights_bytes"]
@@ -91,11 +90,14 @@ class Int8Dynamic(FullPrecision):
 
 def linear_forms(model: nn.Module) -> nn.Module:
     """Replace, in place, every q/k/v embedding by its form of plain linears (its class's ``linear_form``: the
-    same outputs in fp; an embedding of linears alone is its own)."""
-    kinds = embedding_classes()
-    for path, module in list(model.named_modules()):
-        form = module.linear_form() if isinstance(module, kinds) else module
+    same outputs in fp; an embedding of linears alone is its own). A module shared by several maps of a site
+    (P-SNE's second layer) stays one module."""
+    kinds, shared = embedding_classes(), {}
+    for path, module in list(model.named_modules(remove_duplicate=False)):
+        form = module.linear_form(shared) if isinstance(module, kinds) else module
         if form is not module:
+            if hasattr(module, "qkv_map_of"):
+                form.qkv_map_of = module.qkv_map_of   # the map it stands in (trainers.model.sites)
             parent, _, leaf = path.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, leaf, form)
     return model
@@ -109,27 +111,29 @@ def _linears(module: nn.Module, prefix: str) -> list[str]:
 
 
 def part_linears(model: nn.Module) -> dict[str, list[str]]:
-    """quant key -> the names of the part's nn.Linear modules (after ``linear_forms``), every block's."""
+    """quant key -> the names of the part's nn.Linear modules (after ``linear_forms``), every block's: the maps of
+    every q/k/v site (trainers.model.sites) and the q/k/v projections of the mixers without a fused qkv; each
+    attention's output projection; each block's MLP. A linear shared by several maps is named once."""
     out: dict[str, list[str]] = {k: [] for k in QUANT_KEYS}
+    for site in find_sites(model):
+        for m in site.maps:
+            out["quant_qkv"] += _linears(model.get_submodule(f"{site.path}.{m.child}"), f"{site.path}.{m.child}")
+        if isinstance(proj := getattr(model.get_submodule(site.path), "proj", None), nn.Module):
+            out["quant_proj"] += _linears(proj, f"{site.path}.proj")
     for path, m in model.named_modules():
-        qkv = getattr(m, "qkv", None)
         own = m.qkv_projections() if isinstance(m, tuple(MIXERS.values())) else []
         if own:                                             # linformer_shared_kv: q and the shared k/v head
             names = {id(p): n for n, p in m.named_modules()}
             out["quant_qkv"] += [f"{path}.{names[id(p)]}" for p in own]
-        elif isinstance(m, ClassAttn):                      # timm's class attention: q, k, v apart
-            out["quant_qkv"] += [f"{path}.{n}" for n in ("q", "k", "v")]
-        elif isinstance(qkv, KeyedQKV):                     # a manifold key: q/v embedding only (key refused)
-            out["quant_qkv"] += _linears(qkv.qv, f"{path}.qkv.qv")
-        elif isinstance(qkv, nn.Module):
-            out["quant_qkv"] += _linears(qkv, f"{path}.qkv")
-        else:
-            part = MLP_PARTS.get(path.rpartition(".")[2])
-            if part is not None:
-                out[part] += _linears(m, path)
-            continue
-        if isinstance(getattr(m, "proj", None), nn.Linear):
-            out["quant_proj"].append(f"{path}.proj")
+            if isinstance(getattr(m, "proj", None), nn.Linear):
+                out["quant_proj"].append(f"{path}.proj")
+        elif (part := MLP_PARTS.get(path.rpartition(".")[2])) is not None:
+            out[part] += _linears(m, path)
+    seen: set[int] = set()
+    for names in out.values():   # a module shared by two maps: quantized once, under its first name
+        keep = [n for n in names if id(model.get_submodule(n)) not in seen]
+        seen |= {id(model.get_submodule(n)) for n in keep}
+        names[:] = keep
     return out
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkvsearch.trainers.model.embeddings import make_activation
+from qkvsearch.trainers.model.embeddings import SiteEmbedding, make_activation
 
 
-class Toy(nn.Module):
+class Toy(nn.Module, SiteEmbedding):
     """``σ(X W1) [Wq2 | Wk2 | Wv2]``: W1 (d, h) shared, the second layer one Linear(h, parts·d_out)."""
 
     def __init__(self, dim: int, hidden: int, dim_out: int, activation: str, parts: int):
@@ -33,7 +33,7 @@ class Toy(nn.Module):
         o = dim if dim_out is None else dim_out
         return tokens * (dim * hidden + hidden * parts * o)
 
-    def linear_form(self) -> nn.Module:
+    def linear_form(self, shared: dict | None = None) -> nn.Module:
         return self   # linears alone
 
     def tensor_parts(self, child: str, leaf: str, shape) -> dict[int, tuple[int, ...]]:
