@@ -1,6 +1,9 @@
 """The ``qkv_<timm name>`` models, registered with timm: ``timm.create_model("qkv_xcit_nano_12_p16_224",
 embedding="fsne", code_size=8)`` builds timm's model with that q/k/v embedding (trainers.model.models).
 
+Also a few shrunk timm models a laptop's CPU trains in minutes (``SMALL_MODELS``), registered as timm entrypoints
+of their own: ``swin_pico_patch2_window4_32``, a two-stage Swin for 32 px images (the swin-digits preset).
+
 Importing this module imports timm and nothing of ours that imports timm, so it can run while timm
 itself finishes importing (``import qkvsearch`` registers the models that way).
 """
@@ -57,3 +60,41 @@ def register_qkv_model(name: str) -> str:
 _DEFAULT_HOSTS = [f"{f}_{s}_patch16_224" for f in ("vit", "deit") for s in ("tiny", "small", "base")]
 for _name in timm.list_models("xcit_*") + _DEFAULT_HOSTS:
     register_qkv_model(_name)
+
+
+# name -> (timm module, its model builder, the shape, the input size): each registered as a timm entrypoint
+SMALL_MODELS = {
+    "swin_pico_patch2_window4_32": (
+        "swin_transformer", "_create_swin_transformer",
+        dict(img_size=32, patch_size=2, window_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4)), 32),
+}
+
+
+def register_small_model(name: str, spec: tuple | None = None) -> str:
+    """Register one of SMALL_MODELS (or ``spec``, one like theirs) with timm (idempotent): timm's own class, built
+    at a shape of our choosing by its module's builder."""
+    if name in globals() and timm.is_model(name):
+        return name
+    module, builder, shape, size = spec or SMALL_MODELS[name]
+
+    def entrypoint(pretrained: bool = False, **kwargs):
+        import importlib
+
+        if pretrained:
+            raise ValueError(f"{name}: qkvsearch's shrunk {module} model has no pretrained weights")
+        build = builder if callable(builder) else getattr(importlib.import_module(f"timm.models.{module}"), builder)
+        cfg = dict(architecture=name, input_size=(3, size, size), num_classes=1000, mean=(0.485, 0.456, 0.406),
+                   std=(0.229, 0.224, 0.225), first_conv="patch_embed.proj", classifier="head.fc")
+        cfg |= kwargs.pop("pretrained_cfg", None) or {}   # timm.create_model passes its own (None)
+        return build(name, pretrained=False, pretrained_cfg=cfg, **{**shape, **kwargs})
+
+    entrypoint.__name__ = entrypoint.__qualname__ = name
+    entrypoint.__doc__ = f"timm's {module} model shrunk by qkvsearch: {shape} at {size} px (no pretrained weights)."
+    entrypoint.timm_module = module   # the family it is a model of (trainers.model.hosts.timm_module)
+    globals()[name] = entrypoint
+    register_model(entrypoint)
+    return name
+
+
+for _name in SMALL_MODELS:
+    register_small_model(_name)
