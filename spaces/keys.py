@@ -180,7 +180,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        report=True, sliced=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
        "F-SNE codes: one set for the network, or one per block", applies_to=embeddings_with("codes"), report=True),
-    _k("embed_class_attn", "embedding", FLAG, False, "also embed XCiT's class-attention blocks",
+    _k("embed_class_attn", "embedding", FLAG, False, "also embed the class-attention blocks (XCiT, CaiT, VOLO)",
        section="model"),
     _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
        section="model", report=True),

@@ -35,7 +35,9 @@ from functools import lru_cache, partial
 import torch
 from torch import nn
 
-from qkvsearch.spaces.keys import ConfigError, fill
+from qkvsearch.spaces.blocks import block_keys, split_block_key
+from qkvsearch.spaces.errors import show
+from qkvsearch.spaces.keys import QUANT_KEYS, ConfigError, fill
 from qkvsearch.trainers.model.architecture import Arch
 from qkvsearch.trainers.model.attention.fft import flop_counter
 from qkvsearch.trainers.model.attention.shape import Shape
@@ -175,6 +177,10 @@ def model_cost(cfg: dict) -> dict:
     arch, family = spec.arch, family_of(spec.model)
     family.check(spec)
     base = base_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, arch.macro())
+    for key in block_keys(cfg, QUANT_KEYS):   # a block's own precision names one of timm's ``blocks``
+        if split_block_key(key)[1] >= base.blocks:
+            where = f"{base.blocks} blocks in timm's blocks" if base.blocks else "its blocks in stages, none in timm's blocks"
+            raise ConfigError(f"{key}: expected null for model {spec.model} (it has {where}), given {show(cfg[key])}")
     stage = family.stage(base.stage, arch, spec.model)
     params, macs = base.params, base.macs
     for default, chosen, times, shape in family.substitutions(arch, stage, base.blocks):
