@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from qkvsearch.search.records.inherited import FIDELITY_STANDALONE
 from qkvsearch.search.records.layout import read_campaign
-from qkvsearch.search.records.outputs import check_output_dir
+from qkvsearch.search.records.outputs import RESULTS_DIR, check_output_dir
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.blocks import PER_BLOCK_KEYS, block_key, split_block_key
 from qkvsearch.spaces.checks import finite
@@ -351,7 +351,7 @@ def write_results(experiment_dir, out_dir=None, tables: tuple[pa.Table, pa.Table
     (default ``<exp>/results/``). ``tables`` reuses an earlier ``collect`` result, ``files`` an
     earlier ``parquet_files`` one. Returns {"trials": path, "epochs": path} as paths (or URIs) in
     the form given."""
-    out = resolve_out_dir(experiment_dir, out_dir, "results")
+    out = resolve_out_dir(experiment_dir, out_dir, RESULTS_DIR)
     if files is None:
         files = parquet_files(*(tables if tables is not None else collect(experiment_dir)))
     written = {"trials": f"{out}/{TRIALS_FILE}", "epochs": f"{out}/{EPOCHS_FILE}"}

@@ -9,7 +9,7 @@ Refused with an OutputPathError (a BadInput: the command line exits 2), before a
   can be made in it. That is found by making an empty folder there and removing it: permission bits say
   nothing for root, and /proc or a read-only mount refuse what ``os.access`` allows;
 - a path inside a campaign folder, except in the folders its commands write (OUTPUT_DIRS: report/,
-  simulate/, exports/): the campaign folder itself, its records (qs_trials/, qs_inherited/, ...), Train's
+  results/, simulate/, exports/): the campaign folder itself, its records (qs_trials/, qs_inherited/, ...), Train's
   checkpoints, its nested campaigns' folders (supernet/, targets/<name>/: campaigns of their own, whose output
   folders are theirs). The campaign is the innermost of ``campaign`` (when given) and the folders holding
   ``qs_campaign.json`` that the path lies in.
@@ -35,9 +35,10 @@ __all__ = ["OutputPathError", "check_output_dir"]
 A_FOLDER = "a folder"
 MAKEABLE = "a folder that exists or can be created"
 OUTSIDE = "a folder outside a campaign's own files"
-# The folders of a campaign its commands write into: `report`'s, `simulate`'s and `export`'s defaults
-REPORT_DIR, SIMULATE_DIR, EXPORTS_DIR = "report", "simulate", "exports"
-OUTPUT_DIRS = (REPORT_DIR, SIMULATE_DIR, EXPORTS_DIR)
+# The folders of a campaign its commands write into: `report`'s, `results`' (its Parquet tables alone),
+# `simulate`'s and `export`'s defaults
+REPORT_DIR, RESULTS_DIR, SIMULATE_DIR, EXPORTS_DIR = "report", "results", "simulate", "exports"
+OUTPUT_DIRS = (REPORT_DIR, RESULTS_DIR, SIMULATE_DIR, EXPORTS_DIR)
 
 
 class OutputPathError(BadInput):
