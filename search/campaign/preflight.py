@@ -67,8 +67,7 @@ def check_oneshot(spec) -> None:
     from qkvsearch.search.campaign.oneshot.plan import supernet_plan
     from qkvsearch.search.campaign.oneshot.targets import check_reachable
     from qkvsearch.spaces import base_config
-    from qkvsearch.trainers.model.choices import family_of
-    from qkvsearch.trainers.model.hosts import timm_module
+    from qkvsearch.trainers.model.choices import family_of, timm_module
 
     model = base_config(spec)["model"]
     if not family_of(model).supernet:   # the supernet slices a ViT's, XCiT's or MLP-Mixer's blocks

@@ -65,14 +65,25 @@ PRECISIONS = Registry("quant", {n: c.target for n, c in PRECISION_CHOICES.items(
 VIT_MODULES = ("vision_transformer", "deit", "vision_transformer_hybrid")
 
 
+def timm_module(model: str) -> str:
+    """The timm module that defines a model name ("swin_transformer"), or "timm" for a name timm does not know."""
+    from timm.models import get_arch_name, is_model, model_entrypoint
+
+    from qkvsearch.spaces.checks import REGISTERED_PREFIX
+
+    name = get_arch_name(model.removeprefix(REGISTERED_PREFIX))
+    if not is_model(name):
+        return "timm"
+    entrypoint = model_entrypoint(name)   # qkvsearch's shrunk models say whose model they are
+    return getattr(entrypoint, "timm_module", entrypoint.__module__.rpartition(".")[2])
+
+
 @lru_cache(maxsize=1024)
 def family_name(model: str) -> str:
     """The family of a timm model name: spaces.keys.model_family's, where timm's module of a ``vit`` name tells a
     VisionTransformer from any other timm transformer (``timm``)."""
     name = _family(model)
     if name == VIT:
-        from qkvsearch.trainers.model.hosts import timm_module
-
         if timm_module(model) not in VIT_MODULES:
             return TIMM
     return name

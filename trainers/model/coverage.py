@@ -33,8 +33,8 @@ def probe(name: str, embeddings: tuple[str, ...] = EMBEDDINGS) -> dict:
     """One entrypoint's row: its timm module, its sites' adapters, and each embedding's outcome."""
     import timm
 
+    from qkvsearch.trainers.model.choices import timm_module
     from qkvsearch.trainers.model.cost import model_cost
-    from qkvsearch.trainers.model.hosts import timm_module
     from qkvsearch.trainers.model.meta import skip_meta_init
     from qkvsearch.trainers.model.models import build_model
     from qkvsearch.trainers.model.sites import scan

@@ -40,6 +40,7 @@ from qkvsearch.trainers.model.attention.positions import Learned
 from qkvsearch.trainers.model.attention.shape import Shape
 from qkvsearch.trainers.model.attention.softmax import Softmax
 from qkvsearch.trainers.model.attention.stems import LinearStem
+from qkvsearch.trainers.model.choices import timm_module
 from qkvsearch.trainers.model.meta import on_meta, skip_meta_init
 
 __all__ = ["Host", "Mixer", "Timm", "ViT", "XCiT", "timm_model"]
@@ -73,7 +74,8 @@ def timm_model(model: str, kwargs: dict, num_heads: int | None = None, create=ti
                 raise _bad("num_heads", f"a number of heads that divides embed_dim for {model} ({text})",
                            num_heads) from err
             if kwargs.get("img_size") is not None:
-                raise _bad("img_size", f"a size {model} is built at (timm: {text or 'a multiple of its patch size'})",
+                size = f"a multiple of {model}'s patch size" if "patch" in text else f"a size {model} is built at"
+                raise _bad("img_size", f"{size} (timm: {text or 'a multiple of its patch size'})",
                            kwargs.get("img_size")) from err
             raise _bad("model", f"a timm model that builds with {_given(kwargs)} (timm: {text})", model) from err
         except (ValueError, RuntimeError, KeyError, IndexError, AttributeError, ZeroDivisionError) as err:
@@ -261,16 +263,3 @@ class Timm(Host):
                        f"timm's own {module} keeps its {key.replace('_', ' ')}; the designs of {key} replace a "
                        f"ViT's or DeiT's")
                 raise _bad(key, f"{default} for model {spec.model} ({why})", value)
-
-
-def timm_module(model: str) -> str:
-    """The timm module that defines a model name ("swin_transformer"), or "timm" for a name timm does not know."""
-    from timm.models import get_arch_name, is_model, model_entrypoint
-
-    from qkvsearch.spaces.checks import REGISTERED_PREFIX
-
-    name = get_arch_name(model.removeprefix(REGISTERED_PREFIX))
-    if not is_model(name):
-        return "timm"
-    entrypoint = model_entrypoint(name)   # qkvsearch's shrunk models say whose model they are
-    return getattr(entrypoint, "timm_module", entrypoint.__module__.rpartition(".")[2])

@@ -90,7 +90,7 @@ def register_small_model(name: str, spec: tuple | None = None) -> str:
 
     entrypoint.__name__ = entrypoint.__qualname__ = name
     entrypoint.__doc__ = f"timm's {module} model shrunk by qkvsearch: {shape} at {size} px (no pretrained weights)."
-    entrypoint.timm_module = module   # the family it is a model of (trainers.model.hosts.timm_module)
+    entrypoint.timm_module = module   # the family it is a model of (trainers.model.choices.timm_module)
     globals()[name] = entrypoint
     register_model(entrypoint)
     return name
