@@ -47,10 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_spec_commands(sub)
     _add_campaign_commands(sub)
     _add_simulate(sub)
-    from qkvsearch.search.campaign.oneshot.export import add_export_parser  # torch loads only as it runs
-    add_export_parser(sub)
     from qkvsearch.search.analysis.compare_command import add_compare_parser  # its command: args.run
-    add_compare_parser(sub)
+    from qkvsearch.search.campaign.oneshot.export import add_export_parser  # torch loads only as it runs
+    for add_parser in (add_export_parser, add_compare_parser):
+        add_parser(sub)
     return p
 
 
@@ -154,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except OutputFailed:
         return _output_failed(args, out)
     except BadInput as err:
-        text = str(err)
-        if len(text) > MESSAGE_LIMIT:
-            text = text[:MESSAGE_LIMIT - 1] + "…"
+        text = str(err) if len(str(err)) <= MESSAGE_LIMIT else str(err)[:MESSAGE_LIMIT - 1] + "…"
         print(f"qkvsearch {args.command}: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:
