@@ -58,6 +58,6 @@ def test_import_qkvsearch_alone_registers_the_models_in_timm_and_stays_light(tmp
 
 
 def test_the_report_reads_the_reference_points_as_package_data():
-    from qkvsearch.search.analysis.report import PAPER_CSV
+    from qkvsearch.search.analysis.paper_table import PAPER_CSV
 
     assert PAPER_CSV.is_file() and "xcit" in PAPER_CSV.read_text().lower()

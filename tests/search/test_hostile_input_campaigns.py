@@ -193,11 +193,11 @@ def test_a_tracker_file_inside_a_bucket_campaign_or_under_a_file_is_refused(tmp_
     ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}], "constraints": {"det_err": {"max": 5}}}},
      'stages.constraints.det_err: expected a metric of a stage the campaign has'),
     ({"search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 20}},
-     "search.n_startup_trials: expected fewer than search.num_trials (8), given 20: every trial would be a random "
+     "search.n_startup_trials: expected fewer than the proposals search.num_trials / search.repeats (8), given 20: every trial would be a random "
      "start-up one and the Gaussian process would never lead"),
     ({"search": {"algorithm": "ehvi", "num_trials": 4, "n_startup_trials": 4},
       "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]},
-     "search.n_startup_trials: expected fewer than search.num_trials (4), given 4"),
+     "search.n_startup_trials: expected fewer than the proposals search.num_trials / search.repeats (4), given 4"),
     ({"space": {"depth": {"int": [2, 100000]}}}, "space.depth.int[1]: expected a positive int up to 256, given 100000"),
     ({"space": {"embed_dim": [64, 10**6]}}, "space.embed_dim.choice[1]: expected a positive int up to 65536"),
     ({"space": {"num_heads": [10**6]}}, "space.num_heads.choice[0]: expected a positive int up to 65536"),

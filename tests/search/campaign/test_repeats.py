@@ -23,7 +23,7 @@ def test_the_report_shows_mean_and_spread_of_each_repeated_configuration(tmp_pat
     trials = [record(0, 0, 64, 50.0), record(1, 1, 64, 54.0), record(2, 2, 64, 58.0), record(3, 0, 32, 40.0)]
     for rec in trials:
         write_json(f"{tmp_path}/qs_trials/{rec['trial_id']}.json", rec)
-    paths = build_report(str(tmp_path), out_dir=str(tmp_path / "out"), static=False)
+    paths = build_report(str(tmp_path), out_dir=str(tmp_path / "report"), static=False)
     md = open(paths["md"]).read()
     section = md.split("## Repeated configurations")[1].split("##")[0]
     rows = [line for line in section.splitlines() if line.startswith("| sne")]
@@ -47,7 +47,7 @@ def test_a_front_point_trained_under_several_seeds_carries_their_mean_and_spread
     trials = [record(0, 0, 64, 50.0), record(1, 1, 64, 54.0), record(2, 2, 64, 58.0), record(3, 0, 32, 40.0)]
     for rec in trials:
         write_json(f"{tmp_path}/qs_trials/{rec['trial_id']}.json", rec)
-    paths = build_report(str(tmp_path), out_dir=str(tmp_path / "out"), static=False)
+    paths = build_report(str(tmp_path), out_dir=str(tmp_path / "report"), static=False)
     front = open(paths["md"]).read().split("## Pareto front")[1].split("##")[0]
     head, _, row = front.strip().splitlines()[:3]
     cells = dict(zip([c.strip() for c in head.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
