@@ -84,11 +84,12 @@ def run(names: list[str], workers: int, done: dict) -> dict:
 # ---------------------------------------------------------------------------------------------- the page
 
 
-def summary(rows: list[dict]) -> dict:
+def summary(rows: list[dict], total: int) -> dict:
+    """``total``: timm's entrypoints; ``rows``: those scanned so far (all of them once a run has ended)."""
     from qkvsearch.spaces.keys import EMBEDDINGS
 
     probed = [r for r in rows if "scope" not in r]
-    out = {"entrypoints": len(rows), "probed": len(probed),
+    out = {"entrypoints": total, "scanned": len(rows), "probed": len(probed),
            "timed_out": sum(1 for r in rows if "timed_out" in r)}
     for e in EMBEDDINGS:
         status = collections.Counter(r[e]["status"] for r in probed if e in r)
@@ -114,10 +115,10 @@ def _mark(cell: dict | None) -> str:
     return cell["status"]
 
 
-def render(rows: list[dict], versions: dict) -> str:
+def render(rows: list[dict], versions: dict, total: int) -> str:
     from qkvsearch.spaces.keys import EMBEDDINGS
 
-    s = summary(rows)
+    s = summary(rows, total)
     probed = sorted((r for r in rows if "scope" not in r), key=lambda r: (r["module"], r["model"]))
     lines = [
         "# Hosts: coverage of timm's entrypoints",
@@ -134,6 +135,9 @@ def render(rows: list[dict], versions: dict) -> str:
         "| | entrypoints |",
         "|---|---:|",
         f"| timm entrypoints | {s['entrypoints']} |",
+        f"| scanned for q/k/v sites | {s['scanned']} |",
+        *([f"| not scanned yet (`--resume` goes on) | {s['entrypoints'] - s['scanned']} |"]
+          if s["scanned"] < s["entrypoints"] else []),
         f"| with q/k/v attention: probed | {s['probed']} |",
     ]
     for e in EMBEDDINGS:
@@ -166,15 +170,15 @@ def render(rows: list[dict], versions: dict) -> str:
     return "\n".join(lines)
 
 
-def write(rows: list[dict]) -> None:
+def write(rows: list[dict], total: int) -> None:
     import timm
     import torch
 
     versions = {"timm": timm.__version__, "torch": torch.__version__.split("+")[0]}
     rows = sorted(rows, key=lambda r: r["model"])
-    head = json.dumps({"versions": versions, "summary": summary(rows)})[:-1]   # a row a line: diffs stay readable
+    head = json.dumps({"versions": versions, "summary": summary(rows, total)})[:-1]   # a row a line: diffs stay readable
     TABLE.write_text(head + ', "rows": [\n' + ",\n".join(json.dumps(r) for r in rows) + "\n]}\n")
-    PAGE.write_text(render(rows, versions))
+    PAGE.write_text(render(rows, versions, total))
 
 
 def main(argv=None) -> int:
@@ -182,21 +186,26 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="fnmatch pattern of entrypoints (printed; the page is not rewritten)")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--resume", action="store_true", help="keep the rows of build/hosts-probe.jsonl")
+    parser.add_argument("--page", action="store_true", help="with --resume: write the page of the rows so far "
+                        "(it says how many entrypoints are left), probing none")
     args = parser.parse_args(argv)
     names = entrypoints()
     if args.only:
         names = [n for n in names if fnmatch.fnmatch(n, args.only)]
         rows = run(names, args.workers, {})
-        print(json.dumps(summary(list(rows.values())), indent=1))
+        print(json.dumps(summary(list(rows.values()), len(names)), indent=1))
         return 0
     done = {}
     if args.resume and JSONL.exists():
         done = {r["model"]: r for r in map(json.loads, JSONL.read_text().splitlines()) if r["model"] in names}
     elif JSONL.exists():
         JSONL.unlink()
-    rows = run(names, args.workers, done)
-    write([rows[n] for n in names])
-    print(json.dumps(summary(list(rows.values())), indent=1))
+    if args.page:   # the page of the rows so far, saying how many are left
+        rows = done
+    else:
+        rows = run(names, args.workers, done)
+    write([rows[n] for n in names if n in rows], len(names))
+    print(json.dumps(summary(list(rows.values()), len(names)), indent=1))
     return 0
 
 
