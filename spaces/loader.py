@@ -119,7 +119,7 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     if targets and not supernet:
         c.add("targets", "only with a supernet section (one supernet serves the targets; a campaign of trials "
                          "measures on the trials' device)")
-    check_targets(targets, space, c)
+    check_targets(targets, space, constraints, c)
     if supernet:
         check_shareable(space, c)
         check_served(objectives, raw.get("scheduler"), c)

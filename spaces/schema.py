@@ -176,6 +176,22 @@ class Constraint:
         return {k: getattr(self, k) for k in ("max", "min") if getattr(self, k) is not None}
 
 
+def added_up(*groups) -> tuple[Constraint, ...]:
+    """Every bound of every group of constraints, one Constraint per metric (in the order the metrics first
+    come): where several bound a metric, the tighter bound of each side wins (the least max, the greatest
+    min), so a group added to another can narrow it, never widen it."""
+    out: dict[str, Constraint] = {}
+    for c in (c for group in groups for c in group):
+        was = out.get(c.metric)
+        if was is None:
+            out[c.metric] = c
+            continue
+        maxes = [v for v in (was.max, c.max) if v is not None]
+        mins = [v for v in (was.min, c.min) if v is not None]
+        out[c.metric] = Constraint(c.metric, min(maxes) if maxes else None, max(mins) if mins else None)
+    return tuple(out.values())
+
+
 @dataclass(frozen=True)
 class SearchSpec:
     algorithm: str                      # grid | random | tpe | nsga2 | gp | ehvi

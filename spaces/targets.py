@@ -9,12 +9,13 @@ exported, and optionally retrained (search.campaign.oneshot.targets).
                                         # as `ray start --resources` declares them; GPU: 1 measures on a GPU)
         accelerator: A100               # or: a node of that accelerator type (Ray's accelerator_type)
         precisions: [fp, int8_dynamic]  # the quantization precisions it runs (spaces.choices.PRECISION_CHOICES)
-        constraints: {latency_ms: {max: 5}}         # besides the campaign's constraints, which every target keeps
+        constraints: {latency_ms: {max: 5}}         # added to the campaign's, which every target keeps
         objectives: [top1, latency_ms]  # default: the campaign's
         retrain: true                   # its chosen subnets train on their own (supernet.retrain, top_k, control)
 
-Without ``resources`` or ``accelerator`` a target measures on the device the trials use, as a campaign of trials
-does. A target's measurements are cached apart from the other targets' (<measure.cache>/targets/<name>).
+A target's constraints add up with the campaign's (spaces.schema.added_up): on a metric both bound, the tighter
+bound wins, so a target can narrow the campaign's bounds, never widen them. Without ``resources`` or
+``accelerator`` a target measures on the device the trials use, as a campaign of trials does. A target's measurements are cached apart from the other targets' (<measure.cache>/targets/<name>).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.fields import Field, table
 from qkvsearch.spaces.keys import QUANT_KEYS
 from qkvsearch.spaces.measure import ray_resources
-from qkvsearch.spaces.schema import Constraint, FrozenMap, Objective, plain
+from qkvsearch.spaces.schema import Constraint, FrozenMap, Objective, added_up, plain
 from qkvsearch.spaces.sections import parse_constraints, parse_objectives
 from qkvsearch.spaces.supernet import check_served
 
@@ -49,7 +50,7 @@ TARGET_FIELDS = table(
           "the quantization precisions it runs: the space's quantization keys are cut to these",
           default_doc="[] (every one the space has)"),
     Field("constraints", "a mapping {cost metric: {max: x} or {min: x}}", {},
-          "its constraints, besides the campaign's"),
+          "its constraints, added to the campaign's: on a metric both bound, the tighter bound wins"),
     Field("objectives", "a list of {metric, mode}", [], "its objectives", default_doc="the campaign's"),
     Field("retrain", FLAG, False, "its chosen subnets train on their own (the supernet section's retrain, "
                                   "top_k and control)"),
@@ -63,7 +64,7 @@ class TargetSpec:
     name: str
     resources: FrozenMap = FrozenMap()          # Ray resource -> amount; CPU and GPU among them
     precisions: tuple[str, ...] = ()            # (): every precision of the space
-    constraints: tuple[Constraint, ...] = ()    # besides the campaign's
+    constraints: tuple[Constraint, ...] = ()    # added to the campaign's (spaces.schema.added_up)
     objectives: tuple[Objective, ...] = ()      # (): the campaign's
     retrain: bool = False
 
@@ -143,9 +144,15 @@ def _precisions(raw, where: str, c: Collector) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for p in raw if p in PRECISION_CHOICES))
 
 
-def check_targets(targets, space, c: Collector) -> None:
-    """Each target's precisions leave its space a subnet: every quantization key the space sets keeps a value."""
+def check_targets(targets, space, constraints, c: Collector) -> None:
+    """Each target's precisions leave its space a subnet: every quantization key the space sets keeps a value;
+    its constraints, added to the campaign's, leave each metric a value (no min above its max)."""
     for i, target in enumerate(targets):
+        for both in added_up(constraints, target.constraints):
+            if both.max is not None and both.min is not None and both.min > both.max:
+                c.add(f"targets[{i}].constraints.{both.metric}",
+                      f"expected bounds that, added to the campaign's, leave {both.metric} a value, given "
+                      f"min {both.min:g} > max {both.max:g} (the tighter bound of each side wins)")
         if not target.precisions:
             continue
         for key, values in _quant_values(space).items():

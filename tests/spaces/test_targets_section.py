@@ -63,3 +63,17 @@ def test_each_mistake_is_named_under_its_target():
     del alone["supernet"]
     assert any(e.startswith("targets: only with a supernet section") for e in _errors(alone))
 
+
+
+def test_a_target_adds_its_constraints_to_the_campaigns_and_cannot_loosen_one():
+    spec = load_campaign(_spec([{"name": "loose", "constraints": {"gmacs": {"max": 5.0, "min": 0.1},
+                                                                  "params_m": {"max": 0.5}}}],
+                               constraints={"gmacs": {"max": 1.0}, "params": {"min": 10}}))
+    (loose,) = spec.targets
+    own = {c.metric: c.to_dict() for c in target_spec(spec, "/r/t", loose).constraints}
+    # the campaign's max 1.0 stays (its 5.0 would widen it); its min and its own metric are added
+    assert own == {"gmacs": {"max": 1.0, "min": 0.1}, "params": {"min": 10.0}, "params_m": {"max": 0.5}}
+    narrow = load_campaign(_spec([{"name": "narrow", "constraints": {"gmacs": {"max": 0.5}}}]))
+    assert target_spec(narrow, "/r/t", narrow.targets[0]).constraints[0].max == 0.5   # the tighter: its own
+    errors = _errors(_spec([{"name": "none", "constraints": {"gmacs": {"min": 2.0}}}]))   # min 2 > the max 1
+    assert any(e.startswith("targets[0].constraints.gmacs: expected bounds that, added to the campaign's") for e in errors)

@@ -10,8 +10,10 @@ from functools import lru_cache
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.inherited import SUPERNET_DIR
 from qkvsearch.spaces import base_config, load_campaign
+from qkvsearch.spaces.derive import fixed_trainings
 from qkvsearch.spaces.errors import BadInput, show
 from qkvsearch.spaces.keys import is_policy_key, names
+from qkvsearch.spaces.schema import vars_of
 
 PLAN_FILE = "plan.json"     # <exp>/supernet/plan.json: what the supernet was trained over (``supernet.from``)
 # What a supernet's weights were trained on: a supernet taken from another campaign must share every one
@@ -57,21 +59,16 @@ def _plan_text(spec_text: str) -> str:
 
 
 def supernet_spec(campaign: OpenedCampaign, plan: dict):
-    """The spec of the nested campaign at <exp>/supernet (exp: the campaign's folder): one trial, the teacher's configuration trained with the supernet's
-    recipe on its own resources (``supernet.resources`` over the campaign's); its trial settings carry the plan
-    (search.campaign.driver.TrialSettings.supernet), so it trains the supernet; every checkpoint kept (the
-    supernet is what is searched)."""
+    """The spec of the nested campaign at <exp>/supernet (exp: the campaign's folder; spaces.derive): one training,
+    the teacher's configuration (in full precision) with the supernet's recipe on its own resources
+    (``supernet.resources`` over the campaign's), every checkpoint kept (the supernet is what is searched). Its
+    trial settings carry the plan (search.campaign.driver.TrialSettings.supernet), so it trains the supernet."""
     spec = campaign.spec
-    d = spec.to_dict()
-    for section in ("supernet", "stages", "constraints", "measure", "targets"):
-        d.pop(section, None)
-    teacher = {k: v for k, v in plan["teacher_keys"].items() if not is_policy_key(k)}   # trained in full precision
-    d.update(name=SUPERNET_DIR, storage=campaign.exp, space={"variants": [teacher]} if teacher else {},
-             train={**d["train"], **dict(spec.supernet.recipe)}, search={"algorithm": "grid"},
-             scheduler={"type": "fifo"}, objectives=[{"metric": "top1", "mode": "max"}],
-             checkpoints={"keep": "all"},
-             resources={**d["resources"], **dict(spec.supernet.resources), "max_concurrent_trials": 1})
-    return load_campaign(d)
+    teacher = {k: v for k, v in plan["teacher_keys"].items() if not is_policy_key(k)}
+    return fixed_trainings(spec, [teacher], drop=("supernet", "stages", "constraints", "measure", "targets"),
+                           name=SUPERNET_DIR, storage=campaign.exp, train={**spec.train.as_dict(), **spec.supernet.recipe},
+                           objectives=[{"metric": "top1", "mode": "max"}], checkpoints={"keep": "all"},
+                           resources={**vars_of(spec.resources), **spec.supernet.resources, "max_concurrent_trials": 1})
 
 
 def check_source(source: str, source_plan: dict, plan: dict) -> None:

@@ -24,7 +24,8 @@ import numpy as np
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
-from qkvsearch.spaces import base_config, load_campaign
+from qkvsearch.spaces import base_config
+from qkvsearch.spaces.derive import fixed_trainings
 from qkvsearch.spaces.keys import fill, identity
 from qkvsearch.spaces.schema import violations
 
@@ -132,12 +133,8 @@ def retraining(spec, chosen: dict, records: list[dict], where: str = ""):
 
 def retrain_spec(spec, chosen: dict):
     """The campaign the selected subnets train in: the spec's recipe over the trainings the selection plans
-    (search.records.inherited.retrained_variants)."""
-    d = spec.to_dict()
-    d.pop("supernet")
-    d.update(space={"variants": inherited.retrained_variants(chosen)},
-             search={"algorithm": "grid", "seed": spec.search.seed}, scheduler={"type": "fifo"})
-    return load_campaign(d)
+    (search.records.inherited.retrained_variants), each to its planned epochs (spaces.derive.fixed_trainings)."""
+    return fixed_trainings(spec, inherited.retrained_variants(chosen), drop=("supernet",))
 
 
 def selected_records(records: list[dict], chosen: dict) -> tuple[list[dict], list[dict]]:

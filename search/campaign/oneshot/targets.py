@@ -1,10 +1,11 @@
 """Deployment targets (the campaign file's ``targets``, spaces.targets): one supernet, trained once, serves every
 target; each then has phases of its own, in its own folder (search.records.inherited.target_dir):
 
-    <exp>/targets/<name>/   a campaign folder whose spec is the target's (``target_spec``): the campaign's, its
-                            supernet taken from the campaign (``supernet.from``), its objectives and constraints
-                            the target's, its space cut to the target's precisions, its measurements made on
-                            the target's resources and cached apart from the other targets'
+    <exp>/targets/<name>/   a campaign folder whose spec is the target's (``target_spec``, spaces.derive): the
+                            campaign's, its supernet taken from the campaign (``supernet.from``), its objectives
+                            the target's, its constraints the campaign's and the target's added up (the tighter
+                            bound wins), its space cut to the target's precisions, its measurements made on the
+                            target's resources and cached apart from the other targets'
 
 and in it, one target after the other: scoring (the campaign's searcher over the target's space, the
 target's proposal rules; a subnet another target scored already is recorded with that score, not scored
@@ -30,9 +31,10 @@ from qkvsearch.search.cluster.capacity import ResourceError
 from qkvsearch.search.records import inherited
 from qkvsearch.search.records.inherited import FIDELITY_STANDALONE, PREDICTOR_FILE, TARGETS_DIR, target_dir
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder
-from qkvsearch.spaces import load_campaign
+from qkvsearch.spaces.derive import derived
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.metrics import COUNTED_METRICS
+from qkvsearch.spaces.schema import added_up, vars_of
 from qkvsearch.spaces.targets import DEVICE_RESOURCES, target_space
 from qkvsearch.storage import exists, write_json
 
@@ -42,15 +44,14 @@ log = logging.getLogger(__name__)
 def target_spec(spec, exp: str, target):
     """The campaign a target's phases run as (module docstring); the same at launch and at every resume."""
     cache = f"{(spec.measure.cache or f'{exp}/{CACHE_DIR}').rstrip('/')}/{TARGETS_DIR}/{target.name}"
-    constraints = {c.metric: c for c in spec.constraints} | {c.metric: c for c in target.constraints}
     supernet = replace(spec.supernet, source=spec.supernet.source or exp.rstrip("/"),
                        control=spec.supernet.control if target.retrain else 0)
-    return load_campaign(replace(spec, name=target.name, storage=f"{exp.rstrip('/')}/{TARGETS_DIR}",
-                                 objectives=target.objectives or spec.objectives,
-                                 constraints=tuple(constraints.values()),
-                                 space=target_space(spec.space, target.precisions),
-                                 measure=replace(spec.measure, cache=cache, resources=target.resources),
-                                 supernet=supernet, targets=()).to_dict())
+    return derived(spec, drop=("targets",), name=target.name, storage=f"{exp.rstrip('/')}/{TARGETS_DIR}",
+                   objectives=[vars_of(o) for o in target.objectives or spec.objectives],
+                   constraints={c.metric: c.to_dict() for c in added_up(spec.constraints, target.constraints)},
+                   space=target_space(spec.space, target.precisions).to_dict(),
+                   measure=replace(spec.measure, cache=cache, resources=target.resources).to_dict(),
+                   supernet=supernet.to_dict())
 
 
 def check_placeable(targets) -> None:
