@@ -24,8 +24,9 @@ import logging
 import ray
 
 from qkvsearch.search.campaign.assemble import campaign_measurer, record_proposal
+from qkvsearch.search.campaign.oneshot.plan import space_hash
 from qkvsearch.search.campaign.oneshot.predictor import CostPredictor, agreement
-from qkvsearch.search.campaign.oneshot.retrain import select, selection
+from qkvsearch.search.campaign.oneshot.retrain import none_chosen, select, selected_records, selection
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records import inherited
@@ -37,7 +38,7 @@ from qkvsearch.search.searchers.ledger import Ledger
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.search.searchers.proposals import _key
 from qkvsearch.spaces import base_config
-from qkvsearch.storage import exists
+from qkvsearch.storage import exists, write_json
 
 log = logging.getLogger(__name__)
 BATCH = 8            # most subnets per actor call: the actor's time to score them dwarfs the call's
@@ -296,6 +297,32 @@ class Scoring:
         self.measurer.start(key, config, idle=True)
         self.measurer.wait()
         return self.measurer.result(key)
+
+
+def score_target(target, scorers: ScorerPool, supernet_id: str, known: dict) -> None:
+    """A target's scoring, selection and export (search.campaign.oneshot.targets.Target), each resumed from its
+    records; known: scores other targets recorded (``Scoring``), this target's own added once scored."""
+    tc = target.campaign
+    log.info(f"{target.label}scoring subnets with the weights they inherit from {supernet_id} ({tc.exp})")
+    scoring = Scoring(tc, scorers, supernet_id, space_hash(tc.spec), known)
+    chosen, records = scoring.choose()
+    if scoring.predictor is not None:
+        write_json(f"{tc.exp}/{inherited.PREDICTOR_FILE}", {"target": target.name, **scoring.predictor_report()})
+    learn_scores(known, records, tc.exp)
+    chosen_records, control_records = selected_records(records, chosen)
+    export_subnets(tc.exp, scorers, supernet_id, chosen_records + control_records)
+    if chosen["chosen"]:
+        log.info(f"{target.label}{len(chosen['chosen'])} subnet(s) chosen and exported")
+    else:
+        log.warning(f"{target.label}no subnet chosen: {none_chosen(records)}")
+
+
+def learn_scores(known: dict, records: list[dict], folder: str) -> None:
+    """Scores another target may take (subnet key -> (its metrics, the folder that scored it)): those this folder
+    scored itself, not taken from another."""
+    for r in records:
+        if r.get("status", "completed") == "completed" and not r.get("scored_in"):
+            known.setdefault(subnet_key(r["config"]), (r["metrics"], folder))
 
 
 def export_subnets(exp: str, scorers: ScorerPool, supernet_id: str, records: list[dict]) -> dict[str, str]:

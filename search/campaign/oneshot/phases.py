@@ -1,40 +1,44 @@
 """A one-shot campaign's driver, at launch and at every resume: each phase is done unless its records say it
-is done already.
+is done already. The campaign's targets (search.campaign.oneshot.targets: each deployment target, or the campaign
+itself when it has none) share the supernet; each has the phases after it in its own folder.
 
     1 supernet   the nested campaign <exp>/supernet trains it (one trial, a Ray Train DDP run) over the plan
                  written beside it (plan.json); skipped with ``supernet.from`` (that campaign's trained
                  supernet, checked to serve this space on the same data) or once it has ended
-    2 scoring    search.campaign.oneshot.evaluation, until search.num_trials subnets are proposed, each under
-                 the campaign's proposal rules (constraints and measured costs included)
+    then, for each target, one after the other (search.campaign.oneshot.evaluation.score_target):
+    2 scoring    until search.num_trials subnets are proposed, each under the target's proposal rules
+                 (constraints and measured costs included)
     3 selection  the chosen subnets (the inherited front, or the top_k) and the control sample, drawn from the
                  space's feasible configurations (search.campaign.oneshot.retrain); the control subnets not
                  scored yet are scored then
     4 export     each selected subnet as a stand-alone checkpoint (search.records.inherited.subnet_file)
-    5 retrain    the selected subnets as the campaign's own trials (search.campaign.oneshot.retrain), FIFO, the
+    and, for each target that retrains (the campaign itself always does):
+    5 retrain    the selected subnets as the target folder's trials (search.campaign.oneshot.retrain), FIFO, the
                  chosen ones from their exported weights with ``retrain_from: inherited``
+
+The live view shows the campaign's progress throughout: its phases up to the retraining, then each retraining.
 """
 from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from dataclasses import replace
 
 from qkvsearch.search.campaign.interrupts import CampaignInterrupted
-from qkvsearch.search.campaign.oneshot.evaluation import Scoring, export_subnets
+from qkvsearch.search.campaign.oneshot.evaluation import learn_scores, score_target
 from qkvsearch.search.campaign.oneshot.plan import (
     PLAN_FILE,
     SUPERNET_DIR,
     check_source,
-    space_hash,
     supernet_plan,
     supernet_spec,
 )
-from qkvsearch.search.campaign.oneshot.retrain import init_weights, retraining, selected_records
+from qkvsearch.search.campaign.oneshot.retrain import retrain
 from qkvsearch.search.campaign.oneshot.scorers import ScorerPool, pool_size
-from qkvsearch.search.campaign.oneshot.targets import check_placeable, retrain_targets, score_targets
+from qkvsearch.search.campaign.oneshot.targets import campaign_targets, check_placeable
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.campaign.run import CampaignRun
-from qkvsearch.search.records.inherited import FIDELITY_STANDALONE, FIDELITY_SUPERNET
+from qkvsearch.search.records import inherited
+from qkvsearch.search.records.inherited import FIDELITY_SUPERNET
 from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder, read_campaign
 from qkvsearch.search.records.readers import read_trial_records
 from qkvsearch.spaces.errors import BadInput
@@ -45,41 +49,33 @@ log = logging.getLogger(__name__)
 
 def run(campaign: OpenedCampaign, folder, cluster, version: str, *, concurrency=None, verbose=False,
         view=None) -> None:
-    """Every phase of the one-shot campaign (module docstring)."""
+    """Every phase of the one-shot campaign (module docstring); folder: the campaign's own campaign file."""
     spec, exp = campaign.spec, campaign.exp
-    source = spec.supernet.source
-    if spec.targets:
-        check_placeable(spec.targets)   # before the supernet trains
-    with _watched(exp, view):
-        if source is None:
-            supernet_dir = f"{exp}/{SUPERNET_DIR}"
-            plan = _train_supernet(campaign, supernet_dir, cluster, version, verbose)
-        else:
-            supernet_dir = f"{source}/{SUPERNET_DIR}"
-            plan = trained_plan(source, spec)
-        checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
-        log.info(f"scoring subnets with the weights they inherit from {supernet_id}")
-        size = pool_size(spec.resources, cluster, concurrency)
-        with ScorerPool(spec, plan, checkpoint, teacher_cfg, size) as scorers:
-            if spec.targets:    # each target scored, chosen and exported in its own folder
-                opened = score_targets(campaign, scorers, supernet_id, version)
+    check_placeable(spec.targets)   # before the supernet trains
+    try:
+        with _watched(exp, view):
+            if spec.supernet.source is None:
+                supernet_dir = f"{exp}/{SUPERNET_DIR}"
+                plan = _train_supernet(campaign, supernet_dir, cluster, version, verbose)
             else:
-                chosen, records = Scoring(campaign, scorers, supernet_id, space_hash(spec)).choose()
-                chosen_records, control_records = selected_records(records, chosen)
-                files = export_subnets(exp, scorers, supernet_id, chosen_records + control_records)
-    if spec.targets:
-        retrain_targets(opened, supernet_id, cluster, version, concurrency=concurrency, verbose=verbose)
-        return
-    retrain_with = retraining(spec, chosen, records)
-    if retrain_with is None:   # a selection of none: no campaign to run
-        return
-    log.info(f"retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} control "
-             "subnet(s), these under two seeds")
-    retrain = replace(campaign, spec=retrain_with)
-    restoring = exists(f"{exp}/tuner.pkl")
-    CampaignRun(retrain, folder, cluster, version, init_weights=init_weights(chosen, chosen_records, files),
-                describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(
-        concurrency, restoring=restoring, verbose=verbose, view=view)
+                supernet_dir = f"{spec.supernet.source}/{SUPERNET_DIR}"
+                plan = trained_plan(spec.supernet.source, spec)
+            checkpoint, teacher_cfg, supernet_id = _trained(supernet_dir)
+            targets = campaign_targets(campaign, folder, version)
+            known: dict = {}   # scores any target recorded, which the others take
+            for target in targets:
+                learn_scores(known, inherited.read_evaluations(target.campaign.exp), target.campaign.exp)
+            with ScorerPool(spec, plan, checkpoint, teacher_cfg, pool_size(spec.resources, cluster, concurrency)) \
+                    as scorers:
+                for target in targets:
+                    score_target(target, scorers, supernet_id, known)
+        for target in targets:
+            if target.retrains:
+                retrain(target, supernet_id, cluster, version, concurrency=concurrency, verbose=verbose, view=view)
+    except CampaignInterrupted as stop:   # what resumes is this campaign, not the nested one stopped
+        if stop.exp == exp:
+            raise
+        raise CampaignInterrupted(exp, stop.signal_name, stop.trials) from None
 
 
 @contextmanager
@@ -110,12 +106,9 @@ def _train_supernet(campaign: OpenedCampaign, supernet_dir: str, cluster, versio
         write_json(f"{supernet_dir}/{PLAN_FILE}", plan)
         sub_folder = CampaignFolder.create(supernet_dir, sub, version)
     log.info(f"training the supernet over the space: {supernet_dir}")
-    try:
-        CampaignRun(OpenedCampaign(sub, supernet_dir), sub_folder, cluster, version, supernet=plan,
-                    describe={"fidelity": FIDELITY_SUPERNET}).fit(1, restoring=exists(f"{supernet_dir}/tuner.pkl"),
-                                                                   verbose=verbose)
-    except CampaignInterrupted as stop:  # what resumes is this campaign, not the nested one
-        raise CampaignInterrupted(campaign.exp, stop.signal_name, stop.trials) from None
+    CampaignRun(OpenedCampaign(sub, supernet_dir), sub_folder, cluster, version, supernet=plan,
+                describe={"fidelity": FIDELITY_SUPERNET}).fit(1, restoring=exists(f"{supernet_dir}/tuner.pkl"),
+                                                               verbose=verbose)
     return plan
 
 

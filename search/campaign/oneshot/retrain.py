@@ -18,16 +18,20 @@ whatever the campaign's scheduler, so the rank figures are over finished trainin
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 
 from qkvsearch.search.analysis.pareto import nondominated_mask, nondominated_ranks
 from qkvsearch.search.campaign.opened import OpenedCampaign
+from qkvsearch.search.campaign.run import CampaignRun
 from qkvsearch.search.records import inherited
+from qkvsearch.search.records.inherited import FIDELITY_STANDALONE
 from qkvsearch.spaces import base_config
 from qkvsearch.spaces.derive import fixed_trainings
 from qkvsearch.spaces.keys import fill, identity
 from qkvsearch.spaces.schema import violations
+from qkvsearch.storage import exists
 
 log = logging.getLogger(__name__)
 MAX_DRAWS_PER_CONTROL = 200   # draws in a row that add none before the space is taken to hold no more feasible ones
@@ -153,4 +157,23 @@ def init_weights(chosen: dict, chosen_records: list[dict], files: dict[str, str]
     if chosen.get("retrain_from") != "inherited":
         return {}
     return {identity(fill(r["config"])): files[r["subnet_id"]] for r in chosen_records}
+
+
+
+def retrain(target, supernet_id: str, cluster, version: str, *, concurrency=None, verbose=False, view=None) -> None:
+    """The target's selected subnets trained on their own (search.campaign.oneshot.targets.Target: its folder's
+    selection, evaluations and exported subnets), as its folder's trials; view: the live view, as a campaign's."""
+    tc = target.campaign
+    chosen, records = inherited.read_selection(tc.exp), inherited.read_evaluations(tc.exp)
+    retrain_with = retraining(tc.spec, chosen, records, target.label)
+    if retrain_with is None:   # a selection of none: no campaign to run
+        return
+    chosen_records, _ = selected_records(records, chosen)
+    files = {r["subnet_id"]: inherited.subnet_file(tc.exp, r["subnet_id"]) for r in chosen_records}
+    log.info(f"{target.label}retraining {len(chosen['chosen'])} chosen subnet(s) and {len(chosen['control'])} "
+             "control subnet(s), these under two seeds")
+    CampaignRun(replace(tc, spec=retrain_with), target.campaign_file(), cluster, version,
+                init_weights=init_weights(chosen, chosen_records, files),
+                describe={"fidelity": FIDELITY_STANDALONE, "supernet": supernet_id}).fit(
+        concurrency, restoring=exists(f"{tc.exp}/tuner.pkl"), verbose=verbose, view=view)
 
