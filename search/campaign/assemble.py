@@ -13,6 +13,7 @@ from qkvsearch.search.records.proposals import write_proposal
 from qkvsearch.search.searchers import make_searcher
 from qkvsearch.search.searchers.base import FINISHED
 from qkvsearch.search.searchers.earlier import known_trials
+from qkvsearch.search.searchers.outcomes import scored_result
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.search.searchers.proposals import Proposals
 from qkvsearch.spaces import base_config
@@ -72,11 +73,10 @@ def infeasible_share(spec, algorithm: str, trials: int = ESTIMATE_TRIALS) -> flo
                      population_size=default_population(trials) if algorithm == "nsga2" else None,
                      n_startup_trials=default_startup(trials, algorithm) if algorithm in OPTIONS["n_startup_trials"] else None)
     searcher = build_search(replace(spec, search=search))
-    planned = {"qs_epochs_planned": 1.0, "epoch": 1.0}
     for i in range(trials):
         trial = searcher.suggest(f"estimate_{i:05d}")
         if trial is None or trial == FINISHED or trial == Proposals.FINISHED:
             break
         known = {o.metric: 0.0 for o in spec.objectives}
-        searcher.on_trial_complete(f"estimate_{i:05d}", {**known, **trial["cost"], **planned})
+        searcher.on_trial_complete(f"estimate_{i:05d}", scored_result({**known, **trial["cost"]}))
     return searcher.infeasible / max(1, searcher.proposals)

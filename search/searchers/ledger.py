@@ -1,8 +1,10 @@
-"""Proposals as plain-data records, and the one set of rules that decides what each becomes.
+"""Proposals as plain-data records, the one set of rules that decides what each becomes, and what the searcher is
+told of each.
 
-Every loop that turns a searcher's suggestions into work asks a ``Ledger`` what each proposal is: Tune's trials
-(search.searchers.proposals), a table's replay (search.simulation.searchers) and one-shot scoring
-(search.campaign.oneshot.evaluation). The rules, in their order:
+Every loop that turns a searcher's suggestions into work asks a ``Ledger`` what each proposal is, and lets it tell
+the searcher (``tell``, then ``finish`` once its work ended): Tune's trials (search.searchers.proposals), a
+table's replay (search.simulation.searchers) and one-shot scoring (search.campaign.oneshot.evaluation). They
+differ only in where results come from. The rules, in their order:
 
     invalid       no model can be made of it (a table: the table lacks it): no work of its own
     skipped       proposed before, under a searcher that enumerates (grid): asked again, nothing learnt
@@ -27,6 +29,13 @@ work of its own). A record is plain data, saved as it is:
      "measured": the measurement it waits for, "warm": an earlier campaign's (a warm start)}
 
 Records of work that outcomes are reused from (new, policy) stay; the others leave once they end.
+
+What the searcher is told of each kind (``tell``): infeasible, ``tell_infeasible`` with its cost; skipped and the
+parked ones, nothing yet; every other kind but invalid, ``constrain`` with its cost. Where a proposal without
+work of its own ends at once (``at_once``: scoring, a table), an invalid one ends failed and a duplicate with
+its original's outcome, as soon as that is known; where every proposal becomes a trial (Tune), they become
+trials that end so. Once work ended (``finish``), the searcher learns its result, and so does each duplicate that
+waited for it.
 """
 from __future__ import annotations
 
@@ -41,11 +50,14 @@ PARKED = (MEASURING, WAITING)
 
 class Ledger:
     """constraints: spaces.schema.Constraint on costs; skip_duplicates: an enumerating searcher's rule;
-    share_training: policies of one key share its training (else every variant is work of its own)."""
+    share_training: policies of one key share its training (else every variant is work of its own); at_once: a
+    proposal without work of its own (invalid, a duplicate) ends as soon as its outcome is known, rather than
+    becoming work that ends so (module docstring)."""
 
-    def __init__(self, constraints=(), *, skip_duplicates: bool = False, share_training: bool = True):
+    def __init__(self, constraints=(), *, skip_duplicates: bool = False, share_training: bool = True,
+                 at_once: bool = False):
         self.constraints = tuple(constraints)
-        self.skip_duplicates, self.share_training = skip_duplicates, share_training
+        self.skip_duplicates, self.share_training, self.at_once = skip_duplicates, share_training, at_once
         self.records: dict[str, dict] = {}
         self.first: dict[str, str] = {}      # key -> the record that trains it (index of records)
         self.variants: dict[str, str] = {}   # variant -> the record that evaluates it
@@ -136,6 +148,41 @@ class Ledger:
             for k, v in index.items():
                 if v == old:
                     index[k] = new
+
+    # -- what the searcher is told ----------------------------------------------------------------------
+    def tell(self, searcher, rec: dict) -> dict | None:
+        """Tell ``searcher`` (search.searchers.base.Searcher) what the judged proposal ``rec`` is (module
+        docstring); -> rec when it is work to do, None when it is not (told already, or to be told later)."""
+        kind, pid, trial = rec["kind"], rec["id"], rec["trial"]
+        if kind == SKIPPED or kind in PARKED:
+            return None
+        if kind == INFEASIBLE:
+            searcher.tell_infeasible(pid, trial["cost"])
+            return None
+        if kind != INVALID:
+            searcher.constrain(pid, trial["cost"])
+        if not self.at_once or kind not in (INVALID, DUPLICATE):
+            return rec
+        known = {"result": None, "error": True} if kind == INVALID else self.known(rec)
+        if known is not None:   # else it is told once its original ends (``finish``)
+            self.finish(searcher, pid, known["result"], known["error"])
+        return None
+
+    def finish(self, searcher, pid: str, result: dict | None, error: bool, *, outcome: dict | None = None,
+               cost=None) -> None:
+        """``pid``'s work ended: the ledger keeps ``outcome`` (default {"result", "error"}: what its duplicates
+        learn), the searcher learns ``result`` with the proposal's cost (``cost()`` where the ledger holds none),
+        and so does each duplicate that waited for it where those end at once."""
+        rec, waiting = self.end(pid, {"result": result, "error": error} if outcome is None else outcome)
+        known = rec["cost"] if rec is not None else None
+        if known is None and cost is not None:
+            known = cost()
+        if result and known:  # the exact cost over anything the result holds for it (NaN, say)
+            result = {**result, **known}
+        searcher.on_trial_complete(pid, result, error=error)
+        for dup in waiting if self.at_once else ():
+            self.end(dup["id"], {})
+            searcher.on_trial_complete(dup["id"], result, error=error)
 
     # -- endings ----------------------------------------------------------------------------------------
     def end(self, pid: str, outcome: dict) -> tuple[dict | None, list[dict]]:

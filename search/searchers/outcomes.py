@@ -26,6 +26,12 @@ def outcome_of_result(result: dict | None, error: bool) -> dict:
     return {"status": status, "metrics": metrics}
 
 
+def scored_result(metrics: dict) -> dict:
+    """The last result a searcher learns of work scored at once (a subnet's inherited score, an estimate): its
+    figures as a trial's at its one planned epoch, so that it reads as completed (``outcome_of_result``)."""
+    return {**metrics, EPOCH: 1.0, PLANNED_KEY: 1.0}
+
+
 def _reported(key: str) -> bool:
     """A metric the trial reported: not a reserved (qs_) key, Tune's bookkeeping, nor the trial's config as Tune
     flattens it into the result a searcher gets (``config/...``)."""

@@ -113,13 +113,9 @@ class Proposals(TuneSearcher):
             # interrupted, resumes, and is learnt when it ends. Told now, a searcher whose study others keep
             # (a tracker's storage) would record a failure the resumed trial cannot undo.
             return
-        rec, _ = self.ledger.end(trial_id, outcome_of_result(result, error))
-        cost = rec["cost"] if rec is not None else None
-        if cost is None and self.recorded_cost is not None:
-            cost = self.recorded_cost(trial_id)
-        if result and cost:  # the trial's exact cost over anything the result holds for it (NaN, say)
-            result = {**result, **cost}
-        self.inner.on_trial_complete(trial_id, result=result, error=error)
+        recorded = (lambda: self.recorded_cost(trial_id)) if self.recorded_cost is not None else None
+        self.ledger.finish(self.inner, trial_id, result, error, outcome=outcome_of_result(result, error),
+                           cost=recorded)
 
     # -- proposing ---------------------------------------------------------------------------------------
     def _warm_start(self) -> None:
@@ -162,30 +158,27 @@ class Proposals(TuneSearcher):
                 found, trial = self.measurer.result(mkey), {**trial, "measured_key": mkey}
             rec = self.ledger.propose(trial_id, trial, key, key and _variant(key, trial["config"]), found=found,
                                       measure=measure, enforce=rejected < MAX_INFEASIBLE)
-            if rec["kind"] == rules.INFEASIBLE:  # past the bound it runs as a trial that ends infeasible
-                rejected += 1
-                self._reject(trial_id, rec)
-                continue
+            rejected += rec["kind"] == rules.INFEASIBLE   # past the bound it runs as a trial that ends infeasible
             trial = self._dispatch(trial_id, rec)
             if trial is not None:
                 return trial
 
     def _dispatch(self, trial_id: str, rec: dict):
-        """What a judged proposal becomes: Tune's trial for ``trial_id``, or None when it takes no trial now
-        (skipped, or parked under a name of its own while it is measured or waits for a training)."""
+        """What a judged proposal becomes, once the searcher is told (search.searchers.ledger): Tune's trial for
+        ``trial_id``, or None when it takes no trial now (infeasible and recorded, skipped, or parked under a name
+        of its own while it is measured or waits for a training)."""
         kind = rec["kind"]
-        if kind == rules.SKIPPED:
-            return None
-        if kind in rules.PARKED:
-            parked = f"{trial_id}-{'measuring' if kind == rules.MEASURING else 'training'}-{self.proposals}"
-            self.ledger.rename(trial_id, parked)
-            self.inner.rename(trial_id, parked)
-            if kind == rules.MEASURING:
-                self.measurer.start(rec["measured"], rec["trial"]["config"], idle=not self.live)
+        if kind == rules.INFEASIBLE and self.record is not None:
+            self.record(f"{trial_id}-infeasible-{self.infeasible}", trial_id, rec["trial"], rec["error"])
+        if self.ledger.tell(self.inner, rec) is None:
+            if kind in rules.PARKED:
+                parked = f"{trial_id}-{'measuring' if kind == rules.MEASURING else 'training'}-{self.proposals}"
+                self.ledger.rename(trial_id, parked)
+                self.inner.rename(trial_id, parked)
+                if kind == rules.MEASURING:
+                    self.measurer.start(rec["measured"], rec["trial"]["config"], idle=not self.live)
             return None
         trial = {k: v for k, v in rec["trial"].items() if k != "measured_key"}
-        if kind != rules.INVALID:
-            self.inner.constrain(trial_id, trial["cost"])
         if kind == rules.POLICY:
             return {**trial, "kind": kind, "trained_by": rec["of"], "known": self.ledger.known(rec)}
         if kind == rules.DUPLICATE:
@@ -204,11 +197,7 @@ class Proposals(TuneSearcher):
             if found is None:
                 continue
             self.inner.rename(rec["id"], trial_id)
-            judged = self.ledger.measured(rec["id"], trial_id, found)
-            if judged["kind"] == rules.INFEASIBLE:
-                self._reject(trial_id, judged)
-                continue
-            trial = self._dispatch(trial_id, judged)
+            trial = self._dispatch(trial_id, self.ledger.measured(rec["id"], trial_id, found))
             if trial is not None:
                 return trial
         return None
@@ -221,12 +210,6 @@ class Proposals(TuneSearcher):
             return None
         self.inner.rename(rec["id"], trial_id)
         return self._dispatch(trial_id, self.ledger.trained(rec["id"], trial_id))
-
-    def _reject(self, trial_id: str, rec: dict) -> None:
-        """An infeasible proposal: recorded, learnt by the searcher, no trial."""
-        if self.record is not None:
-            self.record(f"{trial_id}-infeasible-{self.infeasible}", trial_id, rec["trial"], rec["error"])
-        self.inner.tell_infeasible(trial_id, rec["trial"]["cost"])
 
     # -- state -------------------------------------------------------------------------------------------
     def get_state(self) -> dict:

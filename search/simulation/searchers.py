@@ -134,9 +134,8 @@ class TableSearch:
         self.space = table_space(curves)
         self.index = {tuple(_plain(cfg[k]) for k in self.space): c for c, cfg in enumerate(curves.configs)}
         self.trial_of: dict[str, tuple[int, str]] = {}      # trial id -> (curve, the searcher's proposal id)
-        # the campaign's proposal rules (search.searchers.ledger), a curve its own key; its outcome, once it
-        # ended, is {"result", "error"} as the searcher learnt it
-        self.ledger = Ledger(self.constraints, share_training=False)
+        # the campaign's proposal rules (search.searchers.ledger), a curve its own key, which tell the searcher
+        self.ledger = Ledger(self.constraints, share_training=False, at_once=True)
         self.suggested = self.proposals = self.duplicates = 0
 
     def suggest(self, trial_id: str):
@@ -151,24 +150,11 @@ class TableSearch:
             trial = {"config": config, "cost": {}, "invalid": "not in the table"} if c is None else \
                 {"config": config, "cost": curve_cost(self.curves, c)}
             rec = self.ledger.propose(pid, trial, None if c is None else str(c), None if c is None else str(c))
-            kind, cost = rec["kind"], trial["cost"]
-            if kind == rules.INVALID:  # a combination the table does not hold
-                self.proposals += 1
-                self.ledger.end(pid, {})
-                self.searcher.on_trial_complete(pid, None, error=True)
-            elif kind == rules.INFEASIBLE:
-                self.proposals += 1
-                self.searcher.tell_infeasible(pid, cost)
-            elif kind == rules.DUPLICATE:  # evaluated or running already: told its outcome once known
+            if rec["kind"] == rules.DUPLICATE:   # evaluated or running already: told its outcome once known
                 self.duplicates += 1
-                self.searcher.constrain(pid, cost)
-                known = self.ledger.known(rec)
-                if known is not None:
-                    self.ledger.end(pid, known)
-                    self.searcher.on_trial_complete(pid, known["result"], known["error"])
             else:
                 self.proposals += 1
-                self.searcher.constrain(pid, cost)
+            if self.ledger.tell(self.searcher, rec) is not None:
                 self.trial_of[trial_id] = (c, pid)
                 self.suggested += 1
                 return {"curve": c}
@@ -185,11 +171,7 @@ class TableSearch:
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         _, pid = self.trial_of.pop(trial_id)
         result = {PLANNED_KEY: float(self.max_t), EPOCH: 0.0, **(result or {})} if result else None
-        self.searcher.on_trial_complete(pid, result, error)
-        _, waiting = self.ledger.end(pid, {"result": result, "error": error})
-        for dup in waiting:
-            self.ledger.end(dup["id"], {})
-            self.searcher.on_trial_complete(dup["id"], result, error)
+        self.ledger.finish(self.searcher, pid, result, error)
 
 
 class ShuffledCurves:

@@ -35,6 +35,7 @@ from qkvsearch.search.searchers import ledger as rules
 from qkvsearch.search.searchers import make_searcher
 from qkvsearch.search.searchers.base import FINISHED, EarlierTrial
 from qkvsearch.search.searchers.ledger import Ledger
+from qkvsearch.search.searchers.outcomes import scored_result
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.search.searchers.proposals import _key
 from qkvsearch.spaces import base_config
@@ -57,7 +58,7 @@ class Scoring:
         self.supernet_id, self.space, self.known = supernet_id, space, known or {}
         self.base = base_config(campaign.spec)
         self.records = inherited.read_evaluations(campaign.exp)
-        self.ledger = Ledger(campaign.spec.constraints, share_training=False)
+        self.ledger = Ledger(campaign.spec.constraints, share_training=False, at_once=True)
         self.measurer = campaign_measurer(campaign)
         self.batches = inherited.batches_written(campaign.exp)
         self.ids = _Ids(self.records)
@@ -138,30 +139,21 @@ class Scoring:
         return None
 
     def _dispatch(self, searcher, rec: dict):
-        """What a judged proposal becomes here: the trial to score, or False (told the searcher now, or later)."""
-        sid, kind, trial = rec["id"], rec["kind"], rec["trial"]
-        if kind == rules.INVALID:
-            self.ledger.end(sid, {})
-            searcher.on_trial_complete(sid, None, error=True)
-        elif kind == rules.INFEASIBLE:
+        """What a judged proposal becomes here, once the searcher is told (search.searchers.ledger): the subnet to
+        score, or False (nothing to score: told now, or to be told once what it waits for is known)."""
+        sid, trial = rec["id"], rec["trial"]
+        if rec["kind"] == rules.INFEASIBLE:
             record_proposal(self.campaign.exp, self.campaign.spec.name, f"{sid}-infeasible", sid, trial, rec["error"])
-            searcher.tell_infeasible(sid, trial["cost"])
-        elif kind == rules.DUPLICATE:
-            searcher.constrain(sid, trial["cost"])
-            known = self.ledger.known(rec)
-            if known is not None:   # else it is told once its original is scored
-                self.ledger.end(sid, known)
-                searcher.on_trial_complete(sid, known.get("result"), error=known.get("result") is None)
-        elif kind == rules.MEASURE_ERROR:
-            searcher.constrain(sid, trial["cost"])
+        if self.ledger.tell(searcher, rec) is None:
+            return False
+        if rec["kind"] == rules.MEASURE_ERROR:
             self._record([{"subnet_id": sid, **trial}], [{"error": trial[rules.MEASURE_ERROR]}], searcher)
-        elif kind == rules.NEW:
-            searcher.constrain(sid, trial["cost"])
-            todo = {"subnet_id": sid, **{k: v for k, v in trial.items() if k != "measured_key"}}
-            known = self.known.get(subnet_key(trial["config"]))
-            if known is None:
-                return todo
-            self._record([{**todo, "scored_in": known[1]}], [{"metrics": known[0]}], searcher)
+            return False
+        todo = {"subnet_id": sid, **{k: v for k, v in trial.items() if k != "measured_key"}}
+        known = self.known.get(subnet_key(trial["config"]))
+        if known is None:
+            return todo
+        self._record([{**todo, "scored_in": known[1]}], [{"metrics": known[0]}], searcher)
         return False
 
     def _measure_parked(self, searcher) -> list[dict]:
@@ -198,14 +190,10 @@ class Scoring:
             self.records.append(r)
             if r.get("status") == "failed":
                 log.warning(f"{r['subnet_id']} could not be scored: {r['error'].splitlines()[-1]}")
-            _, waiting = self.ledger.end(r["subnet_id"], _outcome(r))
-            if searcher is None:
-                continue
-            result = _result(r) if r["status"] == "completed" else None
-            searcher.on_trial_complete(r["subnet_id"], result, error=result is None)
-            for dup in waiting:
-                self.ledger.end(dup["id"], {})
-                searcher.on_trial_complete(dup["id"], result, error=result is None)
+            if searcher is None:   # a control subnet, scored after the search
+                self.ledger.end(r["subnet_id"], _outcome(r))
+            else:
+                self.ledger.finish(searcher, r["subnet_id"], **_outcome(r))
         return scored
 
     def _learn(self, config: dict, cost: dict, record: dict) -> None:
@@ -354,10 +342,8 @@ def subnet_key(config: dict) -> str:
 
 
 def _outcome(record: dict) -> dict:
-    """An evaluation's outcome as the ledger keeps it: the result a searcher learns (None: it failed)."""
-    return {"result": _result(record) if record.get("status", "completed") == "completed" else None}
-
-
-def _result(record: dict) -> dict:
-    """An evaluation as a searcher learns a completed trial's last result."""
-    return {**record["metrics"], **record["cost"], "epoch": 1.0, "qs_epochs_planned": 1.0}
+    """An evaluation's outcome as the ledger keeps it: {"result": the last result a searcher learns (None: it
+    failed), "error"}."""
+    completed = record.get("status", "completed") == "completed"
+    return {"result": scored_result({**record["metrics"], **record["cost"]}) if completed else None,
+            "error": not completed}
