@@ -163,7 +163,7 @@ def bench_embeddings(batch: int, steps: int, repeats: int):
 def bench_ray_trial(batch: int):
     import ray
 
-    from qkvsearch.trainers.training.loop import run_trainer
+    from qkvsearch.trainers.ray_train.loop import run_trainer
 
     cfg = fill(dict(BASE, batch_size=batch, epochs=2, max_steps_per_epoch=20, amp="auto", compile=True,
                     embedding="fsne", code_size=8))

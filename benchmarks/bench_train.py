@@ -3,7 +3,7 @@
 1. Throughput: images/s of trainers.training.engine.train_one_epoch (one worker, no Ray) vs a plain PyTorch loop
    (same model, data, batch, AdamW, cross-entropy) - interleaved repeats, warm-up excluded, medians.
    Target: engine / plain >= 0.95.
-2. Start-up: seconds from TorchTrainer.fit() (trainers.training.loop.run_trainer) to the first training step,
+2. Start-up: seconds from TorchTrainer.fit() (trainers.ray_train.loop.run_trainer) to the first training step,
    as recorded by the worker (metric qs_first_step_at, time.time()), for 1 and 2 workers; with 2, the
    run's backend config as qkvsearch makes it (Train's controller never imports torch) and Ray's own
    TorchConfig (it does), interleaved; and the floor under them: a whole fit() of a training function

@@ -9,17 +9,20 @@ module imports its own sub-package and lower ones, tests/search/test_layers.py):
 - data/: datasets by name as batches (datasets), sources (in memory, PIL), file formats (formats), WebDataset
   shards (shard_index, shard_deal, shard_source) and Parquet / Arrow folders (hf_folder).
 - training/: the per-rank engine (engine), run folders and state files (checkpoints), the plain path (cli),
-  faults and errors; the Ray Train adapter (loop) stands above supernet/, whose runs it also starts.
+  faults and errors.
 - deploy/: measured latency, throughput and memory (measure), a quantization policy on trained weights
   (policy_eval).
 - stages/: the stages after the search: transfer (fine-tuning's evaluation, OOD scores), ood_metrics.
 - supernet/: one-shot search's weight-sharing supernet, its training (sandwich rule) and subnet scoring.
+- ray_train/: the Ray Train adapter (loop): a trial's training, or a supernet's, on Ray Train workers; every Ray
+  import of trainers.
 
-Module paths of the flat layout before these sub-packages (``qkvsearch.trainers.engine``,
-``python -m qkvsearch.trainers.loop``) stay importable (qkvsearch._legacy).
+Module paths of earlier layouts (the flat one before these sub-packages: ``qkvsearch.trainers.engine``,
+``python -m qkvsearch.trainers.loop``; ``qkvsearch.trainers.training.loop`` before ray_train/) stay importable,
+each to the module that holds its names now (qkvsearch._legacy; tests/test_earlier_paths.py imports every one).
 
 `build_model` is resolved on first use: importing `trainers.<module>` must not pay for timm's import
-in processes that never build a model (Ray Train's controller unpickles `trainers.training.loop`).
+in processes that never build a model (Ray Train's controller unpickles `trainers.ray_train.loop`).
 """
 
 __all__ = ["build_model"]

@@ -33,13 +33,15 @@ _TRAINERS = {
     "model": ("models", "hosts", "architecture", "choices", "embeddings", "embedding_forms", "registry", "cost",
               "paper_counts", "quantize", "attention"),
     "data": ("sources", "shard_index", "shard_deal", "shard_source", "hf_folder"),
-    "training": ("engine", "loop", "checkpoints", "faults", "errors", "cli"),
+    "training": ("engine", "checkpoints", "faults", "errors", "cli"),
+    "ray_train": ("loop",),
     "deploy": ("measure", "policy_eval"),
     "stages": ("transfer", "ood_metrics"),
 }
 MOVED = {f"qkvsearch.trainers.{old}": f"qkvsearch.trainers.{role}.{old}" for role, olds in _TRAINERS.items()
          for old in olds}
 MOVED["qkvsearch.trainers.data_sources"] = "qkvsearch.trainers.data.formats"
+MOVED["qkvsearch.trainers.training.loop"] = "qkvsearch.trainers.ray_train.loop"   # before ray_train/ had a role
 # (package that replaced a module, name) -> the module that holds the name now
 NAMES = {
     ("qkvsearch.search.records", "TrialRecorder"): "qkvsearch.search.campaign.recording",

@@ -7,7 +7,7 @@ A trial is the dict Tune holds as the trial's config: ``{"config": resolved tria
 configuration was trained already in the campaign (same `identity`) also carries ``"duplicate_of": <trial id>``
 and, when that trial has ended, ``"known": its outcome``: it trains nothing.
 The trial process checks the cost constraints before anything trains, runs the training through
-`trainers.training.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
+`trainers.ray_train.loop.run_trainer`, and turns the ways a trial can end without a usable score (infeasible,
 diverged) into a final report that the recorder and the searchers understand. A trial of several workers
 is only a driver: it holds no CPU (its TorchTrainer's workers do) and reports to Tune what rank 0 reported
 (`search.campaign.bridge`). A trial of one worker trains in its own process (Train's local mode: no controller, no
@@ -161,7 +161,7 @@ def _report_to_tune(settings: TrialSettings, epochs_planned: int, measured: dict
     (MO-ASHA, search.scheduling.tune_schedulers; the searcher, search.searchers.proposals), and the record
     holds it once. ``measured``: what the trial's own process measured (a campaign proposed before its driver
     measured), which reaches the record through the results."""
-    from qkvsearch.trainers.training.loop import epoch_checkpoint
+    from qkvsearch.trainers.ray_train.loop import epoch_checkpoint
 
     def on_report(metrics: dict, checkpoint_path: str | None) -> None:
         result = {**metrics, **measured, PLANNED_KEY: float(epochs_planned)}
@@ -224,7 +224,7 @@ def _run_measure_error(trial: dict, cfg: dict, settings: TrialSettings) -> None:
 def _train(trial: dict, cfg: dict, settings: TrialSettings) -> None:
     """A trial of its own: check its constraints (measuring first where it was proposed before the driver
     measured), then train it; the ways it can end without a usable score end it as a result."""
-    from qkvsearch.trainers.training.loop import RunSettings, find_divergence, run_trainer
+    from qkvsearch.trainers.ray_train.loop import RunSettings, find_divergence, run_trainer
 
     cost, measured = trial["cost"], {}
     broken = violations(settings.constraints, cost)

@@ -223,7 +223,7 @@ def _finetune(campaign: OpenedCampaign, settings, trial: dict, stage, stop=None)
                   gpus=gpus, faults=list(settings.faults))
 
     def finish(history: list[dict]) -> dict:
-        from qkvsearch.trainers.training.loop import epoch_checkpoint
+        from qkvsearch.trainers.ray_train.loop import epoch_checkpoint
 
         last = history[-1] if history else {}
         return {"metrics": {f"{FINETUNE_METRIC}{stage.dataset}": last.get("top1")}, "epochs": history,
@@ -295,7 +295,7 @@ def _in_task(kind: str, kwargs: dict):
         from qkvsearch.trainers.stages.transfer import ood_evaluation
 
         return ood_evaluation(kwargs["cfg"], kwargs["checkpoint"], kwargs["sets"], kwargs["score"])
-    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
+    from qkvsearch.trainers.ray_train.loop import RunSettings, run_trainer
 
     k = kwargs
     result = run_trainer(k["cfg"], RunSettings(

@@ -13,7 +13,7 @@ trial recorded as stopped early is stopped again at the rung of its last epoch. 
 function of its number in the campaign (Tune's trial tag ``<n>_...``, kept by a restored trial): the
 n-th trial takes the bracket the deal above gives the n-th trial, so a restored trial rejoins its bracket
 in whatever order Tune adds trials back. A result the scheduler judged but the driver died before
-recording is judged again when the restored trial reports it again (trainers.training.loop re-reports every epoch
+recording is judged again when the restored trial reports it again (trainers.ray_train.loop re-reports every epoch
 of the checkpoint it resumes from); a trial judged promotable and one stopped in the milliseconds before
 its record says so look alike, and rebuild as promoted.
 

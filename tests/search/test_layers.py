@@ -14,14 +14,14 @@ from helpers import REPO
 LAYERS = [
     ("qkvsearch.storage", "qkvsearch.ray_private"),
     ("qkvsearch.spaces",),
-    # trainers/ by role; the Ray Train adapter (training.loop) above supernet/, whose runs it starts
+    # trainers/ by role; the Ray Train adapter (ray_train/) above the others, whose runs it starts
     ("qkvsearch.trainers.model",),
     ("qkvsearch.trainers.data",),
     ("qkvsearch.trainers.training",),
     ("qkvsearch.trainers.deploy",),
     ("qkvsearch.trainers.stages",),
     ("qkvsearch.trainers.supernet",),
-    ("qkvsearch.trainers.training.loop", "qkvsearch.trainers"),
+    ("qkvsearch.trainers.ray_train", "qkvsearch.trainers"),
     ("qkvsearch.search.records",),
     ("qkvsearch.search.analysis",),
     ("qkvsearch.search.monitor",),

@@ -66,7 +66,7 @@ def test_imagefolder_trains_through_persistent_pinned_loaders(tmp_path):
 def test_ray_train_trial_on_one_gpu(tmp_path):
     import ray
 
-    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
+    from qkvsearch.trainers.ray_train.loop import RunSettings, run_trainer
 
     if ray.is_initialized():
         pytest.skip("needs its own Ray with the GPU")

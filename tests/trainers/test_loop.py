@@ -1,4 +1,4 @@
-"""trainers.training.engine / trainers.training.loop: accumulation, resume equivalence, divergence, the CLI and Ray Train.
+"""trainers.training.engine / trainers.ray_train.loop: accumulation, resume equivalence, divergence, the CLI and Ray Train.
 
 Models are real timm models at 16x16 on sklearn's digits; Ray tests use the session's local Ray.
 """
@@ -11,9 +11,9 @@ import torch
 from helpers import REPO
 
 from qkvsearch.spaces.keys import fill
+from qkvsearch.trainers.ray_train.loop import RunSettings, find_divergence, main, run_trainer
 from qkvsearch.trainers.training import engine
 from qkvsearch.trainers.training.engine import DivergenceError, Run, load_state
-from qkvsearch.trainers.training.loop import RunSettings, find_divergence, main, run_trainer
 
 # XCiT-nano cut to 2 of its 12 blocks with the fully-shared embedding; 16x16 digits, 1 token: fast on one core.
 TINY = {"model": "xcit_nano_12_p16_224", "depth": 2, "embedding": "fsne", "hidden_width": 32, "img_size": 16,
@@ -146,7 +146,7 @@ def test_cli_bad_keys_exit_2(tmp_path, capsys):
 
 
 def test_cli_reads_floats_like_1e_3(tmp_path):
-    from qkvsearch.trainers.training.loop import load_cli_config
+    from qkvsearch.trainers.ray_train.loop import load_cli_config
 
     cfg = load_cli_config(str(_write_yaml(tmp_path / "t.yaml", {"model": TINY["model"]})),
                           ["lr=1e-3", "epochs=2", "amp=none"])
@@ -173,7 +173,7 @@ def test_missing_dataset_fails_before_any_worker(tmp_path):
 
 
 def test_example_trial_yaml_is_valid():
-    from qkvsearch.trainers.training.loop import load_cli_config
+    from qkvsearch.trainers.ray_train.loop import load_cli_config
 
     cfg = load_cli_config(str(REPO / "examples" / "trial.yaml"), [])
     assert cfg["dataset"] == "digits" and cfg["epochs"] <= 5

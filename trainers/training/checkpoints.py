@@ -2,7 +2,7 @@
 (``<storage>/<run name>/checkpoint_epoch_NNNN/state.pt``), ``LocalRun``: the checkpoints and reports of a run
 in Train's local mode, which keeps none itself, the state file itself (``save_state``, ``load_state``), and the
 weights a run starts from (``load_pretrained``: a fine-tuning's, or a subnet's inherited ones). No
-Ray import here (trainers.training.loop holds them); torch is imported where a state file is read or written.
+Ray import here (trainers.ray_train.loop holds them); torch is imported where a state file is read or written.
 """
 from __future__ import annotations
 

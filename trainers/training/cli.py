@@ -3,8 +3,8 @@
     python -m qkvsearch.trainers.training.cli --config examples/trial.yaml [--set key=value ...] [--checkpoint-dir DIR]
 
 runs the engine (trainers.training.engine) in-process (world size 1) or under `torchrun --nproc_per_node=N` (gloo
-on CPU, nccl on CUDA) and prints one JSON line of metrics per epoch from rank 0. (``python -m
-qkvsearch.trainers.training.loop`` runs it too.)
+on CPU, nccl on CUDA) and prints one JSON line of metrics per epoch from rank 0. (The earlier ``python -m
+qkvsearch.trainers.loop`` runs it too.)
 """
 from __future__ import annotations
 

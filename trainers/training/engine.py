@@ -1,7 +1,7 @@
 """The per-rank training engine, free of Ray: one Run object, train_one_epoch, evaluate (checkpoint files:
 trainers.training.checkpoints, re-exported here).
 
-Used by both adapters: the Ray Train worker (trainers.training.loop.train_worker) and the plain path
+Used by both adapters: the Ray Train worker (trainers.ray_train.loop.train_worker) and the plain path
 (trainers.training.cli: one process, or torchrun + torch.distributed). Loaders: trainers.training.feeding.
 
 Rules that make a run reproducible and resumable:

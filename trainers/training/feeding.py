@@ -8,7 +8,7 @@
   statistics and data order stay as they are; a training step counts as STEP_FORWARDS such forwards (the
   backward costs about two);
 - C: the CPUs this process was given (torch's intra-op threads: the Ray Train worker's CPUs, set by
-  trainers.training.loop; a plain process's own).
+  trainers.ray_train.loop; a plain process's own).
 
 With k loader processes an image costs 1/r + 1/g when k = 0 (the process decodes, then trains), else
 max(1/(k r), s/g): decoding beside training, where on a CPU device the k processes take CPUs from training

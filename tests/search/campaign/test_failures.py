@@ -11,8 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_damaged_or_missing_checkpoint_fails_naming_its_file(ray_local, tmp_path):
+    from qkvsearch.trainers.ray_train.loop import RunSettings, run_trainer
     from qkvsearch.trainers.training.engine import CheckpointError
-    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
 
     cfg = load_campaign(tiny_spec(tmp_path, "ckpt", workers=1, epochs=1, variants=[{"embedding": "linear"}],
                                   steps=2))

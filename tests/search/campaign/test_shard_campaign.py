@@ -12,7 +12,7 @@ every training sample once per epoch, as many each (the reader itself: tests/tra
 
 A shard that turns out corrupt mid-epoch (whole tar blocks, garbage inside: no listing can tell) fails the
 trial's training with an error naming the shard, which the trial records as its error (a failed trial; the
-campaign goes on): checked at the level of the trial's training function, trainers.training.loop.run_trainer."""
+campaign goes on): checked at the level of the trial's training function, trainers.ray_train.loop.run_trainer."""
 from __future__ import annotations
 
 import os
@@ -98,7 +98,7 @@ def test_a_corrupt_shard_fails_the_trial_naming_the_shard(tmp_path):
     from qkvsearch.spaces import base_config, load_campaign
     from qkvsearch.trainers.data.shard_source import ShardError
     from qkvsearch.trainers.model.cost import resolve_trial
-    from qkvsearch.trainers.training.loop import RunSettings, run_trainer
+    from qkvsearch.trainers.ray_train.loop import RunSettings, run_trainer
 
     write_wds(str(tmp_path / "tiny"), {"train": TRAIN, "validation": VAL})
     shard = tmp_path / "tiny" / "train-0002.tar"

@@ -194,7 +194,7 @@ def test_recorder_continues_an_intact_record(tmp_path, caplog):
 
 def test_a_resumed_trial_replaying_its_epochs_fills_the_gap_and_rewrites_nothing_it_had(tmp_path):
     # The driver recorded epoch 1 and died; the trial's Train run went on to checkpoint epoch 3. Resumed,
-    # the trial reports its checkpoint's epochs again (trainers.training.loop), then trains epoch 4.
+    # the trial reports its checkpoint's epochs again (trainers.ray_train.loop), then trains epoch 4.
     trial = SimpleNamespace(trial_id="t1")
     _run(Recorder(str(tmp_path), "c", _describe), trial, [1])
     epochs_file = tmp_path / "qs_trials" / "t1.epochs.csv"

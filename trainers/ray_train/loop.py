@@ -8,7 +8,8 @@ checkpoint first reports every epoch of that checkpoint's history again (_replay
 (Train's local mode) train_worker runs in the calling process instead: no controller, no worker actors;
 trainers.training.checkpoints then keeps the checkpoints, in the folders a Train run would use.
 
-The plain path without Ray (``python -m qkvsearch.trainers.training.loop`` or ``trainers.training.cli``): trainers.training.cli.
+The plain path without Ray: trainers.training.cli (``python -m qkvsearch.trainers.training.cli``; the earlier
+``python -m qkvsearch.trainers.loop`` runs it too, through this module).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from qkvsearch.trainers.training.checkpoints import (
     checkpoint_dir_name,
     epoch_checkpoint,  # noqa: F401  (public: search.campaign reads it here)
 )
-from qkvsearch.trainers.training.cli import load_cli_config, main  # noqa: F401  (python -m qkvsearch.trainers.training.loop)
+from qkvsearch.trainers.training.cli import load_cli_config, main  # noqa: F401  (python -m qkvsearch.trainers.loop)
 from qkvsearch.trainers.training.errors import DivergenceError, SimulatedFailure  # noqa: F401  (public re-export)
 from qkvsearch.trainers.training.faults import read_faults
 
