@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qkvsearch.search.analysis.pareto import nondominated_mask  # noqa: E402
 from qkvsearch.search.simulation.curves import curves_from_frame, load_source
 from qkvsearch.search.simulation.replay import Setting, simulate
-from qkvsearch.spaces.schema import SchedulerSpec
+from qkvsearch.spaces.sections import SchedulerSpec
 
 EPOCHS = 27
 OBJECTIVES = (("top1", "max"), ("params_m", "min"))

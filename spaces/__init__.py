@@ -53,7 +53,8 @@ preset_path(name). Errors: SpecError (a ValueError) listing every problem, one p
 from qkvsearch.spaces.errors import BadInput, SpecError
 from qkvsearch.spaces.loader import load_campaign
 from qkvsearch.spaces.reading import list_presets, preset_path
-from qkvsearch.spaces.schema import CampaignSpec, Dimension, Space
+from qkvsearch.spaces.schema import Dimension, Space
+from qkvsearch.spaces.spec import CampaignSpec
 from qkvsearch.spaces.trials import base_config, expand_space, smoke_test, suggest_config
 
 __all__ = [

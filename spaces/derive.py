@@ -9,7 +9,7 @@ target searches in, and the one its chosen subnets retrain in.
 from __future__ import annotations
 
 from qkvsearch.spaces.loader import load_campaign
-from qkvsearch.spaces.schema import CampaignSpec
+from qkvsearch.spaces.spec import CampaignSpec
 
 
 def derived(spec: CampaignSpec, *, drop: tuple[str, ...] = (), **sections) -> CampaignSpec:

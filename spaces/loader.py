@@ -17,7 +17,7 @@ from qkvsearch.spaces.checks import names_as_given
 from qkvsearch.spaces.errors import Collector, SpecError, show
 from qkvsearch.spaces.measure import parse_measure
 from qkvsearch.spaces.reading import apply_overrides, check_size, read_spec_file, size_problem
-from qkvsearch.spaces.schema import SECTIONS, CampaignSpec
+from qkvsearch.spaces.schema import SECTIONS
 from qkvsearch.spaces.search_options import parse_search
 from qkvsearch.spaces.sections import (
     MISSING,
@@ -34,6 +34,7 @@ from qkvsearch.spaces.sections import (
     parse_storage,
     parse_train,
 )
+from qkvsearch.spaces.spec import CampaignSpec
 from qkvsearch.spaces.stages import parse_stages
 from qkvsearch.spaces.supernet import check_served, check_shareable, parse_supernet
 from qkvsearch.spaces.targets import check_targets, parse_targets

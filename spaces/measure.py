@@ -15,30 +15,33 @@ from __future__ import annotations
 
 from qkvsearch.spaces.checks import POS_INT, POS_NUM, is_number
 from qkvsearch.spaces.errors import Collector, hint, show
-from qkvsearch.spaces.fields import Field, nonempty, table
+from qkvsearch.spaces.fields import Field, nonempty, read_table, section_spec, table
 from qkvsearch.spaces.metrics import MEASURED_METRICS
-from qkvsearch.spaces.schema import FrozenMap, MeasureSpec
+from qkvsearch.spaces.schema import FrozenMap
 
-# The section's fields (spaces.fields); defaults: MeasureSpec's.
+# The section's fields (spaces.fields), and its spec made of them; the fields added later are written back only
+# when set, so that earlier campaign files read back unchanged.
 MEASURE_FIELDS = table(
-    Field("batch", POS_INT, MeasureSpec.batch, "images a forward when throughput is measured"),
-    Field("latency_batch", POS_INT, MeasureSpec.latency_batch, "images a forward when latency_ms is measured"),
-    Field("metrics", f"a list of measured metrics ({', '.join(MEASURED_METRICS)})", [],
-          "measured metrics to record although no objective or constraint names them"),
-    Field("cache", nonempty("a folder or URI (a string)"), MeasureSpec.cache,
+    Field("batch", POS_INT, 64, "images a forward when throughput is measured"),
+    Field("latency_batch", POS_INT, 1, "images a forward when latency_ms is measured"),
+    Field("metrics", f"a list of measured metrics ({', '.join(MEASURED_METRICS)})", (),
+          "measured metrics to record although no objective or constraint names them", example=["peak_mem_gb"]),
+    Field("cache", nonempty("a folder or URI (a string)"), None,
           "where measurements are kept; campaigns that share it reuse them",
           default_doc="<campaign folder>/qs_measurements"),
-    Field("max_s", POS_NUM, MeasureSpec.max_s,
+    Field("max_s", POS_NUM, 10.0,
           "seconds one metric's warm-up and timing may take (5 timed calls at least; it stops earlier once the "
           "median is within 1 %)"),
-    Field("resources", "a mapping {Ray resource: amount}", {},
+    Field("resources", "a mapping {Ray resource: amount}", FrozenMap(),
           "the Ray resources of the node measurements run on (a deployment target's: spaces.targets)",
-          default_doc="{} (a node of the trials' kind)"),
-    Field("predict_after", POS_INT, MeasureSpec.predict_after,
+          default_doc="{} (a node of the trials' kind)", example={"edge_node": 1}, added_later=True),
+    Field("predict_after", POS_INT, None,
           "one-shot scoring: model shapes measured before a model fitted on them predicts the rest (the chosen "
-          "subnets are always measured)", default_doc="null (every shape measured)"),
+          "subnets are always measured)", default_doc="null (every shape measured)", added_later=True),
 )
 MEASURE_KEYS = tuple(MEASURE_FIELDS)
+MeasureSpec = section_spec("MeasureSpec", MEASURE_FIELDS, __name__,
+                           "The measure section (MEASURE_FIELDS): how measured cost is measured.")
 
 
 def parse_measure(raw, c: Collector) -> MeasureSpec:
@@ -46,20 +49,20 @@ def parse_measure(raw, c: Collector) -> MeasureSpec:
     raw = c.section("measure", raw, MEASURE_KEYS, f"a mapping ({', '.join(MEASURE_KEYS)})")
     if raw is None:
         return MeasureSpec()
-    values = {name: MEASURE_FIELDS[name].read(raw, c, "measure")
-              for name in ("batch", "latency_batch", "max_s", "predict_after")}
-    values["resources"] = ray_resources(raw.get("resources"), "measure.resources", c)
-    metrics = raw.get("metrics") or []
+    return MeasureSpec(**read_table(raw, MEASURE_FIELDS, c, "measure", metrics=_metrics, resources=ray_resources))
+
+
+def _metrics(raw, c: Collector, where: str) -> tuple[str, ...]:
+    """measure.metrics: measured metrics, each named where it is not one."""
+    metrics = raw or []
     if not isinstance(metrics, list):
-        c.expected("measure.metrics", MEASURE_FIELDS["metrics"].expected, metrics)
-        metrics = []
+        c.expected(where, MEASURE_FIELDS["metrics"].expected, metrics)
+        return ()
     for i, metric in enumerate(metrics):
         if metric not in MEASURED_METRICS:
-            c.add(f"measure.metrics[{i}]", f"expected one of {', '.join(MEASURED_METRICS)}, given {show(metric)}"
+            c.add(f"{where}[{i}]", f"expected one of {', '.join(MEASURED_METRICS)}, given {show(metric)}"
                   + (hint(metric, MEASURED_METRICS, list_known=False) if isinstance(metric, str) else ""))
-    values["metrics"] = tuple(dict.fromkeys(m for m in metrics if m in MEASURED_METRICS))
-    values["cache"] = MEASURE_FIELDS["cache"].read(raw, c, "measure")
-    return MeasureSpec(**values)
+    return tuple(dict.fromkeys(m for m in metrics if m in MEASURED_METRICS))
 
 
 def measured_metrics(spec) -> tuple[str, ...]:
@@ -69,7 +72,7 @@ def measured_metrics(spec) -> tuple[str, ...]:
     return tuple(m for m in MEASURED_METRICS if m in named)
 
 
-def ray_resources(raw, where: str, c: Collector) -> FrozenMap:
+def ray_resources(raw, c: Collector, where: str) -> FrozenMap:
     """A mapping {Ray resource name: amount > 0, finite} (CPU and GPU among them), each entry checked and named."""
     if raw is None:
         return FrozenMap()

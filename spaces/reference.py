@@ -7,6 +7,8 @@ Markdown table each.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from qkvsearch.spaces.datasets import DATASET_INFO
 from qkvsearch.spaces.fields import Field
 from qkvsearch.spaces.keys import KEYS, Key
@@ -45,7 +47,7 @@ def yaml_value(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(yaml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, float):
         return repr(value)

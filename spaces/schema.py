@@ -1,4 +1,7 @@
-"""The validated campaign spec: frozen dataclasses, built only by spaces.loader.
+"""What a validated campaign spec (spaces.spec.CampaignSpec) is made of: frozen values (FrozenMap), the specs of
+the sections of trial keys (from spaces.keys.KEYS), the space, objectives and constraints, and the stages'
+specs. The sections of fields have their specs beside their tables (spaces.fields.section_spec: spaces.sections,
+spaces.search_options, spaces.measure, spaces.supernet, spaces.targets).
 
 Every section keeps what the YAML said after normalisation (defaults filled in, ints given for
 float keys turned into floats, conditions the loader implies made explicit), so
@@ -176,6 +179,16 @@ class Constraint:
         return {k: getattr(self, k) for k in ("max", "min") if getattr(self, k) is not None}
 
 
+def constraints_file(constraints) -> dict:
+    """Constraints as a campaign file writes them: {metric: {max: x, min: y}}."""
+    return {c.metric: c.to_dict() for c in constraints}
+
+
+def objectives_file(objectives) -> list[dict]:
+    """Objectives as a campaign file writes them: [{metric, mode}, ...]."""
+    return [{"metric": o.metric, "mode": o.mode} for o in objectives]
+
+
 def added_up(*groups) -> tuple[Constraint, ...]:
     """Every bound of every group of constraints, one Constraint per metric (in the order the metrics first
     come): where several bound a metric, the tighter bound of each side wins (the least max, the greatest
@@ -192,86 +205,8 @@ def added_up(*groups) -> tuple[Constraint, ...]:
     return tuple(out.values())
 
 
-@dataclass(frozen=True)
-class SearchSpec:
-    algorithm: str                      # grid | random | tpe | nsga2 | gp | ehvi
-    num_trials: int                     # grid: grid size x repeats
-    seed: int = 0
-    population_size: int | None = None  # nsga2 only
-    repeats: int = 1                    # each configuration runs this many times (seeds seed, seed + 1, ...)
-    n_startup_trials: int | None = None  # gp, ehvi: random trials before the Gaussian process leads
-    warm_start: str | None = None       # an earlier campaign folder (or URI) whose results the searcher learns first
-    front_repeats: int = 1              # once the search ends, runs of each configuration on its front
-
-    def to_dict(self) -> dict:
-        out = vars_of(self)
-        for key, default in (("repeats", 1 if self.algorithm != "grid" else None), ("front_repeats", 1),
-                             ("population_size", None), ("n_startup_trials", None), ("warm_start", None)):
-            if out[key] == default:
-                out.pop(key)
-        return out
-
-
-@dataclass(frozen=True)
-class SchedulerSpec:
-    type: str = "fifo"                  # fifo | asha | moasha
-    grace_epochs: int = 1
-    reduction_factor: int = 3
-    metric: str | None = None           # asha: the metric it stops on (default: first objective)
-    mode: str | None = None
-    brackets: int | None = None         # asha/moasha: Hyperband brackets; None: the default (bracket_count)
-
-    # Not fields (no annotation): the defaults of ``brackets``, see bracket_count.
-    DEFAULT_BRACKETS = FrozenMap({"moasha": 3, "asha": 1})
-
-    @staticmethod
-    def rung_epochs(grace_epochs: float, reduction_factor: float, epochs: float) -> list:
-        """The rungs of bracket 0: grace * rf**k, k = 0, 1, ..., below the planned epochs (trials at
-        ``epochs`` are done); whole numbers as ints. The one ladder of the spec checks, the MO-ASHA
-        scheduler and the simulator."""
-        out, m = [], grace_epochs
-        while m < epochs:
-            out.append(int(m) if float(m).is_integer() else float(m))
-            m *= reduction_factor
-        return out
-
-    def bracket_count(self, epochs: int) -> int:
-        """Brackets the campaign's scheduler gets: ``brackets`` when the spec sets it, else the default
-        (at most one per rung that fits in ``epochs``, and at least 1).
-
-        Default for moasha: 3, chosen with benchmarks/bench_search.py (replays of 81 and 243
-        configurations x 27 epochs, grace 1, rf 3, where 3 is every rung: 1, 3, 9; MO-ASHA deals
-        bracket s rf**(2 s) shares of the trials, see search/scheduling/moasha.py and benchmarks/README.md). At half the full grid's
-        epochs, MO-ASHA with 3 brackets keeps 0.98 / 0.99 of the grid's hypervolume when curves keep
-        their order and 0.97 / 0.97 when larger models learn slower and overtake, where 1 bracket keeps
-        0.97 / 0.99 and 0.70 / 0.81, and 2 brackets 0.99 / 1.00 and 0.85 / 0.93. On curves that keep
-        their order one bracket is nearly as good and cheaper (it tries every configuration with a
-        quarter of the epochs or fewer), but on crossing curves fewer brackets lose much of the front,
-        and a campaign cannot tell beforehand which kind it has. Smaller budgets favour fewer brackets:
-        at a quarter of the grid's epochs 3 brackets trail 1 on ordered curves (0.91 vs 0.96 for 81
-        configurations) while still ahead of random search (0.88). The benchmark's targets at half the
-        epochs (0.97 ordered, 0.95 crossing, never 0.02 below random search) hold with 3 brackets on
-        all four benchmarks.
-        Default for asha: 1, Ray's own (its brackets are drawn at random, weighted toward bracket 0;
-        not benchmarked here)."""
-        if self.brackets is not None:
-            return self.brackets
-        fit = len(self.rung_epochs(self.grace_epochs, self.reduction_factor, epochs))
-        return max(1, min(self.DEFAULT_BRACKETS.get(self.type, 1), fit))
-
-
 # What one Train run asks of Ray: a trial's, and a stage's that sets its own (spaces.stages).
 WORKER_RESOURCES = (("workers_per_trial", POS_INT), ("cpus_per_worker", POS_NUM), ("gpus_per_worker", NONNEG_NUM))
-
-
-@dataclass(frozen=True)
-class ResourcesSpec:
-    workers_per_trial: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    max_concurrent_trials: int | str = "auto"
-    placement_strategy: str = "PACK"
-    max_failures: int = 3               # recoveries of a trial from a lost process (worker, trial driver)
 
 
 # What an ended trial keeps of its checkpoints (search.campaign.retention). front: the weights, without
@@ -281,64 +216,9 @@ class ResourcesSpec:
 KEEP_POLICIES = ("front", "all", "none")
 
 
-@dataclass(frozen=True)
-class CheckpointsSpec:
-    keep: str = "front"                 # one of KEEP_POLICIES
-
-
-
-@dataclass(frozen=True)
-class MeasureSpec:
-    """The campaign file's ``measure`` section (spaces.measure parses it): how measured cost is measured."""
-
-    batch: int = 64                     # images a forward for throughput
-    latency_batch: int = 1              # images a forward for latency_ms
-    metrics: tuple[str, ...] = ()       # measured metrics recorded besides those objectives and constraints name
-    cache: str | None = None            # folder or URI of measurements; None: <campaign folder>/qs_measurements
-    max_s: float = 10.0                 # seconds of timing one metric may take (caps the ±1 % rule)
-    resources: FrozenMap = FrozenMap()  # Ray resources of the node measurements run on ({}: the trials' kind)
-    predict_after: int | None = None    # shapes measured before a fitted model predicts the rest (one-shot)
-
-    def to_dict(self) -> dict:  # the fields added later only when set: earlier campaign files read back unchanged
-        return {k: v for k, v in vars_of(self).items() if v or k not in ("resources", "predict_after")}
-
-
 SECTIONS = ("name", "description", "model", "data", "train", "space", "objectives", "constraints",
             "search", "scheduler", "resources", "checkpoints", "storage", "tracking", "stages", "measure",
             "supernet", "targets")
-
-
-@dataclass(frozen=True)
-class SupernetSpec:
-    """The campaign file's ``supernet`` section (spaces.supernet parses it): one-shot search. Empty (falsy):
-    a campaign that trains every configuration it proposes."""
-
-    recipe: FrozenMap = FrozenMap()     # train keys of the supernet's training (its epochs at least)
-    random_subnets: int = 2             # random subnets per update besides the sandwich
-    distill: bool = True                # in-place distillation from the largest subnet
-    bn_batches: int = 2                 # training batches a subnet's BatchNorm is recalibrated on
-    retrain: str = "front"              # front | top_k: which evaluated subnets train on their own
-    top_k: int | None = None
-    control: int = 16                   # configurations drawn from the space, retrained twice: the ranking's check
-    source: str | None = None           # ``from``: a campaign folder whose trained supernet is searched
-    retrain_from: str = "scratch"       # scratch | inherited: where the chosen subnets' training starts
-    resources: FrozenMap = FrozenMap()  # WORKER_RESOURCES name -> value: the supernet's run's, replacing the campaign's
-
-    def __bool__(self) -> bool:
-        return bool(self.recipe) or self.source is not None
-
-    def to_dict(self) -> dict:
-        out = {"train": plain(self.recipe), "random_subnets": self.random_subnets, "distill": self.distill,
-               "bn_batches": self.bn_batches, "retrain": self.retrain, "control": self.control}
-        if self.top_k is not None:
-            out["top_k"] = self.top_k
-        if self.retrain_from != "scratch":  # campaign files written before the setting read back unchanged
-            out["retrain_from"] = self.retrain_from
-        if self.source is not None:
-            out["from"] = self.source
-        if self.resources:
-            out["resources"] = plain(self.resources)
-        return out
 
 
 # ---------------------------------------------------------------- the stages after training (spaces.stages)
@@ -402,56 +282,6 @@ class StagesSpec:
         return out
 
 
-@dataclass(frozen=True)
-class CampaignSpec:
-    name: str
-    model: ModelSpec
-    data: DataSpec
-    train: Any                          # TrainSpec
-    space: Space
-    objectives: tuple[Objective, ...]
-    constraints: tuple[Constraint, ...] = ()
-    search: SearchSpec = field(default_factory=lambda: SearchSpec("random", 1))
-    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
-    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
-    storage: str = "results/"
-    description: str = ""
-    source: str | None = field(default=None, compare=False)   # the file it came from, for messages
-    checkpoints: CheckpointsSpec = field(default_factory=CheckpointsSpec)
-    tracking: FrozenMap = field(default_factory=FrozenMap)  # tracker -> its settings (spaces.tracking.TRACKERS)
-    stages: StagesSpec = field(default_factory=StagesSpec)  # empty: none (spaces.stages parses it)
-    measure: MeasureSpec = field(default_factory=MeasureSpec)
-    supernet: SupernetSpec = field(default_factory=SupernetSpec)
-    targets: tuple = ()                 # spaces.targets.TargetSpec: the deployment targets a supernet serves
-
-    def to_dict(self) -> dict:
-        """Plain JSON-able dict in the YAML grammar; load_campaign(spec.to_dict()) == spec."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "model": self.model.as_dict(),
-            "data": self.data.as_dict(),
-            "train": self.train.as_dict(),
-            "space": self.space.to_dict(),
-            "objectives": [vars_of(o) for o in self.objectives],
-            "constraints": {c.metric: c.to_dict() for c in self.constraints},
-            "search": self.search.to_dict(),
-            "scheduler": vars_of(self.scheduler),
-            "resources": vars_of(self.resources),
-            "checkpoints": vars_of(self.checkpoints),
-            "storage": self.storage,
-            **({"tracking": plain(self.tracking)} if self.tracking else {}),
-            **({"measure": self.measure.to_dict()} if self.measure != MeasureSpec() else {}),
-            **({"stages": self.stages.to_dict()} if self.stages else {}),
-            **({"supernet": self.supernet.to_dict()} if self.supernet else {}),
-            **({"targets": [t.to_dict() for t in self.targets]} if self.targets else {}),
-        }
-
-    def violations(self, cost: Mapping[str, float]) -> list[str]:
-        """Constraint violations of one trial's cost (trainers.model.cost.model_cost output); [] = feasible."""
-        return violations(self.constraints, cost)
-
-
 def violations(constraints, cost: Mapping[str, float]) -> list[str]:
     """The messages of the constraints a cost (trainers.model.cost.model_cost output) breaks; [] = feasible.
     A metric the cost lacks is not judged yet: a measured one (spaces.metrics.MEASURED) is known only once
@@ -462,3 +292,18 @@ def violations(constraints, cost: Mapping[str, float]) -> list[str]:
 
 def vars_of(obj) -> dict:
     return {k: plain(v) for k, v in vars(obj).items()}
+
+
+# Declared since where their tables are (and CampaignSpec in spaces.spec): the names earlier versions pickled
+# (a campaign's tuner.pkl holds its spec) and earlier scripts import from here.
+_MOVED = {"CampaignSpec": "spec", "SearchSpec": "search_options", "SchedulerSpec": "sections",
+          "ResourcesSpec": "sections", "CheckpointsSpec": "sections", "MeasureSpec": "measure",
+          "SupernetSpec": "supernet"}
+
+
+def __getattr__(name: str):
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"qkvsearch.spaces.{_MOVED[name]}"), name)

@@ -4,14 +4,12 @@ their defaults: declared once, read by the spec loader (spaces.loader), the sear
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.checks import MAX_COUNT, POS_INT, SEED, integer, one_of
 from qkvsearch.spaces.errors import Collector, section_failed
-from qkvsearch.spaces.fields import Field, nonempty, table
+from qkvsearch.spaces.fields import Field, nonempty, read_table, section_spec, table
 from qkvsearch.spaces.metrics import COUNTED_METRICS, MEASURED_METRICS
-from qkvsearch.spaces.schema import SearchSpec, Space
+from qkvsearch.spaces.schema import Space
 from qkvsearch.spaces.sections import as_mapping
 
 ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi", "mfehvi")
@@ -27,29 +25,47 @@ STARTUP_TRIALS = {"gp": 10, "ehvi": 20, "mfehvi": 10}
 GP_STARTUP_TRIALS = STARTUP_TRIALS["gp"]
 NSGA2_POPULATION = 50    # nsga2: Optuna's default population
 
-# The section's fields (spaces.fields); defaults: SearchSpec's, where they do not depend on the rest.
+# The section's fields (spaces.fields), and its spec made of them; defaults: where they do not depend on the rest.
+# The options of some algorithms only are written back only when set.
 SEARCH_FIELDS = table(
     Field("algorithm", one_of(*ALGORITHMS), None, "the searcher that proposes trials",
           default_doc="grid when every dimension is a choice; else, for several objectives, ehvi when there is one "
                       "training objective and one or two counted costs, else gp; random for one objective"),
     Field("num_trials", POS_INT, None, "trials to run (proposals a one-shot campaign scores)",
           default_doc="required, except for grid: grid points x repeats"),
-    Field("seed", SEED, SearchSpec.seed, "seed of the searcher's draws"),
-    Field("population_size", integer(2, MAX_COUNT), SearchSpec.population_size, "NSGA-II's population",
-          default_doc=f"min({NSGA2_POPULATION}, num_trials // 2), at least 2", applies=("nsga2",)),
-    Field("repeats", POS_INT, SearchSpec.repeats, "runs of each configuration proposed, under the seeds seed, "
-          "seed + 1, ...; the searcher learns each configuration from its first (grid: of each grid point)",
+    Field("seed", SEED, 0, "seed of the searcher's draws"),
+    Field("population_size", integer(2, MAX_COUNT), None, "NSGA-II's population",
+          default_doc=f"min({NSGA2_POPULATION}, num_trials // 2), at least 2", applies=("nsga2",), added_later=True),
+    # written back as spaces.search_options.search_dict says: a grid's always, another searcher's when set
+    Field("repeats", POS_INT, 1, "runs of each configuration proposed, under the seeds seed, seed + 1, ...; the "
+          "searcher learns each configuration from its first (grid: of each grid point)",
           default_doc="1; for a searcher other than grid num_trials counts every run"),
-    Field("front_repeats", POS_INT, SearchSpec.front_repeats,
+    Field("front_repeats", POS_INT, 1,
           "once the search ends, each configuration on the front of the completed trials trains again under the "
-          "next seeds until it has run this many times (each front point's mean and spread in the report)"),
-    Field("n_startup_trials", POS_INT, SearchSpec.n_startup_trials,
+          "next seeds until it has run this many times (each front point's mean and spread in the report)",
+          added_later=True),
+    Field("n_startup_trials", POS_INT, None,
           "random trials before the model leads; fewer than num_trials",
           default_doc=", ".join(f"min({n}, num_trials // 4) for {a}" for a, n in STARTUP_TRIALS.items())
-          + ", at least 1", applies=tuple(STARTUP_TRIALS)),
-    Field("warm_start", nonempty("a campaign folder or URI (a string)"), SearchSpec.warm_start,
-          "a finished campaign whose trials this space can draw are known from the start, never retrained"),
+          + ", at least 1", applies=tuple(STARTUP_TRIALS), added_later=True),
+    Field("warm_start", nonempty("a campaign folder or URI (a string)"), None,
+          "a finished campaign whose trials this space can draw are known from the start, never retrained",
+          added_later=True),
 )
+SearchSpec = section_spec("SearchSpec", SEARCH_FIELDS, __name__, "The search section (SEARCH_FIELDS).")
+_section_dict = SearchSpec.to_dict
+
+
+def search_dict(spec) -> dict:
+    """SearchSpec.to_dict: the section's table (spaces.fields.section_spec), where ``repeats`` is a grid's always
+    (its size counts them) and another searcher's only when set, as earlier campaign files hold it."""
+    out = _section_dict(spec)
+    if spec.algorithm != "grid" and spec.repeats == 1:
+        out.pop("repeats")
+    return out
+
+
+SearchSpec.to_dict = search_dict
 # search keys that only some algorithms read -> those algorithms
 OPTIONS = {f.name: f.applies for f in SEARCH_FIELDS.values() if f.applies}
 
@@ -100,16 +116,14 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
     default_algorithm = "grid" if space.enumerable else several
     algorithm = dimensions.check_value(fields["algorithm"].check, raw.get("algorithm", default_algorithm),
                                        c, "search.algorithm")
-    seed = fields["seed"].read(raw, c, "search")
     # A key that does not apply to the algorithm is reported as such, without also judging its value.
-    repeats = fields["repeats"].read(raw, c, "search", default=None)
-    front_repeats = fields["front_repeats"].read(raw, c, "search")
-    population = _only_for(raw, fields["population_size"], algorithm, c)
-    startup = _only_for(raw, fields["n_startup_trials"], algorithm, c)
-    warm = fields["warm_start"].read(raw, c, "search")
-    num_trials = fields["num_trials"].read(raw, c, "search")
+    values = read_table(raw, fields, c, "search", algorithm=lambda *_: algorithm,
+                        repeats=lambda given, c, path: fields["repeats"].read(raw, c, "search", default=None),
+                        population_size=_only_for(raw, fields["population_size"], algorithm),
+                        n_startup_trials=_only_for(raw, fields["n_startup_trials"], algorithm))
+    num_trials, repeats, startup = values["num_trials"], values["repeats"], values["n_startup_trials"]
     if algorithm is dimensions.ABSENT:
-        return SearchSpec("random", num_trials or 1, seed)
+        return SearchSpec(**{**values, "algorithm": "random", "num_trials": num_trials or 1, "repeats": 1})
     if algorithm != "grid" and ("algorithm" in raw or space_ok):
         ranges = [d.key for d in space.dimensions if not d.enumerable]
         why = (f"given {algorithm}" if "algorithm" in raw
@@ -119,10 +133,11 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                 c.add(f"space.{dim.key}.grid", f"grid values are enumerated, which only search.algorithm grid "
                                                f"does ({why}); use choice")
     if algorithm == "grid":
-        if raw.get("repeats") is not None and repeats is None:
-            return SearchSpec("grid", num_trials or 1, seed)   # no size to compare num_trials with
-        grid = _grid_search(space, num_trials, seed, repeats or 1, c, space_ok)
-        return replace(grid, warm_start=warm, front_repeats=front_repeats)
+        if raw.get("repeats") is not None and repeats is None:   # no size to compare num_trials with
+            return SearchSpec(**{**values, "num_trials": num_trials or 1, "repeats": 1})
+        repeats = repeats or 1
+        return SearchSpec(**{**values, "repeats": repeats,
+                             "num_trials": _grid_trials(space, num_trials, repeats, c, space_ok)})
     if num_trials is None:
         if raw.get("num_trials") is None:
             c.add("search.num_trials", f"required for algorithm {algorithm} (how many trials to run)")
@@ -135,8 +150,8 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
         c.add("search.num_trials", f"expected a multiple of search.repeats ({repeats}): each configuration proposed "
                                    f"runs {repeats} times, and num_trials counts every run; given {num_trials}")
     proposals = max(1, num_trials // repeats)   # what the searcher proposes; its defaults are sized on them
-    if algorithm == "nsga2" and population is None:
-        population = default_population(proposals)
+    if algorithm == "nsga2" and values["population_size"] is None:
+        values["population_size"] = default_population(proposals)
     if algorithm in EHVI_ALGORITHMS and known_cost:
         c.add("search.algorithm", known_cost)
     if algorithm in OPTIONS["n_startup_trials"] and startup is None:
@@ -147,37 +162,41 @@ def parse_search(raw, space: Space, c: Collector, objectives=()) -> SearchSpec:
                                          f"every trial would be a random start-up one and the Gaussian process "
                                          f"would never lead (leave it out for min({startup_cap(algorithm)}, "
                                          f"num_trials // 4))")
-    return SearchSpec(algorithm, num_trials, seed, population, repeats, startup, warm, front_repeats)
+    return SearchSpec(**{**values, "num_trials": num_trials, "repeats": repeats, "n_startup_trials": startup})
 
 
-def _grid_search(space: Space, num_trials, seed, repeats, c: Collector, space_ok: bool = True) -> SearchSpec:
+def _grid_trials(space: Space, num_trials, repeats, c: Collector, space_ok: bool = True) -> int:
+    """The trials a grid runs: its points x repeats (num_trials as given where the space has a range)."""
     ranges = [d.key for d in space.dimensions if not d.enumerable]
     if ranges:
         c.add("search.algorithm", "grid needs every dimension to be choice/grid, but "
                                   + ", ".join(f"space.{k}" for k in ranges) + " is a range")
-        return SearchSpec("grid", num_trials or 1, seed, None, repeats)
+        return num_trials or 1
     points = dimensions.count(space)   # counted, not enumerated: a grid may hold 10^8 points
     size = points * repeats
     if not space_ok:
-        return SearchSpec("grid", size, seed, None, repeats)
+        return size
     if num_trials is not None and num_trials != size:
         c.add("search.num_trials", f"grid runs every grid point x repeats = {size} trials, given {num_trials} "
                                    "(leave num_trials out)")
     elif points == 1 and repeats > 1:
         c.warn("search.repeats", f"the space holds one configuration, so all {repeats} repeats would train "
                                  "the same one (add space dimensions, or leave repeats out)")
-    return SearchSpec("grid", size, seed, None, repeats)
+    return size
 
 
-def _only_for(raw: dict, field: Field, algorithm, c: Collector, advice: str = ""):
-    """The value of a search key that only some algorithms read (``field.applies``); None when absent, invalid
-    or not applicable."""
-    if raw.get(field.name) is None:
-        return None
-    if algorithm is not dimensions.ABSENT and algorithm not in field.applies:
-        c.add(f"search.{field.name}", f"applies to algorithm {', '.join(field.applies)} only, not {algorithm}{advice}")
-        return None
-    return field.read(raw, c, "search", default=None)
+def _only_for(raw: dict, field: Field, algorithm, advice: str = ""):
+    """The reader (spaces.fields.read_table) of a search key that only some algorithms read (``field.applies``):
+    None when absent, invalid or not applicable."""
+    def read(given, c: Collector, path: str):
+        if given is None:
+            return None
+        if algorithm is not dimensions.ABSENT and algorithm not in field.applies:
+            c.add(path, f"applies to algorithm {', '.join(field.applies)} only, not {algorithm}{advice}")
+            return None
+        return field.read(raw, c, "search", default=None)
+
+    return read
 
 
 def _failed(c: Collector, section: str) -> bool:

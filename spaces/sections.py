@@ -1,6 +1,7 @@
-"""The sections of a campaign file, each checked against its declaration (spaces.keys, spaces.schema), every
-problem collected with the path of its field. The search section: spaces.search_options; space: spaces.dimensions;
-stages: spaces.stages; tracking: spaces.tracking; measure: spaces.measure."""
+"""The sections of a campaign file, each checked against its declaration (spaces.keys, its table: spaces.fields),
+every problem collected with the path of its field; the scheduler, resources and checkpoints sections' specs are
+made from their tables here. The search section: spaces.search_options; space: spaces.dimensions; stages:
+spaces.stages; tracking: spaces.tracking; measure: spaces.measure; supernet: spaces.supernet."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,7 @@ from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.checks import MAX_COUNT, NONNEG_INT, POS_INT, integer, is_number, one_of
 from qkvsearch.spaces.errors import Collector, hint, show
-from qkvsearch.spaces.fields import MODE, POSITIVE_OR_AUTO, Field, table
+from qkvsearch.spaces.fields import MODE, POSITIVE_OR_AUTO, Field, read_table, section_spec, table
 from qkvsearch.spaces.keys import (
     KEYS,
     REQUIRED_TRAIN_KEYS,
@@ -33,14 +34,11 @@ from qkvsearch.spaces.schema import (
     DEFAULT_OBJECTIVES,
     KEEP_POLICIES,
     WORKER_RESOURCES,
-    CheckpointsSpec,
     Constraint,
     DataSpec,
     FrozenMap,
     ModelSpec,
     Objective,
-    ResourcesSpec,
-    SchedulerSpec,
     Space,
     TrainSpec,
 )
@@ -52,42 +50,91 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MISSING = object()
 RUNGS = ("asha", "moasha")   # the schedulers that judge trials at rungs
 
-# The fields of the scheduler, resources and checkpoints sections (spaces.fields); defaults: the spec's.
+
+
+class Rungs:
+    """What a scheduler spec computes of its rungs and brackets (SchedulerSpec's own methods)."""
+
+    # the defaults of ``brackets``, see bracket_count
+    DEFAULT_BRACKETS = FrozenMap({"moasha": 3, "asha": 1})
+
+    @staticmethod
+    def rung_epochs(grace_epochs: float, reduction_factor: float, epochs: float) -> list:
+        """The rungs of bracket 0: grace * rf**k, k = 0, 1, ..., below the planned epochs (trials at
+        ``epochs`` are done); whole numbers as ints. The one ladder of the spec checks, the MO-ASHA
+        scheduler and the simulator."""
+        out, m = [], grace_epochs
+        while m < epochs:
+            out.append(int(m) if float(m).is_integer() else float(m))
+            m *= reduction_factor
+        return out
+
+    def bracket_count(self, epochs: int) -> int:
+        """Brackets the campaign's scheduler gets: ``brackets`` when the spec sets it, else the default
+        (at most one per rung that fits in ``epochs``, and at least 1).
+
+        Default for moasha: 3, chosen with benchmarks/bench_search.py (replays of 81 and 243
+        configurations x 27 epochs, grace 1, rf 3, where 3 is every rung: 1, 3, 9; MO-ASHA deals
+        bracket s rf**(2 s) shares of the trials, see search/scheduling/moasha.py and benchmarks/README.md). At
+        half the full grid's epochs, MO-ASHA with 3 brackets keeps 0.98 / 0.99 of the grid's hypervolume when
+        curves keep their order and 0.97 / 0.97 when larger models learn slower and overtake, where 1 bracket
+        keeps 0.97 / 0.99 and 0.70 / 0.81, and 2 brackets 0.99 / 1.00 and 0.85 / 0.93. On curves that keep
+        their order one bracket is nearly as good and cheaper (it tries every configuration with a
+        quarter of the epochs or fewer), but on crossing curves fewer brackets lose much of the front,
+        and a campaign cannot tell beforehand which kind it has. Smaller budgets favour fewer brackets:
+        at a quarter of the grid's epochs 3 brackets trail 1 on ordered curves (0.91 vs 0.96 for 81
+        configurations) while still ahead of random search (0.88). The benchmark's targets at half the
+        epochs (0.97 ordered, 0.95 crossing, never 0.02 below random search) hold with 3 brackets on
+        all four benchmarks.
+        Default for asha: 1, Ray's own (its brackets are drawn at random, weighted toward bracket 0;
+        not benchmarked here)."""
+        if self.brackets is not None:
+            return self.brackets
+        fit = len(self.rung_epochs(self.grace_epochs, self.reduction_factor, epochs))
+        return max(1, min(self.DEFAULT_BRACKETS.get(self.type, 1), fit))
+
+
+# The fields of the scheduler, resources and checkpoints sections (spaces.fields), and the specs made of them.
 SCHEDULER_FIELDS = table(
-    Field("type", one_of(*TRIAL_SCHEDULERS), SchedulerSpec.type,
+    Field("type", one_of(*TRIAL_SCHEDULERS), "fifo",
           "fifo runs every trial to train.epochs; asha stops trials on one metric; moasha ranks them by "
           "non-dominated sorting over the objectives"),
-    Field("grace_epochs", POS_INT, SchedulerSpec.grace_epochs,
-          "epochs before the first rung; at most train.epochs", applies=RUNGS),
-    Field("reduction_factor", integer(2, MAX_COUNT), SchedulerSpec.reduction_factor,
+    Field("grace_epochs", POS_INT, 1, "epochs before the first rung; at most train.epochs", applies=RUNGS),
+    Field("reduction_factor", integer(2, MAX_COUNT), 3,
           "rungs at grace_epochs x reduction_factor^k epochs; the top 1/reduction_factor go on", applies=RUNGS),
-    Field("brackets", POS_INT, SchedulerSpec.brackets,
+    Field("metric", one_of(*SCHEDULER_METRICS), None, "the training metric asha stops trials on",
+          default_doc="the first objective's (top1 for top1_q)", applies=("asha",)),
+    Field("mode", MODE, None, "whether asha keeps the metric's high or low values",
+          default_doc="the first objective's, else the metric's natural mode", applies=("asha",)),
+    Field("brackets", POS_INT, None,
           "asynchronous Hyperband brackets, bracket s judging first at grace_epochs x reduction_factor^s; at most "
           "one per rung below train.epochs", default_doc="3 for moasha (fewer where fewer rungs fit), 1 for asha",
           applies=RUNGS),
-    Field("metric", one_of(*SCHEDULER_METRICS), SchedulerSpec.metric, "the training metric asha stops trials on",
-          default_doc="the first objective's (top1 for top1_q)", applies=("asha",)),
-    Field("mode", MODE, SchedulerSpec.mode, "whether asha keeps the metric's high or low values",
-          default_doc="the first objective's, else the metric's natural mode", applies=("asha",)),
 )
-_WORKER_DOCS = {"workers_per_trial": "Ray Train workers (DDP ranks) per trial",
-                "cpus_per_worker": "CPUs each worker holds",
-                "gpus_per_worker": "GPUs each worker holds; 1: NCCL DDP with bf16 autocast"}
+SchedulerSpec = section_spec("SchedulerSpec", SCHEDULER_FIELDS, __name__,
+                             "The scheduler section (SCHEDULER_FIELDS); brackets None: the default (bracket_count).",
+                             Rungs)
+_WORKER_DOCS = {"workers_per_trial": ("Ray Train workers (DDP ranks) per trial", 1),
+                "cpus_per_worker": ("CPUs each worker holds", 1.0),
+                "gpus_per_worker": ("GPUs each worker holds; 1: NCCL DDP with bf16 autocast", 0.0)}
 RESOURCES_FIELDS = table(
-    *(Field(name, check, getattr(ResourcesSpec, name), _WORKER_DOCS[name]) for name, check in WORKER_RESOURCES),
-    Field("max_concurrent_trials", POSITIVE_OR_AUTO, ResourcesSpec.max_concurrent_trials,
+    *(Field(name, check, _WORKER_DOCS[name][1], _WORKER_DOCS[name][0]) for name, check in WORKER_RESOURCES),
+    Field("max_concurrent_trials", POSITIVE_OR_AUTO, "auto",
           "trials at once; auto: what fits the nodes present, or the node types an autoscaler can add"),
-    Field("placement_strategy", one_of(*PLACEMENTS), ResourcesSpec.placement_strategy,
+    Field("placement_strategy", one_of(*PLACEMENTS), "PACK",
           "Ray placement of a trial's workers; STRICT_PACK keeps them on one node"),
-    Field("max_failures", NONNEG_INT, ResourcesSpec.max_failures,
+    Field("max_failures", NONNEG_INT, 3,
           "recoveries of a trial from a lost process (a worker, the trial's own process), from its last "
           "checkpoint"),
 )
+ResourcesSpec = section_spec("ResourcesSpec", RESOURCES_FIELDS, __name__, "The resources section (RESOURCES_FIELDS).")
 CHECKPOINTS_FIELDS = table(
-    Field("keep", one_of(*KEEP_POLICIES), CheckpointsSpec.keep,
+    Field("keep", one_of(*KEEP_POLICIES), "front",
           "what an ended trial keeps: front, the weights of the completed trials on the front; all, every "
           "checkpoint; none, nothing"),
 )
+CheckpointsSpec = section_spec("CheckpointsSpec", CHECKPOINTS_FIELDS, __name__,
+                               "The checkpoints section (CHECKPOINTS_FIELDS; search.campaign.retention).")
 
 
 def as_mapping(raw, c: Collector, path: str, what: str) -> dict | None:
@@ -228,71 +275,73 @@ def parse_scheduler(raw, objectives: list[Objective], train, c: Collector) -> Sc
     fields = SCHEDULER_FIELDS
     c.unknown_keys("scheduler", raw, fields)
     kind = dimensions.check_value(fields["type"].check, raw.get("type", fields["type"].default), c, "scheduler.type")
-    grace = fields["grace_epochs"].read(raw, c, "scheduler")
-    factor = fields["reduction_factor"].read(raw, c, "scheduler")
-    brackets = fields["brackets"].read(raw, c, "scheduler")
-    epochs = train.epochs
+
+    def only_for(name: str, why):   # a field of some types only, given for another: refused, saying why
+        def read(given, c: Collector, path: str):
+            if given is not None and kind not in fields[name].applies:
+                if kind is not dimensions.ABSENT:  # an invalid type has its own message
+                    c.add(path, why(given))
+                return fields[name].default
+            return fields[name].read(raw, c, "scheduler")
+        return read
+
+    def objectives_instead(_) -> str:
+        return f"applies to type asha only ({kind} uses the objectives)"
+
+    values = read_table(raw, fields, c, "scheduler", type=lambda *_: "fifo" if kind is dimensions.ABSENT else kind,
+                        metric=only_for("metric", objectives_instead), mode=only_for("mode", objectives_instead),
+                        brackets=only_for("brackets", lambda given: f"expected no brackets for type {kind} (they "
+                                                                    f"apply to asha and moasha), given {given}"))
+    grace, factor, brackets, epochs = (values["grace_epochs"], values["reduction_factor"], values["brackets"],
+                                       train.epochs)
     if kind in RUNGS and epochs is not None and grace > epochs:
         c.add("scheduler.grace_epochs", f"expected at most train.epochs ({epochs}), given {grace}")
-    if brackets is not None and kind not in fields["brackets"].applies:
-        if kind is not dimensions.ABSENT:  # an invalid type has its own message
-            c.add("scheduler.brackets", f"expected no brackets for type {kind} (they apply to asha and "
-                                        f"moasha), given {brackets}")
-        brackets = None
-    elif brackets is not None and epochs is not None and grace <= epochs:
+    elif kind in RUNGS and brackets is not None and epochs is not None:
         rungs = SchedulerSpec.rung_epochs(grace, factor, epochs)
         if brackets > max(1, len(rungs)):
             listed = ", ".join(map(str, rungs)) or "none"
             c.add("scheduler.brackets", f"expected at most {max(1, len(rungs))} (one per rung below train.epochs "
                                         f"{epochs}: epochs {listed}), given {brackets}")
-    metric, mode = raw.get("metric"), raw.get("mode")
-    if kind != "asha":
-        for key in ("metric", "mode"):
-            if raw.get(key) is not None:
-                c.add(f"scheduler.{key}", f"applies to type asha only ({kind} uses the objectives)")
-        if kind == "moasha" and objectives and not any(ranked_by(o.metric) in SCHEDULER_METRICS for o in objectives):
-            c.add("scheduler.type", "moasha stops trials on training metrics, but every objective is known "
-                                    "before training; add e.g. {metric: top1, mode: max} or use fifo")
-        return SchedulerSpec(kind if kind is not dimensions.ABSENT else "fifo", grace, factor, brackets=brackets)
-    metric, mode = _asha_target(metric, mode, objectives, c)
-    return SchedulerSpec("asha", grace, factor, metric, mode, brackets)
+    if kind == "moasha" and objectives and not any(ranked_by(o.metric) in SCHEDULER_METRICS for o in objectives):
+        c.add("scheduler.type", "moasha stops trials on training metrics, but every objective is known "
+                                "before training; add e.g. {metric: top1, mode: max} or use fifo")
+    if kind == "asha" and raw.get("metric") is None:   # asha's metric and mode: the objectives' unless given
+        values["metric"], values["mode"] = _asha_target(objectives, values["mode"], c)
+    elif kind == "asha" and values["metric"] is not None and values["mode"] is None:
+        values["mode"] = METRICS[values["metric"]]
+    return SchedulerSpec(**values)
 
 
-def _asha_target(metric, mode, objectives, c: Collector):
-    if metric is None:
-        if not objectives:
-            return None, None
-        metric = ranked_by(objectives[0].metric)   # top1_q: its rungs rank on top1
-        if metric not in SCHEDULER_METRICS:
-            c.add("scheduler.metric", f"asha stops trials on a training metric; the first objective {metric} "
-                                      f"is known before training (set scheduler.metric)")
-            return None, None
-        mode = mode or objectives[0].mode
-    elif metric not in SCHEDULER_METRICS:
-        c.add("scheduler.metric", f"expected {SCHEDULER_FIELDS['metric'].expected}, given {show(metric)}"
-              + (hint(metric, SCHEDULER_METRICS, list_known=False) if isinstance(metric, str) else ""))
+def _asha_target(objectives, mode, c: Collector):
+    """asha's metric and mode when the file names no metric: the first objective's (top1 for top1_q)."""
+    if not objectives:
         return None, None
-    mode = mode or METRICS[metric]
-    if mode not in MODE.options:
-        c.expected("scheduler.mode", MODE.expected, mode)
-    return metric, mode
+    metric = ranked_by(objectives[0].metric)   # top1_q: its rungs rank on top1
+    if metric not in SCHEDULER_METRICS:
+        c.add("scheduler.metric", f"asha stops trials on a training metric; the first objective {metric} "
+                                  f"is known before training (set scheduler.metric)")
+        return None, None
+    return metric, mode or objectives[0].mode
 
 
 def parse_resources(raw, c: Collector) -> ResourcesSpec:
     raw = as_mapping(raw, c, "resources", "a mapping (workers_per_trial, cpus_per_worker, ...)")
     if raw is None:
         return ResourcesSpec()
-    fields = RESOURCES_FIELDS
-    c.unknown_keys("resources", raw, fields)
-    workers, cpus, gpus, placement, failures = (
-        fields[name].read(raw, c, "resources")
-        for name in (*(n for n, _ in WORKER_RESOURCES), "placement_strategy", "max_failures"))
-    # null is refused here (not taken as the default): "auto" is a value of its own
-    concurrent = dimensions.check_value(fields["max_concurrent_trials"].check,
-                                        raw.get("max_concurrent_trials", "auto"), c, "resources.max_concurrent_trials")
-    if concurrent is dimensions.ABSENT:
-        concurrent = fields["max_concurrent_trials"].default
-    return ResourcesSpec(workers, cpus, gpus, concurrent, placement, failures)
+    c.unknown_keys("resources", raw, RESOURCES_FIELDS)
+    return ResourcesSpec(**read_table(raw, RESOURCES_FIELDS, c, "resources", max_concurrent_trials=_concurrency(raw)))
+
+
+def _concurrency(raw: dict):
+    """resources.max_concurrent_trials: null is refused here (not taken as the default), "auto" being a value
+    of its own."""
+    row = RESOURCES_FIELDS["max_concurrent_trials"]
+
+    def read(_, c: Collector, path: str):
+        value = dimensions.check_value(row.check, raw.get(row.name, "auto"), c, path)
+        return row.default if value is dimensions.ABSENT else value
+
+    return read
 
 
 def parse_worker_resources(raw, where: str, names: tuple[str, ...], c: Collector) -> FrozenMap:
@@ -319,7 +368,7 @@ def parse_checkpoints(raw, c: Collector) -> CheckpointsSpec:
     if raw is None:
         return CheckpointsSpec()
     c.unknown_keys("checkpoints", raw, CHECKPOINTS_FIELDS)
-    return CheckpointsSpec(CHECKPOINTS_FIELDS["keep"].read(raw, c, "checkpoints"))
+    return CheckpointsSpec(**read_table(raw, CHECKPOINTS_FIELDS, c, "checkpoints"))
 
 
 def parse_storage(raw, c: Collector) -> str:

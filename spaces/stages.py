@@ -67,19 +67,24 @@ OOD_WORKERS = ("cpus_per_worker", "gpus_per_worker")   # an OOD stage is one tas
 # takes RECIPE_KEYS (spaces.keys.KEYS).
 STAGES_FIELDS = table(
     Field("finetune", "a list of recipes {dataset, path, epochs, lr, ...}", [],
-          "one fine-tuning per dataset, each from the trial's final checkpoint with a new head"),
+          "one fine-tuning per dataset, each from the trial's final checkpoint with a new head",
+          example=[{"dataset": "digits", "epochs": 1}]),
     Field("ood", "a mapping (in_distribution, datasets, score)", None,
-          "scores a finetune stage's model on its test set against each OOD set", default_doc="null (no OOD stage)"),
+          "scores a finetune stage's model on its test set against each OOD set", default_doc="null (no OOD stage)",
+          example={"in_distribution": "digits_0to8", "datasets": [{"format": "noise"}]}),
     Field("select", choice(*SELECTIONS), StagesSpec.select,
           "which configurations go on: the pretraining front once every trial has ended, the top_k by "
           "non-dominated rank, or each trial on the front of those completed so far, at once"),
     Field("top_k", Check("a positive int (select top_k)", "positive ints", POS_INT.fn), StagesSpec.top_k,
-          "how many configurations go on with select: top_k", default_doc="null (required with select: top_k)"),
+          "how many configurations go on, by non-dominated rank", default_doc="null (required with select: top_k)",
+          applies=("top_k",)),
     Field("objectives", "a non-empty list of {metric, mode}", None, "the final front's objectives (stage metrics "
                                                                     "or pretraining metrics)",
-          default_doc="the stages' headline metrics"),
+          default_doc="the stages' headline metrics",
+          example=[{"metric": "transfer_avg", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]),
     Field("constraints", "a mapping {stage metric: {max: x} or {min: x}}", {},
-          "bounds on stage metrics: the final front keeps the configurations that meet them"),
+          "bounds on stage metrics: the final front keeps the configurations that meet them",
+          example={"transfer_avg": {"min": 10}}),
 )
 FINETUNE_STAGE_FIELDS = table(
     Field("dataset", one_of(*DATASET_INFO), None, "the dataset fine-tuned on (one stage per dataset)",
@@ -87,16 +92,18 @@ FINETUNE_STAGE_FIELDS = table(
     Field("path", "a folder path", None, "the dataset's root folder", default_doc="null (required where the "
                                                                              "dataset is read from files)"),
     Field("resources", f"a mapping ({', '.join(_WORKERS)})", {},
-          "the stage's own resources, replacing the campaign's for this stage", default_doc="{} (the campaign's)"),
+          "the stage's own resources, replacing the campaign's for this stage", default_doc="{} (the campaign's)",
+          example={"cpus_per_worker": 2}),
 )
 OOD_STAGE_FIELDS = table(
     Field("in_distribution", "the dataset of a finetune stage", None, "whose fine-tuned model is scored",
-          required=True),
-    Field("datasets", "a non-empty list of {name, format, path}", None, "the OOD sets", required=True),
+          required=True, example="digits"),
+    Field("datasets", "a non-empty list of {name, format, path}", None, "the OOD sets", required=True,
+          example=[{"format": "digits_heldout"}]),
     Field("score", choice(*OOD_SCORES), OODStage.score, "the in-distribution score: maximum softmax probability, "
                                                          "energy, or maximum logit"),
     Field("resources", f"a mapping ({', '.join(OOD_WORKERS)})", {}, "the stage's own resources",
-          default_doc="{} (the campaign's)"),
+          default_doc="{} (the campaign's)", example={"cpus_per_worker": 2}),
 )
 OOD_SET_FIELDS = table(
     Field("name", "a name no other OOD set has", None, "the set's name in results", default_doc="the format"),

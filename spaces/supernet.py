@@ -37,10 +37,10 @@ from __future__ import annotations
 from qkvsearch.spaces.blocks import base_key
 from qkvsearch.spaces.checks import FLAG, POS_INT, Bad, integer
 from qkvsearch.spaces.errors import Collector, show
-from qkvsearch.spaces.fields import Field, choice, nonempty, table
+from qkvsearch.spaces.fields import Field, choice, nonempty, read_table, section_spec, table
 from qkvsearch.spaces.keys import KEYS, QUANT_KEYS, key_of, section_keys
 from qkvsearch.spaces.metrics import COST_METRICS, SCORED_METRICS
-from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap, SupernetSpec
+from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap
 from qkvsearch.spaces.sections import parse_worker_resources
 
 # Which tensors a categorical key splits: the attention's (embedding, mixer, key), the stem's, the positions'.
@@ -58,54 +58,62 @@ _WORKERS = tuple(n for n, _ in WORKER_RESOURCES)
 MAX_RANDOM_SUBNETS = 64   # each a forward and a backward of every update
 MAX_BN_BATCHES = 1000     # BatchNorm statistics settle within tens of batches, and every subnet scored pays them
 MAX_CONTROL = 10_000      # each scored, then retrained from scratch under two seeds
-# The section's fields (spaces.fields); defaults: SupernetSpec's (``from`` is its ``source``).
+# The section's fields (spaces.fields), and its spec made of them (``train`` is its ``recipe``, ``from`` its
+# ``source``); the fields that are often unset are written back only when set.
 SUPERNET_FIELDS = table(
-    Field("train", "a mapping of train keys (epochs, lr, ...)", {},
+    Field("train", "a mapping of train keys (epochs, lr, ...)", FrozenMap(),
           "the supernet's recipe: train-section keys; the rest are the train section's",
-          default_doc="{} (epochs required unless from)"),
-    Field("random_subnets", integer(0, MAX_RANDOM_SUBNETS), SupernetSpec.random_subnets,
+          default_doc="{} (epochs required unless from)", attr="recipe", example={"epochs": 3, "lr": 1.0e-3}),
+    Field("random_subnets", integer(0, MAX_RANDOM_SUBNETS), 2,
           "random subnets per update, besides the largest and smallest of the update's branch"),
-    Field("distill", FLAG, SupernetSpec.distill, "students learn the largest subnet's soft labels (in-place "
-                                                  "distillation)"),
+    Field("distill", FLAG, True, "students learn the largest subnet's soft labels (in-place distillation)"),
     # >= 1: a subnet's BatchNorm statistics are its own; without a batch they stay at (0, 1)
-    Field("bn_batches", integer(1, MAX_BN_BATCHES), SupernetSpec.bn_batches,
+    Field("bn_batches", integer(1, MAX_BN_BATCHES), 2,
           "training batches each subnet's BatchNorm is recalibrated on before scoring (past one pass over the "
           "training split: the next passes')"),
-    Field("retrain", choice(*RETRAIN), SupernetSpec.retrain,
+    Field("retrain", choice(*RETRAIN), "front",
           "which scored subnets train on their own: the inherited front, or the top_k by non-dominated rank"),
-    Field("top_k", POS_INT, SupernetSpec.top_k, "how many subnets retrain with retrain: top_k",
-          default_doc="null (required with retrain: top_k)"),
-    Field("control", integer(0, MAX_CONTROL), SupernetSpec.control,
+    Field("top_k", POS_INT, None, "how many subnets retrain, by non-dominated rank",
+          default_doc="null (required with retrain: top_k)", applies=("top_k",), added_later=True),
+    Field("control", integer(0, MAX_CONTROL), 16,
           "subnets drawn from the space's feasible ones, scored, and retrained from scratch under two seeds: "
           "the rank agreement's sample"),
-    Field("from", nonempty("a campaign folder or URI whose supernet was trained (a string)"), SupernetSpec.source,
-          "search that campaign's trained supernet instead of training one"),
-    Field("retrain_from", choice(*RETRAIN_FROM), SupernetSpec.retrain_from,
-          "where the chosen subnets' training starts: from scratch, or from the weights they inherit"),
-    Field("resources", f"a mapping ({', '.join(_WORKERS)})", {},
+    Field("from", nonempty("a campaign folder or URI whose supernet was trained (a string)"), None,
+          "search that campaign's trained supernet instead of training one", attr="source", added_later=True),
+    Field("retrain_from", choice(*RETRAIN_FROM), "scratch",
+          "where the chosen subnets' training starts: from scratch, or from the weights they inherit",
+          added_later=True),
+    Field("resources", f"a mapping ({', '.join(_WORKERS)})", FrozenMap(),
           "the supernet's DDP run's own resources; the retrained subnets use the resources section's",
-          default_doc="{} (the resources section's)"),
+          default_doc="{} (the resources section's)", example={"workers_per_trial": 2}, added_later=True),
 )
 FIELDS = tuple(SUPERNET_FIELDS)
+
+
+class _OneShot:
+    def __bool__(self) -> bool:
+        """Whether the campaign is a one-shot one: it trains a supernet, or takes one (``from``)."""
+        return bool(self.recipe) or self.source is not None
+
+
+SupernetSpec = section_spec("SupernetSpec", SUPERNET_FIELDS, __name__,
+                            "The supernet section (SUPERNET_FIELDS): one-shot search. Empty (falsy): a campaign "
+                            "that trains every configuration it proposes.", _OneShot)
 
 
 def parse_supernet(raw, c: Collector) -> SupernetSpec:
     raw = c.section("supernet", raw, FIELDS, f"a mapping ({', '.join(FIELDS)})")
     if raw is None:
         return SupernetSpec()
-    recipe = _recipe(raw.get("train"), c, needs_epochs=raw.get("from") is None)
-    values: dict = {}
-    for key in ("random_subnets", "bn_batches", "control", "top_k", "distill", "retrain", "retrain_from"):
-        value = SUPERNET_FIELDS[key].read(raw, c, "supernet", default=None)
-        if value is not None:
-            values[key] = value
-    if values.get("retrain") == "top_k" and values.get("top_k") is None:
+    values = read_table(raw, SUPERNET_FIELDS, c, "supernet", **{
+        "train": lambda given, c, path: _recipe(given, c, needs_epochs=raw.get("from") is None),
+        "from": lambda given, c, path: (SUPERNET_FIELDS["from"].read(raw, c, "supernet") or "").rstrip("/") or None,
+        "resources": lambda given, c, path: parse_worker_resources(given, path, _WORKERS, c)})
+    if raw.get("retrain") == "top_k" and values["top_k"] is None:
         c.add("supernet.top_k", "required with retrain: top_k (how many subnets to retrain)")
-    elif values.get("top_k") is not None and values.get("retrain") != "top_k":
+    elif values["top_k"] is not None and values["retrain"] != "top_k":
         c.add("supernet.top_k", "applies to retrain: top_k only")
-    source = SUPERNET_FIELDS["from"].read(raw, c, "supernet")
-    resources = parse_worker_resources(raw.get("resources"), "supernet.resources", _WORKERS, c)
-    return SupernetSpec(recipe=recipe, source=source.rstrip("/") if source else None, resources=resources, **values)
+    return SupernetSpec(**values)
 
 
 def _recipe(raw, c: Collector, needs_epochs: bool) -> FrozenMap:

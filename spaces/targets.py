@@ -20,17 +20,16 @@ bound wins, so a target can narrow the campaign's bounds, never widen them. With
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from qkvsearch.spaces.blocks import base_key
 from qkvsearch.spaces.checks import FLAG
 from qkvsearch.spaces.choices import FULL_PRECISION, PRECISION_CHOICES
 from qkvsearch.spaces.errors import Collector, show
-from qkvsearch.spaces.fields import Field, table
+from qkvsearch.spaces.fields import Field, read_table, section_spec, table
 from qkvsearch.spaces.keys import QUANT_KEYS
 from qkvsearch.spaces.measure import ray_resources
-from qkvsearch.spaces.schema import Constraint, FrozenMap, Objective, added_up, plain
+from qkvsearch.spaces.schema import FrozenMap, added_up, constraints_file, objectives_file
 from qkvsearch.spaces.sections import parse_constraints, parse_objectives
 from qkvsearch.spaces.supernet import check_served
 
@@ -38,49 +37,36 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")   # a folder name on every file
 ACCELERATOR = "accelerator_type:"   # + the type: the resource Ray gives a node of that accelerator
 ACCELERATOR_SHARE = 0.001           # what a measurement asks of it: a mark of the node, not a device
 DEVICE_RESOURCES = ("CPU", "GPU")   # Ray's own; every other name is a custom resource or an accelerator type
+# The fields of a target (spaces.fields), and its spec made of them; all but its name written back only when set.
 TARGET_FIELDS = table(
     Field("name", "a name of lower-case letters, digits, _ and - (48 at most)", None,
-          "the target's name: its folder under <campaign>/targets/", required=True),
-    Field("resources", "a mapping {Ray resource: amount}", {},
+          "the target's name: its folder under <campaign>/targets/", required=True, example="edge"),
+    Field("resources", "a mapping {Ray resource: amount}", FrozenMap(),
           "the Ray resources of the node its measurements run on (GPU: 1 measures on a GPU)",
-          default_doc="{} (the trials' device)"),
+          default_doc="{} (the trials' device)", example={"edge_node": 1}, added_later=True),
     Field("accelerator", "an accelerator type (a string, e.g. A100)", None,
-          "a node of that accelerator type (Ray's accelerator_type resource)"),
-    Field("precisions", f"a list of precisions ({', '.join(PRECISION_CHOICES)})", [],
+          "a node of that accelerator type (Ray's accelerator_type resource)", example="A100", added_later=True),
+    Field("precisions", f"a list of precisions ({', '.join(PRECISION_CHOICES)})", (),
           "the quantization precisions it runs: the space's quantization keys are cut to these",
-          default_doc="[] (every one the space has)"),
-    Field("constraints", "a mapping {cost metric: {max: x} or {min: x}}", {},
-          "its constraints, added to the campaign's: on a metric both bound, the tighter bound wins"),
-    Field("objectives", "a list of {metric, mode}", [], "its objectives", default_doc="the campaign's"),
+          default_doc="[] (every one the space has)", example=["fp"], added_later=True),
+    Field("constraints", "a mapping {cost metric: {max: x} or {min: x}}", (),
+          "its constraints, added to the campaign's: on a metric both bound, the tighter bound wins",
+          default_doc="{}", example={"params_m": {"max": 5.0}}, added_later=True),
+    Field("objectives", "a list of {metric, mode}", (), "its objectives", default_doc="the campaign's",
+          example=[{"metric": "top1", "mode": "max"}, {"metric": "params_m", "mode": "min"}], added_later=True),
     Field("retrain", FLAG, False, "its chosen subnets train on their own (the supernet section's retrain, "
-                                  "top_k and control)"),
+                                  "top_k and control)", added_later=True),
 )
 
 
-@dataclass(frozen=True)
-class TargetSpec:
-    """One deployment target (module docstring)."""
+class _Placed:
+    def node_resources(self) -> dict[str, float]:
+        """What a node its measurements run on must have: its ``resources``, and a mark of its accelerator."""
+        return {**self.resources, **({ACCELERATOR + self.accelerator: ACCELERATOR_SHARE} if self.accelerator else {})}
 
-    name: str
-    resources: FrozenMap = FrozenMap()          # Ray resource -> amount; CPU and GPU among them
-    precisions: tuple[str, ...] = ()            # (): every precision of the space
-    constraints: tuple[Constraint, ...] = ()    # added to the campaign's (spaces.schema.added_up)
-    objectives: tuple[Objective, ...] = ()      # (): the campaign's
-    retrain: bool = False
 
-    def to_dict(self) -> dict:
-        out: dict[str, Any] = {"name": self.name}
-        if self.resources:
-            out["resources"] = plain(self.resources)
-        if self.precisions:
-            out["precisions"] = list(self.precisions)
-        if self.constraints:
-            out["constraints"] = {c.metric: c.to_dict() for c in self.constraints}
-        if self.objectives:
-            out["objectives"] = [{"metric": o.metric, "mode": o.mode} for o in self.objectives]
-        if self.retrain:
-            out["retrain"] = True
-        return out
+TargetSpec = section_spec("TargetSpec", TARGET_FIELDS, __name__, "One deployment target (module docstring).",
+                          _Placed, written={"constraints": constraints_file, "objectives": objectives_file})
 
 
 def parse_targets(raw, c: Collector) -> tuple[TargetSpec, ...]:
@@ -95,20 +81,25 @@ def parse_targets(raw, c: Collector) -> tuple[TargetSpec, ...]:
         item = c.section(where, item, TARGET_FIELDS, f"a mapping ({', '.join(TARGET_FIELDS)})")
         if item is None:
             continue
-        name = item.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            c.expected(f"{where}.name", TARGET_FIELDS["name"].expected, name)
-        elif name in names:
-            c.add(f"{where}.name", f"expected a name no other target has, given {show(name)} twice")
-        names.add(name)
-        # left out or null: the campaign's; anything else is the target's own (an empty list is refused)
-        objectives = tuple(_within(where, c, parse_objectives, item["objectives"])) \
-            if item.get("objectives") is not None else ()
-        _within(where, c, lambda objs, sub: check_served(objs, None, sub), objectives)
-        out.append(TargetSpec(
-            str(name), _resources(item, where, c), _precisions(item.get("precisions"), f"{where}.precisions", c),
-            tuple(_within(where, c, parse_constraints, item.get("constraints") or {})), objectives,
-            TARGET_FIELDS["retrain"].read(item, c, where)))
+
+        def name(given, c: Collector, path: str) -> str:
+            if not isinstance(given, str) or not NAME.match(given):
+                c.expected(path, TARGET_FIELDS["name"].expected, given)
+            elif given in names:
+                c.add(path, f"expected a name no other target has, given {show(given)} twice")
+            names.add(given)
+            return str(given)
+
+        def objectives(given, c: Collector, path: str, where=where) -> tuple:
+            # left out or null: the campaign's; anything else is the target's own (an empty list is refused)
+            found = tuple(_within(where, c, parse_objectives, given)) if given is not None else ()
+            _within(where, c, lambda objs, sub: check_served(objs, None, sub), found)
+            return found
+
+        out.append(TargetSpec(**read_table(
+            item, TARGET_FIELDS, c, where, name=name, resources=ray_resources, accelerator=_accelerator,
+            precisions=_precisions, objectives=objectives,
+            constraints=lambda given, c, path, where=where: tuple(_within(where, c, parse_constraints, given or {})))))
     return tuple(out)
 
 
@@ -121,18 +112,16 @@ def _within(where: str, c: Collector, parse, raw):
     return value
 
 
-def _resources(item: dict, where: str, c: Collector) -> FrozenMap:
-    out = dict(ray_resources(item.get("resources"), f"{where}.resources", c))
-    accelerator = item.get("accelerator")
-    if accelerator is not None:
-        if not isinstance(accelerator, str) or not accelerator.strip():
-            c.expected(f"{where}.accelerator", TARGET_FIELDS["accelerator"].expected, accelerator)
-        else:
-            out[ACCELERATOR + accelerator.strip()] = ACCELERATOR_SHARE
-    return FrozenMap(out)
+def _accelerator(given, c: Collector, path: str) -> str | None:
+    if given is None:
+        return None
+    if not isinstance(given, str) or not given.strip():
+        c.expected(path, TARGET_FIELDS["accelerator"].expected, given)
+        return None
+    return given.strip()
 
 
-def _precisions(raw, where: str, c: Collector) -> tuple[str, ...]:
+def _precisions(raw, c: Collector, where: str) -> tuple[str, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list) or not raw:

@@ -29,7 +29,8 @@ from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.checks import TEXT
 from qkvsearch.spaces.errors import Collector, show
 from qkvsearch.spaces.fields import Field, choice, table
-from qkvsearch.spaces.schema import CampaignSpec, FrozenMap, plain
+from qkvsearch.spaces.schema import FrozenMap, plain
+from qkvsearch.spaces.spec import CampaignSpec
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from qkvsearch.spaces import dimensions
 from qkvsearch.spaces.draws import RandomTrial
 from qkvsearch.spaces.errors import SpecError
 from qkvsearch.spaces.keys import flatten
-from qkvsearch.spaces.schema import CampaignSpec, FrozenMap, tagged
+from qkvsearch.spaces.schema import FrozenMap, tagged
+from qkvsearch.spaces.spec import CampaignSpec
 from qkvsearch.spaces.stages import smoke_stages
 
 

@@ -17,8 +17,8 @@ from qkvsearch.search.searchers.outcomes import scored_result
 from qkvsearch.search.searchers.problem import build_trial, spec_problem
 from qkvsearch.search.searchers.proposals import Proposals
 from qkvsearch.spaces import base_config
-from qkvsearch.spaces.schema import CampaignSpec
 from qkvsearch.spaces.search_options import OPTIONS, default_population, default_startup
+from qkvsearch.spaces.spec import CampaignSpec
 
 
 def build_search(campaign: OpenedCampaign | CampaignSpec, storage=None) -> Proposals:

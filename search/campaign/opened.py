@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qkvsearch.spaces.schema import CampaignSpec
+from qkvsearch.spaces.spec import CampaignSpec
 
 
 @dataclass(frozen=True)

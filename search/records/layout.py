@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 from qkvsearch.spaces.checks import finite
 from qkvsearch.spaces.errors import BadInput, SpecError, reason, section_failed, show
 from qkvsearch.spaces.loader import load_campaign, read_stored_spec
-from qkvsearch.spaces.schema import CampaignSpec
+from qkvsearch.spaces.spec import CampaignSpec
 from qkvsearch.storage import loads_json, open_location, sizes_by_entry, write_json
 
 # Reserved result keys: how a trial ended without a score, and the epochs it plans (schedulers and

@@ -50,7 +50,7 @@ import numpy as np
 from qkvsearch.search.analysis.pareto import NAN_RANK, nondominated_ranks, to_minimise
 from qkvsearch.search.records.readers import read_trials
 from qkvsearch.spaces.checks import finite
-from qkvsearch.spaces.schema import SchedulerSpec
+from qkvsearch.spaces.sections import SchedulerSpec
 
 __all__ = ["candidate_position", "crowding_distance", "default_shares", "next_bracket", "promotable",
            "recorded_progress", "rung_positions"]

@@ -35,8 +35,7 @@ from qkvsearch.search.simulation.curves import Curves
 from qkvsearch.search.simulation.searchers import make_searcher
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.metrics import SCHEDULER_METRICS as TRAINING_METRICS
-from qkvsearch.spaces.schema import SchedulerSpec
-from qkvsearch.spaces.sections import TRIAL_SCHEDULERS
+from qkvsearch.spaces.sections import TRIAL_SCHEDULERS, SchedulerSpec
 
 DEFAULT_CONCURRENCY = 4
 

@@ -8,9 +8,9 @@ import yaml
 
 from qkvsearch.search.cli import main
 from qkvsearch.spaces import SpecError, load_campaign
-from qkvsearch.spaces.measure import measured_metrics
+from qkvsearch.spaces.measure import MeasureSpec, measured_metrics
 from qkvsearch.spaces.metrics import COST_METRICS, MEASURED, METRICS
-from qkvsearch.spaces.schema import MeasureSpec, violations
+from qkvsearch.spaces.schema import violations
 
 BASE = {"name": "m", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16}, "data": {"dataset": "digits"},
         "train": {"epochs": 1}, "space": {"embedding": {"choice": ["linear", "fsne"]}}}

@@ -36,7 +36,7 @@ def test_targets_round_trip_and_each_gets_its_own_campaign():
         {"name": "gpu", "accelerator": "A100", "resources": {"GPU": 1}}]))
     assert load_campaign(spec.to_dict()) == spec
     edge, gpu = spec.targets
-    assert dict(gpu.resources) == {"GPU": 1.0, ACCELERATOR + "A100": ACCELERATOR_SHARE}
+    assert gpu.node_resources() == {"GPU": 1.0, ACCELERATOR + "A100": ACCELERATOR_SHARE}
     own = target_spec(spec, "/r/t", edge)
     assert own.name == "edge" and own.storage == "/r/t/targets"
     assert [c.metric for c in own.constraints] == ["gmacs", "latency_ms"]   # the campaign's, then its own

@@ -28,7 +28,7 @@ from qkvsearch.search.records.layout import CAMPAIGN_FILE, CampaignFolder
 from qkvsearch.spaces.derive import derived
 from qkvsearch.spaces.errors import BadInput
 from qkvsearch.spaces.metrics import COUNTED_METRICS
-from qkvsearch.spaces.schema import added_up, vars_of
+from qkvsearch.spaces.schema import FrozenMap, added_up, vars_of
 from qkvsearch.spaces.targets import DEVICE_RESOURCES, target_space
 from qkvsearch.storage import exists
 
@@ -76,7 +76,7 @@ def target_spec(spec, exp: str, target):
                    objectives=[vars_of(o) for o in target.objectives or spec.objectives],
                    constraints={c.metric: c.to_dict() for c in added_up(spec.constraints, target.constraints)},
                    space=target_space(spec.space, target.precisions).to_dict(),
-                   measure=replace(spec.measure, cache=cache, resources=target.resources).to_dict(),
+                   measure=replace(spec.measure, cache=cache, resources=FrozenMap(target.node_resources())).to_dict(),
                    supernet=supernet.to_dict())
 
 
@@ -88,7 +88,7 @@ def check_placeable(targets) -> None:
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     for i, target in enumerate(targets):
-        wanted = {k: v for k, v in target.resources.items()}
+        wanted = target.node_resources()
         if not any(all(node.get(k, 0.0) >= v for k, v in wanted.items()) for node in nodes):
             names = sorted({k for node in nodes for k in node if not k.startswith("node:")
                             and k not in ("memory", "object_store_memory") and k not in DEVICE_RESOURCES})

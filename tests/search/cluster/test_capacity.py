@@ -2,7 +2,7 @@
 import pytest
 
 from qkvsearch.search.cluster.capacity import Cluster, NodeType, ResourceError, plan_concurrency
-from qkvsearch.spaces.schema import ResourcesSpec
+from qkvsearch.spaces.sections import ResourcesSpec
 
 
 def test_a_trial_the_autoscaler_can_make_room_for_waits_and_says_for_what():
