@@ -18,13 +18,15 @@ becomes a trial that ends "failed" with its error, without training.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from qkvsearch.search.campaign.opened import OpenedCampaign
 from qkvsearch.search.records.layout import ERROR_CHARS
 from qkvsearch.spaces.batches import batch_plan
 from qkvsearch.spaces.checks import finite
 from qkvsearch.spaces.keys import QUANT_KEYS, identity, model_keys
+from qkvsearch.spaces.measure import MeasureSpec
 
 CACHE_DIR = "qs_measurements"   # in the campaign folder, unless measure.cache names another place
 ERROR_PREFIX = "measuring: "    # a failed measurement's error, as its trial reports it
@@ -32,23 +34,20 @@ ERROR_PREFIX = "measuring: "    # a failed measurement's error, as its trial rep
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """What a campaign measures and how (spaces.schema.MeasureSpec resolved; picklable)."""
+    """What a campaign measures: ``metrics``, the measured metrics it needs (spaces.measure.measured_metrics; ():
+    nothing is measured), and how: ``spec``, its measure section (spaces.measure.MeasureSpec), its cache in the
+    campaign's folder unless the section names one. Picklable: it travels to each measurement's task."""
 
-    metrics: tuple[str, ...] = ()      # () : nothing is measured
-    batch: int = 64
-    latency_batch: int = 1
-    cache: str = ""                    # folder or URI of the cache
-    max_s: float = 10.0                # seconds of timing per metric at most
-    resources: tuple = ()              # (Ray resource, amount) of the node it runs on; (): a node of the trials' kind
+    metrics: tuple[str, ...] = ()
+    spec: MeasureSpec = MeasureSpec()
 
 
 def measure_settings(campaign: OpenedCampaign) -> MeasureSettings:
-    """The campaign's measure section resolved; the cache in its folder unless measure.cache names another place."""
+    """The campaign's measure section resolved (MeasureSettings)."""
     from qkvsearch.spaces.measure import measured_metrics
 
     m = campaign.spec.measure
-    return MeasureSettings(measured_metrics(campaign.spec), m.batch, m.latency_batch,
-                           m.cache or f"{campaign.exp}/{CACHE_DIR}", m.max_s, tuple(sorted(m.resources.items())))
+    return MeasureSettings(measured_metrics(campaign.spec), replace(m, cache=m.cache or f"{campaign.exp}/{CACHE_DIR}"))
 
 
 def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | None = None) -> tuple[dict, dict]:
@@ -60,9 +59,9 @@ def measure_here(cfg: dict, how: MeasureSettings, workers: int, threads: int | N
 
     if threads:
         torch.set_num_threads(threads)
-    found, hit = cached_measure(cfg, how.cache, metrics=how.metrics, batch=how.batch,
-                                latency_batch=how.latency_batch, train_batch=batch_plan(cfg, workers)[0],
-                                max_s=how.max_s)
+    m = how.spec
+    found, hit = cached_measure(cfg, m.cache, metrics=how.metrics, batch=m.batch, latency_batch=m.latency_batch,
+                                train_batch=batch_plan(cfg, workers)[0], max_s=m.max_s)
     metrics = {m: float(found[m]) for m in how.metrics if finite(found.get(m)) is not None}
     record = {"env": found.get("env"), "latency_p90_ms": found.get("latency_p90_ms"),
               "compile_s": found.get("compile_s"), "stats": found.get("stats"), "cached": hit}
@@ -79,12 +78,12 @@ def _measure_holding(cfg: dict, how: MeasureSettings, workers: int, threads: int
     metrics, record = measure_here(cfg, how, workers, threads)
     record["span"] = [began, time.time()]   # when it ran: two idle measurements never overlap (Measurer.start)
     held = ray.get_runtime_context().get_assigned_resources()
-    kept = ("CPU", "GPU", *(name for name, _ in how.resources))
+    kept = ("CPU", "GPU", *how.spec.resources)
     return metrics, {**record, "held": {k: v for k, v in held.items() if k in kept}, "idle": idle,
                      "node": ray.get_runtime_context().get_node_id()}
 
 
-def placed_options(resources: tuple, cpus_per_worker: float, idle: bool) -> dict:
+def placed_options(resources: Mapping, cpus_per_worker: float, idle: bool) -> dict:
     """Ray options of a measurement task on a node with ``resources`` (a deployment target's: measure.resources;
     CPU and GPU among them say what it holds). Busy (trials live): all of them. Idle (no trial live, the
     scoring actors holding the CPUs): its custom resources only, pinned to a node that has every one of them
@@ -160,9 +159,10 @@ class Measurer:
 
         if key in self._pending:
             ray.cancel(self._pending[key][0])
-        options = placed_options(self.how.resources, self.cpus_per_worker, idle) if self.how.resources \
+        where = self.how.spec.resources
+        options = placed_options(where, self.cpus_per_worker, idle) if where \
             else task_options(self.cpus_per_worker, self.gpus_per_worker, idle)
-        threads = max(1, int(dict(self.how.resources).get("CPU", self.cpus_per_worker)))
+        threads = max(1, int(where.get("CPU", self.cpus_per_worker)))
         ref = ray.remote(_measure_holding).options(max_retries=1, **options).remote(
             cfg, self.how, self.workers, threads, idle)
         self._pending[key] = (ref, idle)

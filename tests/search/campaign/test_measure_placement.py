@@ -28,13 +28,13 @@ def test_measure_resources_read_back_and_a_bad_one_is_named():
 
 
 def test_a_measurement_asks_for_the_nodes_resources(ray_local):
-    busy = placed_options((("CPU", 2.0), ("cpu_node", 1.0)), 1.0, idle=False)
+    busy = placed_options({"CPU": 2.0, "cpu_node": 1.0}, 1.0, idle=False)
     assert busy == {"num_cpus": 2.0, "num_gpus": 0.0, "resources": {"cpu_node": 1.0}}
     # idle (scoring actors hold the CPUs): only the custom resources, pinned to a node that has the CPUs in all
-    idle = placed_options((("CPU", 2.0),), 1.0, idle=True)
+    idle = placed_options({"CPU": 2.0}, 1.0, idle=True)
     assert (idle["num_cpus"], idle["num_gpus"], idle["resources"]) == (0, 0, {})
     assert idle["scheduling_strategy"].soft is False
-    assert "scheduling_strategy" not in placed_options((("CPU", 64.0),), 1.0, idle=True)   # no node has 64
+    assert "scheduling_strategy" not in placed_options({"CPU": 64.0}, 1.0, idle=True)   # no node has 64
 
 
 def test_a_local_ray_declares_the_resources_it_is_told(monkeypatch):
@@ -55,8 +55,10 @@ def test_idle_measurements_run_one_at_a_time(ray_local, tmp_path):
 
     from qkvsearch.search.campaign.measured import Measurer, MeasureSettings
     from qkvsearch.spaces.keys import fill
+    from qkvsearch.spaces.measure import MeasureSpec
 
-    measurer = Measurer(MeasureSettings(("latency_ms",), batch=2, cache=str(tmp_path), max_s=0.01), 1, 1.0, 0.0)
+    how = MeasureSettings(("latency_ms",), MeasureSpec(batch=2, cache=str(tmp_path), max_s=0.01))
+    measurer = Measurer(how, 1, 1.0, 0.0)
     model = {("model" if k == "name" else k): v for k, v in tiny_model().items()}   # the section as trial keys
     configs = {e: fill({**model, "epochs": 1, "depth": 1, "embedding": e}) for e in ("linear", "sne", "psne")}
     for key, cfg in configs.items():
