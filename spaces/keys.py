@@ -110,6 +110,7 @@ class Key:
     before: Any = DEFAULT           # what a config written before the key existed meant (spaces.upgrade)
     macro: bool = False             # a timm constructor argument of the model's shape (MACRO_KEYS)
     sliced: bool = False            # a size a supernet holds as the leading part of its largest's tensors
+    splits: tuple = ()              # a choice a supernet keeps weights per value of: (tensors, place in their names)
 
     @property
     def arrow(self) -> str:
@@ -149,7 +150,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
        families=(VIT,), applies_key="attention", applies_to=QKV_ATTENTIONS, macro=True),
     # attention design (spaces.choices, trainers.model.architecture): ViT/DeiT only, except key and patch_embed
     _k("attention", "model", one_of(*ATTENTIONS), "softmax",
-       "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True),
+       "token mixer: " + " | ".join(ATTENTIONS) + " (ViT/DeiT)", families=(VIT,), report=True, splits=("attention", 1)),
     _k("attn_features", "model", integer(1, MAX_UNITS), 64, "Performer random features m", unit="features",
        applies_key="attention", applies_to=sized_by("attn_features"), report=True, sliced=True),
     _k("attn_proj_len", "model", integer(1, MAX_UNITS), 64, "Linformer projected length k", unit="tokens",
@@ -157,33 +158,35 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("attn_landmarks", "model", integer(1, MAX_UNITS), 32, "Nystromformer landmarks m", unit="tokens",
        applies_key="attention", applies_to=sized_by("attn_landmarks"), report=True, sliced=True),
     _k("pos_embed", "model", one_of(*POS_EMBEDS), "learned", "positions: " + " | ".join(POS_EMBEDS) + " (ViT/DeiT)",
-       families=(VIT,), report=True),
+       families=(VIT,), report=True, splits=("positions", 0)),
     _k("patch_embed", "model", one_of(*PATCH_EMBEDS), "linear",
        "patch embedding: " + " | ".join(PATCH_EMBEDS) + " (ViT/DeiT, MLP-Mixer)", families=(VIT, MIXER),
-       report=True),
+       report=True, splits=("stem", 0)),
     _k("key", "model", one_of(*KEY_KINDS), "shared",
-       "key: shared (from the q/k/v embedding) | manifold (charts, apart from q and v)", report=True),
+       "key: shared (from the q/k/v embedding) | manifold (charts, apart from q and v)", report=True,
+       splits=("attention", 2)),
     _k("key_charts", "model", integer(1, MAX_UNITS), 8, "manifold key: charts H", applies_key="key", applies_to=("manifold",),
        report=True, sliced=True),
     _k("key_aggregation", "model", one_of(*KEY_AGGREGATIONS), "vanilla",
        "manifold key: chart aggregation " + " | ".join(KEY_AGGREGATIONS), applies_key="key",
-       applies_to=("manifold",), report=True),
+       applies_to=("manifold",), report=True, splits=("attention", 3)),
     _k("key_context", "model", FLAG, False, "manifold key: add the token mean (context broadcasting)",
-       applies_key="key", applies_to=("manifold",)),
+       applies_key="key", applies_to=("manifold",), splits=("attention", 4)),
     # embedding (the space sets them; the model section also sets embed_class_attn and activation)
     _k("embedding", "embedding", one_of(*EMBEDDINGS), "linear", "q/k/v embedding: " + " | ".join(EMBEDDINGS),
-       report=True),
+       report=True, splits=("attention", 0)),
     _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
        "requested hidden width h: int, ratio of the token dim d, match (baseline params), paper (Table 1)",
        applies_to=embeddings_with("hidden"), report=True, sliced=True),
     _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features", applies_to=embeddings_with("codes"),
        report=True, sliced=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
-       "F-SNE codes: one set for the network, or one per block", applies_to=embeddings_with("codes"), report=True),
+       "F-SNE codes: one set for the network, or one per block", applies_to=embeddings_with("codes"), report=True,
+       splits=("attention", 6)),
     _k("embed_class_attn", "embedding", FLAG, False, "also embed the class-attention blocks (XCiT, CaiT, VOLO)",
        section="model"),
     _k("activation", "embedding", one_of(*ACTIVATIONS), "relu", "the embedding's non-linearity sigma",
-       section="model", report=True),
+       section="model", report=True, splits=("attention", 5)),
     # quantization policy (the space sets them): one precision per part, the part's in every block without its own
     # (quant_qkv.3: spaces.blocks)
     *(_k(key, "quant", one_of(*PRECISIONS), FULL_PRECISION,
@@ -300,9 +303,6 @@ BLOCK_CHECKS = {k: KEYS[k].check for k in PER_BLOCK_KEYS}   # a per-block key is
 APPLIES_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
     k.name: (k.applies_key, k.applies_to) for k in KEYS.values() if k.applies_to}
 REQUIRED_TRAIN_KEYS = tuple(k.section_key or k.name for k in KEYS.values() if k.section == "train" and k.required)
-
-# The metric vocabulary (objectives, constraints, reported metrics): spaces.metrics.
-
 
 # ---------------------------------------------------------------------------------------------- fill
 

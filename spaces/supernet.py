@@ -27,7 +27,8 @@ loss) are refused (``check_served``). The chosen and control subnets retrain wit
 scheduler: every one trains its planned epochs, so the rank figures are over finished trainings.
 
 What a supernet can share: width-like model keys (``WIDTH_KEYS``: the leading part of the largest's tensors)
-and categorical ones (``BRANCH_KEYS``: weights of their own per value); a quantization policy (``QUANT_KEYS``)
+and categorical ones (``BRANCH_KEYS``: weights of their own per value); both derive from the key table
+(spaces.keys.Key.sliced, Key.splits); a quantization policy (``QUANT_KEYS``)
 changes no weight: a subnet is scored under it, quantized after extraction (trainers.supernet.scoring). A space that searches anything else (a
 training key, the model, its image or patch size) is refused naming the key: a supernet is trained with one
 recipe on one input.
@@ -43,11 +44,18 @@ from qkvsearch.spaces.metrics import COST_METRICS, SCORED_METRICS
 from qkvsearch.spaces.schema import WORKER_RESOURCES, FrozenMap
 from qkvsearch.spaces.sections import parse_worker_resources
 
+
+def _splitting(tensors: str) -> tuple[str, ...]:
+    """The categorical keys that split ``tensors`` (spaces.keys.Key.splits: (tensors, place)), in the order their
+    values name a tensor (trainers.supernet.layout.master_key: a trained supernet's checkpoint holds those names)."""
+    split = sorted((k.splits[1], k.name) for k in KEYS.values() if k.splits and k.splits[0] == tensors)
+    return tuple(name for _, name in split)
+
+
 # Which tensors a categorical key splits: the attention's (embedding, mixer, key), the stem's, the positions'.
-ATTENTION_BRANCH = ("embedding", "attention", "key", "key_aggregation", "key_context", "activation",
-                    "code_sharing")
-STEM_BRANCH = ("patch_embed",)
-POSITION_BRANCH = ("pos_embed",)
+ATTENTION_BRANCH = _splitting("attention")
+STEM_BRANCH = _splitting("stem")
+POSITION_BRANCH = _splitting("positions")
 BRANCH_KEYS = (*ATTENTION_BRANCH, *STEM_BRANCH, *POSITION_BRANCH)
 # (Key.sliced) the embedding's own first: the subject, and what an error names first
 WIDTH_KEYS = tuple(k.name for k in sorted(KEYS.values(), key=lambda k: k.group != "embedding") if k.sliced)

@@ -98,3 +98,15 @@ def test_measured_and_scored_figures_are_one_shot_objectives_and_a_scheduler_is_
     load_campaign(_spec(scheduler={"type": "moasha"}))
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "scheduler.type" in warning and "FIFO" in warning and "moasha is not used" in warning
+
+
+def test_the_branch_keys_come_from_the_key_table_in_the_order_trained_supernets_name_them():
+    from qkvsearch.spaces.keys import KEYS
+    from qkvsearch.spaces.supernet import ATTENTION_BRANCH, BRANCH_KEYS, POSITION_BRANCH, STEM_BRANCH
+
+    assert set(BRANCH_KEYS) == {k.name for k in KEYS.values() if k.splits}
+    # a supernet tensor is named by these keys' values in this order (trainers.supernet.layout.master_key): the
+    # checkpoints of supernets trained by earlier versions hold these names
+    assert ATTENTION_BRANCH == ("embedding", "attention", "key", "key_aggregation", "key_context", "activation",
+                                "code_sharing")
+    assert (STEM_BRANCH, POSITION_BRANCH) == (("patch_embed",), ("pos_embed",))
