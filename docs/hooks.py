@@ -9,7 +9,9 @@
   ``[tool.setuptools.package-dir]``: ``qkvsearch`` is ``search/_root``, ``qkvsearch.spaces`` is ``spaces/``,
   ...), which no source tree shows. The hook lays out ``build/docs-api/qkvsearch/`` as links to those folders,
   the tree mkdocs.yml gives the Python handler as its ``paths``.
-- benchmarks/README.md and search/RESULTS_SCHEMA.md are pages of the site, read from where they live.
+- benchmarks/README.md and search/RESULTS_SCHEMA.md are pages of the site, read from where they live. The results
+  schema's generated tables are rendered from their declarations here too: a line ``<!-- results: NAME -->`` becomes
+  ``RESULTS[NAME]()`` (the config columns from spaces.keys.KEYS, the stage metrics from spaces.metrics).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from mkdocs.structure.files import File
 REPO = Path(__file__).resolve().parent.parent
 API_TREE = REPO / "build" / "docs-api"
 MARKER = re.compile(r"^<!-- reference: (.+?) -->$", re.M)
+RESULTS_MARKER = re.compile(r"^<!-- results: (.+?) -->$", re.M)
 AUTODOC = re.compile(r"^::: ([\w.]+)$", re.M)
 # page of the site -> file of the repository it shows
 INCLUDED = {"benchmarks.md": "benchmarks/README.md", "results-schema.md": "search/RESULTS_SCHEMA.md"}
@@ -74,8 +77,21 @@ def on_files(files, config):
     return files
 
 
-def on_page_markdown(markdown, page, config, files):
+def results_table(name: str) -> str:
+    """A generated table of search/RESULTS_SCHEMA.md (KeyError for a name none generates: the build fails)."""
+    from qkvsearch.search.analysis.results import config_columns_markdown
+    from qkvsearch.search.analysis.stages import stage_metric_markdown
+
+    return {"config-columns": config_columns_markdown, "stage-metrics": stage_metric_markdown}[name]()
+
+
+def render_page(markdown: str) -> str:
+    """A page's markdown with its generated tables in place of their markers."""
     from qkvsearch.spaces.reference import render
 
     markdown = MARKER.sub(lambda m: render(m.group(1)), markdown)
-    return AUTODOC.sub(lambda m: "::: " + defined_at(m.group(1)), markdown)
+    return RESULTS_MARKER.sub(lambda m: results_table(m.group(1)), markdown)
+
+
+def on_page_markdown(markdown, page, config, files):
+    return AUTODOC.sub(lambda m: "::: " + defined_at(m.group(1)), render_page(markdown))

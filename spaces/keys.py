@@ -4,7 +4,7 @@ A trial config is one flat dict of plain values (model, embedding, data and trai
 ``Key``: its check (type and allowed values, one of spaces.checks), default, unit, group, the campaign-file
 section that sets it, and one line of doc. Everything else derives from this table: the spec loader's section
 tables and searchable keys, ``fill`` (defaults and checks), the model and cost configs, the architecture's key
-groups, the Parquet column types, the report's tables and search/RESULTS_SCHEMA.md."""
+groups, the Parquet column types, the report's tables and search/RESULTS_SCHEMA.md (as the site shows it)."""
 from __future__ import annotations
 
 import json

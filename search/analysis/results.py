@@ -52,7 +52,8 @@ CONFIG_PREFIX = "config_"
 
 
 def config_columns_markdown() -> str:
-    """The config-column table of search/RESULTS_SCHEMA.md, from the key declarations (a test compares)."""
+    """The config-column table of search/RESULTS_SCHEMA.md, from the key declarations (docs/hooks.py renders it
+    there when the documentation site is built)."""
     rows = ["| column | type | default | unit | meaning |", "|---|---|---|---|---|"]
     for key in RESOLVED_KEYS.values():
         default = "" if key.default is None else f"`{json.dumps(key.default)}`"

@@ -28,7 +28,8 @@ STAGES_CSV, STAGES_PARQUET = "stages.csv", "stages.parquet"
 
 
 def stage_metric_markdown() -> str:
-    """The stage-metric rows of search/RESULTS_SCHEMA.md's stages table, from spaces.metrics (a test compares)."""
+    """The stage-metric rows of search/RESULTS_SCHEMA.md's stages table, from spaces.metrics (docs/hooks.py renders
+    them there when the documentation site is built)."""
     return "\n".join(f"| `{m.name}` | float64 | % | {m.doc} ({m.stage} stage) |" for m in STAGE_METRIC_LIST)
 
 
