@@ -1,6 +1,7 @@
 """The datasets a campaign can read: what each is, declared once (the ``dataset`` key's values, the readers in
 trainers.data.datasets, the stages' datasets), the input paths and bad-image policies (``data_pipeline``,
-``bad_images``), and the rules that tie a trial config's keys to its dataset (``fill_from_dataset``)."""
+``bad_images``), and the rules that tie a trial config's keys to its dataset (``fill_from_dataset``). A dataset is
+its reader and its row here."""
 from __future__ import annotations
 
 import os
@@ -24,6 +25,9 @@ class Dataset:
     # once into a prepared dataset, the decode path on the device (spaces.keys.PIPELINES); else held in memory
     encoded: bool = False
     files: bool = False      # one image file per sample, read by index: the decode path reads them (imagefolder, cars)
+    # "module:name" of its trainers.data.datasets.DatasetReader, imported when a trial reads it; "": the one of its
+    # name in trainers.data.datasets.READERS (the readers the project ships)
+    reader: str = ""
 
 
 DATASET_INFO: dict[str, Dataset] = {

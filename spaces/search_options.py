@@ -1,6 +1,6 @@
-"""The search algorithms a campaign file may name (``search.algorithm``) and the options each reads, with
-their defaults: declared once, read by the spec loader (spaces.loader), the searchers
-(search.searchers.SEARCHERS, one entry per name here) and `qkvsearch simulate`.
+"""The search algorithms a campaign file may name (``search.algorithm``: each its searcher's class, ``SEARCHERS``)
+and the options each reads, with their defaults: declared once, read by the spec loader (spaces.loader), the
+searchers (search.searchers.searcher_class) and `qkvsearch simulate`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,20 @@ from qkvsearch.spaces.metrics import COUNTED_METRICS, MEASURED_METRICS
 from qkvsearch.spaces.schema import Space
 from qkvsearch.spaces.sections import as_mapping
 
-ALGORITHMS = ("grid", "random", "tpe", "nsga2", "gp", "ehvi", "mfehvi")
+# A searcher is its class (a search.searchers.base.Searcher) and its row here: the name a campaign file gives
+# (search.algorithm) -> "module:Class", imported when a campaign or `simulate` asks for it
+# (search.searchers.searcher_class). An option of its own is a SEARCH_FIELDS row that applies to it.
+_HOME = "qkvsearch.search.searchers"
+SEARCHERS = {
+    "grid": f"{_HOME}.grid:GridSearcher",
+    "random": f"{_HOME}.optuna_samplers:RandomSearcher",
+    "tpe": f"{_HOME}.optuna_samplers:TPESearcher",
+    "nsga2": f"{_HOME}.optuna_samplers:NSGA2Searcher",
+    "gp": f"{_HOME}.optuna_samplers:GPSearcher",
+    "ehvi": f"{_HOME}.ehvi:EhviSearcher",
+    "mfehvi": f"{_HOME}.mfehvi:MFEhviSearcher",
+}
+ALGORITHMS = tuple(SEARCHERS)
 # What `qkvsearch simulate --searcher` offers: the campaign's algorithms but grid, and shuffle (every recorded
 # curve once, in an order drawn from the seed).
 SIMULATED_SEARCHERS = ("shuffle", *(a for a in ALGORITHMS if a != "grid"))

@@ -43,7 +43,17 @@ from qkvsearch.spaces.schema import (
     TrainSpec,
 )
 
-TRIAL_SCHEDULERS = ("fifo", "asha", "moasha")   # not the learning-rate schedules (spaces.keys.LR_SCHEDULES)
+# A trial scheduler (not the learning-rate schedules: spaces.keys.LR_SCHEDULES) is its builder and its row here: the
+# name a campaign file gives (scheduler.type) -> "module:function" that builds its Tune scheduler from the section
+# (search.scheduling.tune_schedulers.make_scheduler), imported when a campaign or `simulate` builds one. An option
+# of its own is a SCHEDULER_FIELDS row that applies to it.
+_BUILDERS = "qkvsearch.search.scheduling.tune_schedulers"
+SCHEDULERS = {
+    "fifo": f"{_BUILDERS}:fifo",
+    "asha": f"{_BUILDERS}:asha",
+    "moasha": f"{_BUILDERS}:moasha",
+}
+TRIAL_SCHEDULERS = tuple(SCHEDULERS)
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "abfs")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

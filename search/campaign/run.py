@@ -213,7 +213,7 @@ def _trial_slot(cluster: Cluster, trains: bool) -> dict:
 
 
 def _scheduler(campaign: OpenedCampaign):
-    """The spec's trial scheduler (search.scheduling.tune_schedulers.SCHEDULERS). Each makes Tune save its
+    """The spec's trial scheduler (spaces.sections.SCHEDULERS: its builder). Each makes Tune save its
     experiment state whenever trials were added or ended (CheckpointsTrialChanges), so a killed driver's
     campaign resumes with every trial and the searcher as they were. Tune does not save schedulers with the
     experiment: a restored MO-ASHA rebuilds its rungs from the records."""
@@ -225,7 +225,8 @@ def _scheduler(campaign: OpenedCampaign):
                           brackets=sched.bracket_count(spec.train.epochs),
                           metrics=[ranked_by(o.metric) for o in spec.objectives],   # top1_q's rungs: top1
                           modes=[o.mode for o in spec.objectives],
-                          metric=sched.metric, mode=sched.mode, experiment=campaign.exp)  # asha: the loader resolved them
+                          metric=sched.metric, mode=sched.mode,  # asha: the loader resolved them
+                          experiment=campaign.exp, section=sched)
 
 
 def _run_config(campaign: OpenedCampaign, callbacks: list, verbose: bool, tune_dir: str | None = None):

@@ -22,6 +22,7 @@ were added or ended (search.scheduling.forced_saves).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from qkvsearch.search.scheduling.moasha import (
     recorded_progress,
 )
 from qkvsearch.spaces.metrics import EPOCH
+from qkvsearch.spaces.sections import SCHEDULERS
 from qkvsearch.storage import write_json
 
 _STATE_FORMAT = "qkvsearch.moasha/2"
@@ -363,29 +365,34 @@ def _write_json_atomic(path: Path, obj) -> None:
     write_json(os.fspath(path), obj)
 
 
-# ---------------------------------------------------------------------------------------- registry
-# Each builder takes the scheduler's settings (make_scheduler) and uses those it has.
-def _fifo(**_) -> CampaignFIFOScheduler:
+# ---------------------------------------------------------------------------------------- builders
+# Each builder (spaces.sections.SCHEDULERS names it) takes the scheduler's settings (make_scheduler) and uses those it
+# has; ``section``: the campaign's scheduler section (spaces.sections.SchedulerSpec: an option of a scheduler's own
+# is a field there), None where `simulate` builds one from its settings alone.
+def fifo(**_) -> CampaignFIFOScheduler:
     return CampaignFIFOScheduler()
 
 
-def _asha(*, metric: str, mode: str, common: dict, **_) -> CampaignASHAScheduler:
+def asha(*, metric: str, mode: str, common: dict, **_) -> CampaignASHAScheduler:
     return CampaignASHAScheduler(metric=metric, mode=mode, **common)
 
 
-def _moasha(*, metrics, modes, shares, experiment, common: dict, **_) -> MOASHAScheduler:
+def moasha(*, metrics, modes, shares, experiment, common: dict, **_) -> MOASHAScheduler:
     return MOASHAScheduler(metrics=metrics, modes=modes, bracket_shares=shares, experiment=experiment, **common)
 
 
-# scheduler.type (spaces.sections.TRIAL_SCHEDULERS) -> its builder: what a campaign and `simulate` build
-SCHEDULERS = {"fifo": _fifo, "asha": _asha, "moasha": _moasha}
+def builder(kind: str):
+    """The builder of a scheduler type (spaces.sections.SCHEDULERS), imported."""
+    module, _, name = SCHEDULERS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def make_scheduler(kind: str, *, max_t: float, grace: float = 1, rf: float = 3, brackets: int = 1,
                    metrics=(), modes=(), metric: str | None = None, mode: str | None = None, shares=None,
-                   experiment=None):
+                   experiment=None, section=None):
     """The Tune scheduler of a scheduler type: FIFO; ASHA on ``metric``/``mode``; MO-ASHA on ``metrics`` and
-    ``modes``, rebuilding its state from the records of ``experiment`` on a restore (module doc)."""
+    ``modes``, rebuilding its state from the records of ``experiment`` on a restore (module doc); another its
+    builder's, from the ``section`` that holds its options."""
     common = dict(time_attr=EPOCH, grace_period=grace, reduction_factor=rf, max_t=max_t, brackets=brackets)
-    return SCHEDULERS[kind](metrics=list(metrics), modes=list(modes), metric=metric, mode=mode, shares=shares,
-                            experiment=experiment, common=common)
+    return builder(kind)(metrics=list(metrics), modes=list(modes), metric=metric, mode=mode, shares=shares,
+                         experiment=experiment, common=common, section=section)

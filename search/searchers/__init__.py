@@ -15,22 +15,14 @@ how each trial ended. The campaign (search.campaign) assembles one; `qkvsearch s
     repeated         search.repeats for a searcher that does not repeat its proposals itself (all but grid)
     state, legacy    the saved state as versioned plain data; pickles of earlier versions read
 
-``SEARCHERS`` maps each name a campaign file may give (spaces.search_options.ALGORITHMS) to its class,
+``SEARCHERS`` (spaces.search_options, where a campaign file's names are declared) maps each name to its class,
 imported when asked for (Ray Tune's search/__init__.py pattern).
 """
 from __future__ import annotations
 
 import importlib
 
-SEARCHERS = {
-    "grid": "qkvsearch.search.searchers.grid:GridSearcher",
-    "random": "qkvsearch.search.searchers.optuna_samplers:RandomSearcher",
-    "tpe": "qkvsearch.search.searchers.optuna_samplers:TPESearcher",
-    "nsga2": "qkvsearch.search.searchers.optuna_samplers:NSGA2Searcher",
-    "gp": "qkvsearch.search.searchers.optuna_samplers:GPSearcher",
-    "ehvi": "qkvsearch.search.searchers.ehvi:EhviSearcher",
-    "mfehvi": "qkvsearch.search.searchers.mfehvi:MFEhviSearcher",
-}
+from qkvsearch.spaces.search_options import SEARCHERS
 
 
 def searcher_class(name: str):

@@ -124,7 +124,7 @@ def default_settings(curves: Curves) -> list[Setting]:
 
 def build_scheduler(setting: Setting, curves: Curves):
     """The scheduler a campaign builds for this setting (search.scheduling.tune_schedulers.make_scheduler)."""
-    from qkvsearch.search.scheduling.tune_schedulers import SCHEDULERS, make_scheduler
+    from qkvsearch.search.scheduling.tune_schedulers import make_scheduler
 
     if setting.type == "fifo":
         return make_scheduler("fifo", max_t=curves.max_t)
@@ -145,8 +145,8 @@ def build_scheduler(setting: Setting, curves: Curves):
                            f"objectives for asha, given {', '.join(curves.metrics)}")
         mode = modes.get(metric) or ("min" if metric.endswith("loss") else "max")
         return make_scheduler("asha", metric=metric, mode=mode, **common)
-    if setting.type not in SCHEDULERS:
-        raise BadInput(f"schedulers: expected one of {', '.join(SCHEDULERS)}, given {setting.label}")
+    if setting.type not in TRIAL_SCHEDULERS:
+        raise BadInput(f"schedulers: expected one of {', '.join(TRIAL_SCHEDULERS)}, given {setting.label}")
     return make_scheduler(setting.type, metrics=curves.metrics, modes=curves.directions, shares=setting.shares,
                           **common)
 

@@ -12,6 +12,7 @@ shards in sequence (wds) deals a sources.Part its own way, as many samples (trai
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qkvsearch.spaces.datasets import DATASET_INFO
 from qkvsearch.spaces.errors import reason
 from qkvsearch.trainers.data import formats as more
 from qkvsearch.trainers.data.formats import CIFAR_FILES
@@ -55,7 +57,7 @@ def check_dataset(cfg: dict, world_size: int | None = None) -> None:
     """Raise DatasetError naming the path and what was expected there. cfg: filled (spaces.keys.fill,
     which requires data_path for the datasets read from files); world_size: the ranks that will read it
     (None: this process group's, 1 outside one), which a dataset read as shards needs enough shards for."""
-    reader, path = READERS[cfg["dataset"]], cfg["data_path"]
+    reader, path = reader_of(cfg["dataset"]), cfg["data_path"]
     if reader.check is None:  # made in memory: nothing to read
         return
     if reader.shards:  # a folder or a bucket prefix, read through qkvsearch.storage
@@ -171,8 +173,8 @@ def load_data(cfg: dict, device=None, prepared=None):
 
     path = input_path(cfg, is_cuda(device))
     if path == "host":
-        return READERS[cfg["dataset"]].load(cfg)
-    return device_sources(cfg, path, prepared, READERS[cfg["dataset"]].arrays)
+        return reader_of(cfg["dataset"]).load(cfg)
+    return device_sources(cfg, path, prepared, reader_of(cfg["dataset"]).arrays)
 
 
 def _from_arrays(read):
@@ -254,11 +256,20 @@ def _cifar_check(cfg, path):
     _check_cifar(cfg["dataset"], path)
 
 
-# dataset -> its reader: one entry per name of spaces.datasets.DATASET_INFO (a test holds them equal)
+def reader_of(dataset: str) -> DatasetReader:
+    """The reader its row names (spaces.datasets.Dataset.reader), or the one of its name the project ships."""
+    home = DATASET_INFO[dataset].reader
+    if not home:
+        return READERS[dataset]
+    module, _, name = home.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _in_memory(read, check=None, expected="") -> DatasetReader:
     return DatasetReader(_from_arrays(read), check, expected, arrays=read)
 
 
+# dataset -> its reader, for each row of spaces.datasets.DATASET_INFO that names none (a test holds them equal)
 READERS: dict[str, DatasetReader] = {
     "digits": _in_memory(more.digits),
     "digits_0to8": _in_memory(more.digits_0to8),
