@@ -207,6 +207,12 @@ class Measurer:
         """Which measurement serves a config (``measured_key``)."""
         return measured_key(config)
 
+    def look_up(self, trial: dict) -> tuple:
+        """A proposal's measurement before it is judged (search.searchers.ledger.Ledger.propose): (what is known
+        of it: (metrics, record), an error text, or None while unmeasured; the trial with its ``measured_key``)."""
+        key = self.key(trial["config"])
+        return self.result(key), {**trial, "measured_key": key}
+
     def state(self) -> dict:
         """The finished measurements as plain data (tasks in flight are started again by a restored one)."""
         return {"done": {k: v if isinstance(v, str) else list(v) for k, v in self.done.items()}}

@@ -154,8 +154,7 @@ class Proposals(TuneSearcher):
             key = None if trial.get("invalid") else _key(identity(trial["config"]))
             found, measure = None, self.measurer is not None and key is not None
             if measure:
-                mkey = self.measurer.key(trial["config"])
-                found, trial = self.measurer.result(mkey), {**trial, "measured_key": mkey}
+                found, trial = self.measurer.look_up(trial)
             rec = self.ledger.propose(trial_id, trial, key, key and _variant(key, trial["config"]), found=found,
                                       measure=measure, enforce=rejected < MAX_INFEASIBLE)
             rejected += rec["kind"] == rules.INFEASIBLE   # past the bound it runs as a trial that ends infeasible

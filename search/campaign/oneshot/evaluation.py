@@ -127,8 +127,7 @@ class Scoring:
             key = None if trial.get("invalid") else subnet_key(trial["config"])
             found, measure = None, self.measurer is not None and key is not None
             if measure:
-                mkey = self.measurer.key(trial["config"])
-                found, trial = self.measurer.result(mkey), {**trial, "measured_key": mkey}
+                found, trial = self.measurer.look_up(trial)
                 if found is None and self.predictor.ready():
                     found = (self.predictor.predict(trial["config"], trial["cost"]),
                              {PREDICTED: list(self.predictor.metrics)})
