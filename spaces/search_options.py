@@ -49,10 +49,10 @@ SEARCH_FIELDS = table(
     Field("seed", SEED, 0, "seed of the searcher's draws"),
     Field("population_size", integer(2, MAX_COUNT), None, "NSGA-II's population",
           default_doc=f"min({NSGA2_POPULATION}, num_trials // 2), at least 2", applies=("nsga2",), added_later=True),
-    # written back as spaces.search_options.search_dict says: a grid's always, another searcher's when set
+    # written back when set, and a grid's always (search_dict)
     Field("repeats", POS_INT, 1, "runs of each configuration proposed, under the seeds seed, seed + 1, ...; the "
           "searcher learns each configuration from its first (grid: of each grid point)",
-          default_doc="1; for a searcher other than grid num_trials counts every run"),
+          default_doc="1; for a searcher other than grid num_trials counts every run", added_later=True),
     Field("front_repeats", POS_INT, 1,
           "once the search ends, each configuration on the front of the completed trials trains again under the "
           "next seeds until it has run this many times (each front point's mean and spread in the report)",
@@ -73,9 +73,10 @@ def search_dict(spec) -> dict:
     """SearchSpec.to_dict: the section's table (spaces.fields.section_spec), where ``repeats`` is a grid's always
     (its size counts them) and another searcher's only when set, as earlier campaign files hold it."""
     out = _section_dict(spec)
-    if spec.algorithm != "grid" and spec.repeats == 1:
-        out.pop("repeats")
-    return out
+    if spec.algorithm != "grid" or "repeats" in out:
+        return out
+    return {f.name: spec.repeats if f.name == "repeats" else out[f.name] for f in SEARCH_FIELDS.values()
+            if f.name in out or f.name == "repeats"}
 
 
 SearchSpec.to_dict = search_dict
