@@ -35,6 +35,7 @@ from qkvsearch.search.records.layout import (
 )
 from qkvsearch.spaces.checks import is_int
 from qkvsearch.spaces.keys import identity
+from qkvsearch.spaces.upgrade import upgraded
 from qkvsearch.storage import exists, list_files, open_location, read_many, write_json
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def read_scored(exp) -> tuple[list[dict], list[str]]:
             problems.append(f"{shown}/{name}: {why}")
             logger.warning("skipped damaged scored batch %s (its subnets count as not scored)", problems[-1])
             continue
-        out.extend(batch)
+        out.extend({**e, "config": upgraded(e["config"])} for e in batch)   # written before some keys existed
     measured = read_json_record(f"{_display(exp)}/{INHERITED_DIR}/{MEASURED_FILE}", MEASURED, _measured_problem) \
         or {}
     return [_measured(e, measured[e["subnet_id"]]) if e["subnet_id"] in measured else e for e in out], problems
