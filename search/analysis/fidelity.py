@@ -56,6 +56,7 @@ from qkvsearch.search.analysis.supernet_training import supernet_section
 from qkvsearch.search.records import inherited
 from qkvsearch.search.records.inherited import PREDICTED
 from qkvsearch.spaces.metrics import INHERITED_METRICS
+from qkvsearch.spaces.upgrade import upgraded
 from qkvsearch.storage import read_bytes, write_bytes, write_json
 
 SUBNETS_FILE, FIDELITY_FILE = "subnets.parquet", "fidelity.json"
@@ -102,7 +103,7 @@ def subnet_table(exp: str, trials: pa.Table) -> pd.DataFrame:
     seed = selection.get("seed")
     done = trials.to_pandas() if trials.num_rows else pd.DataFrame(columns=["status"])
     for _, t in done[done["status"] == "completed"].iterrows():
-        cfg = json.loads(t["config_json"])
+        cfg = upgraded(json.loads(t["config_json"]))   # as the evaluations are read (inherited.read_scored)
         i = groups.get(inherited.subnet_identity(cfg, ignore=("seed",)))
         if i is not None:
             col = "top1_standalone" if seed is None or cfg.get("seed") == seed else "top1_standalone_reseeded"
