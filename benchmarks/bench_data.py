@@ -471,7 +471,8 @@ def path_rows(tmp: str, images: int, batch: int, workers: int, repeats: int) -> 
         aug_ms = device_augment_ms(sources[f"prepared {prep.FORMAT} (uint8)"], batch)
         for name, res in got.items():
             cpu = statistics.median(c for c, _ in res)
-            rows.append({"path": name, "cpu_ms": cpu, "per_core": 1e3 / cpu, "rate": statistics.median(r for _, r in res),
+            rows.append({"path": name, "cpu_ms": cpu, "per_core": 1e3 / cpu,
+                         "rate": statistics.median(r for _, r in res),
                          "aug_ms": None if name.startswith("today") else aug_ms})
     finally:
         for source in sources.values():
@@ -498,7 +499,8 @@ def device_augment_ms(source, batch: int, passes: int = 3) -> float:
 
 def print_path_tables(rows: list[dict], made: list[dict], workers: int) -> None:
     base = next(r["cpu_ms"] for r in rows if r["path"].startswith("today"))
-    print(f"\nInput paths, imagefolder on the local disk, {IMG_SIZE} px, rand-m9-mstd0.5-inc1; loader_workers {workers}; "
+    print(f"\nInput paths, imagefolder on the local disk, {IMG_SIZE} px, rand-m9-mstd0.5-inc1; "
+          f"loader_workers {workers}; "
           "host CPU: every process of the benchmark during a pass, up to the batch handed to the device")
     print("| path | host CPU per image (ms) | vs today | images/s per core | images/s | device augmentation "
           "per image (ms, on this CPU: no GPU) |\n|---|---|---|---|---|---|")
@@ -539,7 +541,8 @@ def crop_parity(n: int = 64, sides=(160, 192, 224, 256, 320)) -> list[tuple]:
     for side in (*sides, None):
         vals = []
         for a, (i, j, h, w) in zip(photos, boxes):
-            want = np.asarray(Image.fromarray(a).crop((j, i, j + w, i + h)).resize((IMG_SIZE, IMG_SIZE), Image.BILINEAR))
+            want = np.asarray(Image.fromarray(a).crop((j, i, j + w, i + h))
+                              .resize((IMG_SIZE, IMG_SIZE), Image.BILINEAR))
             src = a if side is None else resized(a, side)
             sy, sx = src.shape[0] / a.shape[0], src.shape[1] / a.shape[1]
             box = torch.tensor([[j * sx, i * sy, (j + w) * sx, (i + h) * sy]], dtype=torch.float32)

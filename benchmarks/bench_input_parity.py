@@ -51,7 +51,8 @@ def crop_stats(n: int) -> list[str]:
     for col, what in enumerate(("crop area share", "crop log aspect")):
         t = stats.ks_2samp(timm[:, col], mine[:, col])
         lines.append(f"| {what}: mean (sd) | {timm[:, col].mean():.4f} ({timm[:, col].std():.4f}) | "
-                     f"{mine[:, col].mean():.4f} ({mine[:, col].std():.4f}) | KS D {t.statistic:.4f}, p {t.pvalue:.2f} |")
+                     f"{mine[:, col].mean():.4f} ({mine[:, col].std():.4f}) | "
+                     f"KS D {t.statistic:.4f}, p {t.pvalue:.2f} |")
     torch.manual_seed(0)
     timm_flips = np.mean([torch.rand(1).item() < 0.5 for _ in range(n)])   # torchvision's RandomHorizontalFlip
     flips = d.flips.double().mean().item()

@@ -161,7 +161,8 @@ def main() -> None:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     if args.architecture:
-        desc = f"{device.type} ({'bf16 autocast' if device.type == 'cuda' else f'fp32, {torch.get_num_threads()} threads'})"
+        desc = (f"{device.type} "
+                f"({'bf16 autocast' if device.type == 'cuda' else f'fp32, {torch.get_num_threads()} threads'})")
         print(f"ViT d128 depth 4 heads 4 MLP 256 @ 32px, batch {args.batch}, {desc}; {args.warmup} warm-up + "
               f"{args.rounds} timed rounds, interleaved")
         t0 = time.perf_counter()
@@ -186,7 +187,8 @@ def main() -> None:
         macs = "" if n in ("timm", "linear") else f"{costs[n]['gmacs'] / costs['linear']['gmacs']:.3f}x"
         print(f"{n:<9} {costs[n]['params_m']:>7.2f}M {costs[n]['gmacs']:>7.3f} "
               f"{1e3 * statistics.median(times[n]):>9.1f} {1e3 * min(times[n]):>8.1f} {ratios} {macs:>10}")
-    print(f"(measured in {time.perf_counter() - t0:.0f} s; time ratio = median of per-round ratios; targets: linear vs timm <= 1.02x, "
+    print(f"(measured in {time.perf_counter() - t0:.0f} s; time ratio = median of per-round ratios; "
+          "targets: linear vs timm <= 1.02x, "
           f"fsne-c8 vs linear <= 1.12x on CPU)")
 
 

@@ -171,7 +171,8 @@ def oneshot_compute(exp: str, spec: dict, seed: int, supernet_from: str | None =
                     "scoring": sum(e["cost"]["gmacs"] * 1e9 * (val + 2 * BATCH) for e in evaluations),
                     "retrain": sum(trial_macs(r, val) for r in retrained),
                     "control": sum(trial_macs(r, val) for r in control)},
-           "front": [(r["epochs"][-1]["top1"], r["cost"]["gmacs"]) for r in retrained if r.get("status") == "completed"],
+           "front": [(r["epochs"][-1]["top1"], r["cost"]["gmacs"]) for r in retrained
+                     if r.get("status") == "completed"],
            "walls": {"supernet": sup["ended_at"] - sup["started_at"], "scoring": scoring_wall,
                      "retrain": max(r["ended_at"] for r in records) - min(r["started_at"] for r in records)},
            "subnets": len(evaluations), "trainings": len(retrained), "control_trainings": len(control)}

@@ -67,8 +67,9 @@ def write_records(exp: Path, n_trials: int, n_epochs: int, seed: int = 0, layout
         status = STATUSES[i % len(STATUSES)]
         n_ep = n_epochs if status == "completed" else int(rng.integers(1, n_epochs))
         top1 = ceiling * (1 - np.exp(-np.arange(1, n_ep + 1) / 20))
-        epochs = [{"epoch": float(e + 1), "train_loss": 2.0 / (e + 1), "val_loss": 2.1 / (e + 1), "top1": float(top1[e]),
-                   "top5": float(top1[e]) + 15, "lr": 1e-3, "images_per_s": 1000.0, "epoch_s": 30.0, "train_s": 29.0}
+        epochs = [{"epoch": float(e + 1), "train_loss": 2.0 / (e + 1), "val_loss": 2.1 / (e + 1),
+                   "top1": float(top1[e]), "top5": float(top1[e]) + 15, "lr": 1e-3, "images_per_s": 1000.0,
+                   "epoch_s": 30.0, "train_s": 29.0}
                   for e in range(n_ep)]
         config = {"model": "xcit_nano_12_p16_224", "embedding": emb, "hidden_width": "match" if i % 7 == 0 else width,
                   "code_size": 8 if emb == "fsne" else None, "activation": "relu", "num_classes": 100,

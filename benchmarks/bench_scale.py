@@ -19,10 +19,10 @@ the allocations still alive by traceback (what the driver keeps per trial), with
 that grew; tracemalloc's own memory inflates the RSS of a traced run. ``--tree DIR`` runs the driver from
 another checkout of the repository (a package shim for DIR goes first on the driver's PYTHONPATH, which Ray's
 processes inherit); ``--against DIR`` runs the campaign with the driver from DIR and from this tree, one after
-the other in one run, and prints the ratios. ``--plain`` runs the same shape of campaign in Ray Tune alone, without qkvsearch (a function
-trainable reporting one result of ``--plain-keys`` numeric keys, the same forced saves): Tune's own share, with
-its loggers on and off under ``--compare``. Whatever happens (success, failure, Ctrl-C, SIGTERM), the driver
-and every process of its Ray are stopped before this script exits.
+the other in one run, and prints the ratios. ``--plain`` runs the same shape of campaign in Ray Tune alone,
+without qkvsearch (a function trainable reporting one result of ``--plain-keys`` numeric keys, the same forced
+saves): Tune's own share, with its loggers on and off under ``--compare``. Whatever happens (success, failure,
+Ctrl-C, SIGTERM), the driver and every process of its Ray are stopped before this script exits.
 
     python benchmarks/bench_scale.py [--trials 300] [--concurrency 2] [--compare] [--trace] [--tree DIR]
                                      [--against DIR]
@@ -54,7 +54,8 @@ MARK_10, MARK_100 = signal.SIGRTMIN + 1, signal.SIGRTMIN + 2  # to the driver's 
 # Runs in the driver process before the command line: counts Tune's experiment-state saves (wrapping
 # TuneController.save_to_dir, Ray 2.60; without it the counts stay empty) and answers the benchmark's
 # signals (real-time ones: Tune takes SIGUSR1 as a stop): MARK_10 at 10 % of the trials (modules and object
-# counts; tracemalloc starts), MARK_100 at 100 % (object counts; the tracemalloc snapshot). Imports Ray the way `launch` does (local_ray first).
+# counts; tracemalloc starts), MARK_100 at 100 % (object counts; the tracemalloc snapshot). Imports Ray the way
+# `launch` does (local_ray first).
 PROBE = r'''
 import gc, json, os, signal, sys, runpy
 out = os.environ["QKVSEARCH_BENCH_OUT"]
@@ -405,7 +406,8 @@ def disk_use(exp: Path) -> dict[str, int]:
             if top in WEIGHTS_DIRS or top == "qs_trials":
                 kind = f"{top}/"
             elif not top:
-                kind = name.split("-")[0] if name.startswith(("experiment_state", "searcher-state", "search_gen_state")) else name
+                run_state = name.startswith(("experiment_state", "searcher-state", "search_gen_state"))
+                kind = name.split("-")[0] if run_state else name
             elif name.startswith("events.out.tfevents"):
                 kind = "trial/events.out.tfevents.*"
             else:
@@ -582,7 +584,8 @@ def main() -> None:
 
     ours = "Tune loggers off" if args.plain else "campaign settings"
     if args.against:
-        plan = [(f"{_commit(args.against)} (--against)", False, args.against), (f"{_commit(REPO)} (this tree)", False, None)]
+        plan = [(f"{_commit(args.against)} (--against)", False, args.against),
+                (f"{_commit(REPO)} (this tree)", False, None)]
     elif args.compare:
         plan = [("Tune defaults", True, args.tree), (ours, False, args.tree)]
     else:

@@ -110,7 +110,8 @@ def methods(grace: int = 1, rf: int = 3, max_brackets: int = 3) -> list[tuple[st
             for b in range(2, max_brackets + 1)]
     if max_brackets > 1:
         equal = (1,) * max_brackets
-        out.append((f"MO-ASHA, {max_brackets} brackets, equal shares", Setting("moasha", grace, rf, max_brackets, shares=equal)))
+        out.append((f"MO-ASHA, {max_brackets} brackets, equal shares",
+                    Setting("moasha", grace, rf, max_brackets, shares=equal)))
     return out
 
 
@@ -183,7 +184,8 @@ def main(argv=None) -> int:
         return searchers_main([a for a in argv if a != "--searchers"])
     args = ap.parse_args(argv)
 
-    head = f"{'benchmark':<10} {'configs':>7}  {'method':<{METHOD_W}} {'HV@25% mean (min)':>18} {'HV@50% mean (min)':>18}  {'epochs':>6}  target@50%"
+    head = (f"{'benchmark':<10} {'configs':>7}  {'method':<{METHOD_W}} {'HV@25% mean (min)':>18} "
+            f"{'HV@50% mean (min)':>18}  {'epochs':>6}  target@50%")
     print(f"hypervolume of the completed front / full grid's, {args.seeds} seeds, {args.concurrency} trials at a time,"
           f" {args.startup_s:g} s start-up; epochs: spent by the end / the full grid's")
     print(head)

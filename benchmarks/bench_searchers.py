@@ -188,7 +188,8 @@ def _row(store: Store, name: str, label: str, jobs: list[Job], seeds: int) -> st
 def _print_report(store: Store, tables, seeds: int, chosen: dict, default: str, rows: int) -> None:
     print(f"\nHV of the trained front / the whole table's, median [IQR] over {rows} seeds (random's median HV@200, "
           f"the target, over {seeds}), 25->200 trials, 4 at a time, FIFO; ehvi's default: {default}")
-    print("| table | searcher | seeds | HV@25 | HV@50 | HV@100 | HV@200 | random for HV@50 | CPU s/run | ms/suggestion |")
+    print("| table | searcher | seeds | HV@25 | HV@50 | HV@100 | HV@200 | "
+          "random for HV@50 | CPU s/run | ms/suggestion |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for t in tables:
         c = chosen[t]
@@ -214,7 +215,8 @@ def _measured(store: Store, tables, seeds: int, default: str, workers: int) -> N
     store.run_all([f(t, s) for t in tables for f in jobs.values() for s in range(seeds)]
                   + [Job(t, "gp", s, GP_TRIALS, measured=MEASURED) for t in tables for s in range(GP_SEEDS)], workers)
     print("\nNAS-Bench-201, latency_ms measured on demand (counted: params_m)")
-    print("| table | searcher | seeds | HV@25 | HV@50 | HV@100 | HV@200 | random for HV@50 | CPU s/run | ms/suggestion |")
+    print("| table | searcher | seeds | HV@25 | HV@50 | HV@100 | HV@200 | "
+          "random for HV@50 | CPU s/run | ms/suggestion |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for t in tables:
         for label, f in jobs.items():
@@ -241,7 +243,8 @@ def _sampled(store: Store, tables, seeds: int, workers: int) -> None:
         for label, f in rows.items():
             runs = [store[f(t, s)] for s in range(seeds)]
             per = np.mean([r["secs"] / max(1, r["suggestions"]) for r in runs])
-            print(f"| {short(t)} | {label} | {seeds} | " + " | ".join(cell([at(r["hv"], n) for r in runs]) for n in BUDGETS)
+            print(f"| {short(t)} | {label} | {seeds} | "
+                  + " | ".join(cell([at(r["hv"], n) for r in runs]) for n in BUDGETS)
                   + f" | {np.mean([r['secs'] for r in runs]):.1f} | {1000 * per:.0f} |")
     fixed, grown = list(rows.values())[1:3]
     print("\ngrown minus fixed, the same sample (seed) paired: median difference of HV; seeds where grown is ahead / "

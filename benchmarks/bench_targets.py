@@ -141,7 +141,8 @@ def _front(records: list[dict], target: dict) -> list[tuple[float, float]]:
     out = []
     for r in records:
         a, c = _value(r, acc), r["cost"].get(cost)
-        if r.get("status") == "completed" and a is not None and c is not None and not violations(constraints, r["cost"]):
+        if (r.get("status") == "completed" and a is not None and c is not None
+                and not violations(constraints, r["cost"])):
             out.append((float(a), float(c)))
     return out
 

@@ -176,7 +176,7 @@ def write(rows: list[dict], total: int) -> None:
 
     versions = {"timm": timm.__version__, "torch": torch.__version__.split("+")[0]}
     rows = sorted(rows, key=lambda r: r["model"])
-    head = json.dumps({"versions": versions, "summary": summary(rows, total)})[:-1]   # a row a line: diffs stay readable
+    head = json.dumps({"versions": versions, "summary": summary(rows, total)})[:-1]  # a row a line: diffs stay readable
     TABLE.write_text(head + ', "rows": [\n' + ",\n".join(json.dumps(r) for r in rows) + "\n]}\n")
     PAGE.write_text(render(rows, versions, total))
 

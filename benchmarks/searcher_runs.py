@@ -2,10 +2,10 @@
 bench_multifidelity.py are made of.
 
 A run is a ``Job`` (table, searcher, its settings, seed, trials, scheduler, measured cost columns, the share of
-the table ehvi starts from) replayed by search.simulation (``simulate``); its result (the hypervolume fraction after each completed trial, the epochs
-spent by then, seconds, suggestions) is kept in a JSON file under the job's text, so an interrupted sweep goes
-on where it stopped and a table printed again costs nothing. Jobs run in ``workers`` processes, each with one
-thread (OMP_NUM_THREADS=1; set before numpy loads).
+the table ehvi starts from) replayed by search.simulation (``simulate``); its result (the hypervolume fraction
+after each completed trial, the epochs spent by then, seconds, suggestions) is kept in a JSON file under the
+job's text, so an interrupted sweep goes on where it stopped and a table printed again costs nothing. Jobs run
+in ``workers`` processes, each with one thread (OMP_NUM_THREADS=1; set before numpy loads).
 """
 from __future__ import annotations
 
@@ -119,9 +119,11 @@ def sampled(share: float, grow: bool, seed: int):
         rows = np.sort(np.random.default_rng(seed).choice(len(configs), round(share * len(configs)), replace=False))
         by_key = {config_key(c): cost for c, cost in zip(configs, costs)}
         space = Space(tuple(Dimension(k, "choice", tuple(v)) for k, v in searchers.table_space(curves).items()))
-        return replace(full, candidates=lambda: ([configs[i] for i in rows], [costs[i] for i in rows], [True] * len(rows)),
+        return replace(full,
+                       candidates=lambda: ([configs[i] for i in rows], [costs[i] for i in rows], [True] * len(rows)),
                        neighbour=partial(neighbour_config, space) if grow else None,
-                       costs=lambda cs: ([by_key.get(config_key(c), {}) for c in cs], [config_key(c) in by_key for c in cs]))
+                       costs=lambda cs: ([by_key.get(config_key(c), {}) for c in cs],
+                                         [config_key(c) in by_key for c in cs]))
 
     searchers.table_problem = problem
     try:

@@ -329,7 +329,8 @@ def _infeasible_shares(spec) -> str:
     ehvi_cannot = ehvi_problem(o.metric for o in spec.objectives)
     searchers = [a for a in ALGORITHMS if a != "grid" and not (a in EHVI_ALGORITHMS and ehvi_cannot)]
     shares = {a: infeasible_share(spec, a, ESTIMATE_TRIALS if a != "gp" else GP_ESTIMATE_TRIALS) for a in searchers}
-    return ", ".join(f"{a} {v:.0%}" for a, v in shares.items()) + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})"
+    return (", ".join(f"{a} {v:.0%}" for a, v in shares.items())
+            + f" (over {ESTIMATE_TRIALS} trials; gp {GP_ESTIMATE_TRIALS})")
 
 
 def _distinct(spec) -> str:

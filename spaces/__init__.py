@@ -22,10 +22,11 @@ A campaign file (YAML; unknown keys are rejected at every level, with a did-you-
     objectives: [{metric: top1, mode: max}, {metric: gmacs, mode: min}]   # mode defaults per metric
     constraints: {params_m: {max: 4.0}}  # cost metrics only (params, params_m, embed_params, gmacs), bounds >= 0
     search: {algorithm: nsga2, num_trials: 64, seed: 0, population_size: 16}
-          # grid | random | tpe | nsga2 | gp, ehvi (n_startup_trials: n < num_trials); grid: num_trials = grid size x repeats
-          # (repeats: n, any algorithm: each configuration under n seeds; front_repeats: n, the final front's
-          # configurations under more seeds once the search ends); warm_start: <earlier campaign folder or URI>
-    scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3, brackets: 3}   # fifo | asha (metric, mode) | moasha
+          # grid | random | tpe | nsga2 | gp, ehvi (n_startup_trials: n < num_trials); grid: num_trials = grid
+          # size x repeats (repeats: n, any algorithm: each configuration under n seeds; front_repeats: n, the
+          # final front's configurations under more seeds once the search ends); warm_start: <earlier campaign
+          # folder or URI>
+    scheduler: {type: moasha, grace_epochs: 10, reduction_factor: 3, brackets: 3}  # fifo | asha (metric, mode) | moasha
           # brackets: asynchronous Hyperband (default: 3 for moasha, fewer when fewer rungs fit; 1 for asha)
     resources: {workers_per_trial: 8, cpus_per_worker: 8, gpus_per_worker: 1,
                 max_concurrent_trials: auto, placement_strategy: PACK}

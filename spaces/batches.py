@@ -20,7 +20,8 @@ def batch_plan(cfg: Mapping, world_size: int) -> tuple[int, int]:
     if batch % (world_size * bpw):
         raise config_error("batch_size", f"a multiple of workers x batch_per_worker ({world_size} x {bpw})", batch)
     if (cfg["mixup"] > 0 or cfg["cutmix"] > 0) and bpw % 2:
-        raise config_error("batch_per_worker", "an even number when mixup or cutmix is on (timm Mixup pairs images)", bpw)
+        raise config_error("batch_per_worker",
+                           "an even number when mixup or cutmix is on (timm Mixup pairs images)", bpw)
     return bpw, batch // (world_size * bpw)
 
 

@@ -218,7 +218,8 @@ def _timm_model(v):
 
     if timm.is_model(name):
         return name
-    close = difflib.get_close_matches(name, timm.list_models(exclude_filters=[REGISTERED_PREFIX + "*"]), n=3, cutoff=0.7)
+    close = difflib.get_close_matches(name, timm.list_models(exclude_filters=[REGISTERED_PREFIX + "*"]),
+                                      n=3, cutoff=0.7)
     hint = f" (close matches: {', '.join(close)})" if close else ""
     raise Bad(f"the name of a timm model, e.g. xcit_nano_12_p16_224{hint}")
 

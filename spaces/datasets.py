@@ -35,13 +35,17 @@ DATASET_INFO: dict[str, Dataset] = {
     "synthetic": Dataset(10, 32, False, False),    # random class-coloured images (smoke tests)
     "cifar10": Dataset(10, 32, True, True),        # the authors' python-pickle folder
     "cifar100": Dataset(100, 32, True, True),
-    "imagefolder": Dataset(None, 224, True, True, encoded=True, files=True),  # <path>/train/<class>/*.jpg and <path>/val/<class>/...
+    "imagefolder": Dataset(None, 224, True, True, encoded=True, files=True),  # <path>/train/<class>/*.jpg and
+                                                                              # <path>/val/<class>/...
     "stl10": Dataset(10, 96, True, True),          # STL-10's binary files (trainers.data.formats)
-    "cars": Dataset(196, 224, True, True, encoded=True, files=True),         # Stanford Cars: devkit annotations and images
+    "cars": Dataset(196, 224, True, True, encoded=True, files=True),         # Stanford Cars:
+                                                                             # devkit annotations and images
     "digits_0to8": Dataset(9, 32, False, False),   # digits without the 9s (an OOD stage's digits_heldout)
     "digits_clutter": Dataset(10, 32, False, False),  # a digit among pieces of others, at random places (harder)
-    "wds": Dataset(None, 224, True, True, dealt=True, encoded=True),  # WebDataset tar shards + timm's _info.json; a folder or s3:// gs://
-    "hfds": Dataset(None, 224, True, True, encoded=True),        # Parquet / Arrow files datasets.load_dataset reads (image, label)
+    "wds": Dataset(None, 224, True, True, dealt=True, encoded=True),  # WebDataset tar shards + timm's _info.json;
+                                                                      # a folder or s3:// gs://
+    "hfds": Dataset(None, 224, True, True, encoded=True),        # Parquet / Arrow files datasets.load_dataset reads
+                                                                 # (image, label)
 }
 DATASETS = tuple(DATASET_INFO)
 PIPELINES = ("auto", "host", "device", "decode")   # the input paths (trainers.data.pipelines)

@@ -172,7 +172,8 @@ class Collector:
 
 
 def section_failed(problems: Sequence[str], section: str) -> bool:
-    """Whether one of ``problems`` (a Collector's errors, or what spaces.loader.read_stored_spec returns) concerns ``section``."""
+    """Whether one of ``problems`` (a Collector's errors, or what spaces.loader.read_stored_spec returns)
+    concerns ``section``."""
     return any(e == section or e.startswith((f"{section}.", f"{section}:", f"{section}[")) for e in problems)
 
 

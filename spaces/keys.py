@@ -120,7 +120,8 @@ class Key:
 _k = Key   # (name, group, check, default, doc, **the rest)
 KEYS: dict[str, Key] = {k.name: k for k in (
     # model (campaign section `model`)
-    _k("model", "model", MODEL_NAME, None, "timm model: a transformer whose attention maps tokens to q, k, v (docs: hosts), or an MLP-Mixer",
+    _k("model", "model", MODEL_NAME, None,
+       "timm model: a transformer whose attention maps tokens to q, k, v (docs: hosts), or an MLP-Mixer",
        section="model", section_key="name", required=True),
     _k("img_size", "model", integer(8, MAX_PIXELS).or_none(), None,
        "input size; null: the dataset's (32, imagefolder 224), or timm's for a bare model",
@@ -165,8 +166,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("key", "model", one_of(*KEY_KINDS), "shared",
        "key: shared (from the q/k/v embedding) | manifold (charts, apart from q and v)", report=True,
        splits=("attention", 2)),
-    _k("key_charts", "model", integer(1, MAX_UNITS), 8, "manifold key: charts H", applies_key="key", applies_to=("manifold",),
-       report=True, sliced=True),
+    _k("key_charts", "model", integer(1, MAX_UNITS), 8, "manifold key: charts H", applies_key="key",
+       applies_to=("manifold",), report=True, sliced=True),
     _k("key_aggregation", "model", one_of(*KEY_AGGREGATIONS), "vanilla",
        "manifold key: chart aggregation " + " | ".join(KEY_AGGREGATIONS), applies_key="key",
        applies_to=("manifold",), report=True, splits=("attention", 3)),
@@ -178,8 +179,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     _k("hidden_width", "embedding", HIDDEN_WIDTH, PAPER_WIDTH,
        "requested hidden width h: int, ratio of the token dim d, match (baseline params), paper (Table 1)",
        applies_to=embeddings_with("hidden"), report=True, sliced=True),
-    _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features", applies_to=embeddings_with("codes"),
-       report=True, sliced=True),
+    _k("code_size", "embedding", integer(1, MAX_UNITS), 8, "F-SNE code size n", unit="features",
+       applies_to=embeddings_with("codes"), report=True, sliced=True),
     _k("code_sharing", "embedding", one_of("shared", "per_block"), "shared",
        "F-SNE codes: one set for the network, or one per block", applies_to=embeddings_with("codes"), report=True,
        splits=("attention", 6)),
@@ -396,9 +397,10 @@ def check_combinations(cfg: Mapping) -> None:
         if unmet and unmet[0] == key:
             raise config_error(name, unmet[1], unmet[2])
     if cfg.get("hidden_width") == "match" and any(split_block_key(k)[0] == "embedding" for k in block_keys(cfg)):
-        raise config_error("hidden_width", "a width of the blocks' own (an int, a ratio of d, or \"paper\") with per-block "
-                                    "embeddings: \"match\" solves one width for one embedding", "match")
-    if cfg.get("key") == "manifold" and cfg.get("embed_class_attn") and cfg.get("embedding") in embeddings_with("hidden"):
+        raise config_error("hidden_width", "a width of the blocks' own (an int, a ratio of d, or \"paper\") "
+                           "with per-block embeddings: \"match\" solves one width for one embedding", "match")
+    if (cfg.get("key") == "manifold" and cfg.get("embed_class_attn")
+            and cfg.get("embedding") in embeddings_with("hidden")):
         raise config_error("embed_class_attn", "false with key manifold and a non-linear embedding (class attention "
                            "keeps its own key; its q/k/v and the blocks' q/v cannot share codes)", True)
 

@@ -146,6 +146,6 @@ def _build(raw: dict, c: Collector, source, partial: bool = False) -> CampaignSp
     if c.errors:
         return None
     return CampaignSpec(name, model, data, train, space, tuple(objectives), tuple(constraints), search,
-                        scheduler, resources, storage, description, source, checkpoints, tracking, stages, measure=measure,
-                        supernet=supernet, targets=targets)
+                        scheduler, resources, storage, description, source, checkpoints, tracking, stages,
+                        measure=measure, supernet=supernet, targets=targets)
 

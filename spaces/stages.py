@@ -17,8 +17,9 @@
 
 A finetune recipe sets train-section keys (spaces.keys.KEYS; ``epochs`` required) and ``img_size``; the
 rest comes from the trial's own config. A stage's ``resources`` (spaces.schema.WORKER_RESOURCES) replace the
-campaign's for that stage only; they are not part of what a stage's result is keyed by. Stage metrics are declared in spaces.keys (STAGE_METRICS,
-FINETUNE_METRIC); the campaign's own objectives stay those of pretraining, which the searcher learns.
+campaign's for that stage only; they are not part of what a stage's result is keyed by. Stage metrics are
+declared in spaces.keys (STAGE_METRICS, FINETUNE_METRIC); the campaign's own objectives stay those of
+pretraining, which the searcher learns.
 A campaign without the section has no stages (``StagesSpec()``, empty) and runs as it always did.
 """
 from __future__ import annotations

@@ -29,9 +29,9 @@ scheduler: every one trains its planned epochs, so the rank figures are over fin
 What a supernet can share: width-like model keys (``WIDTH_KEYS``: the leading part of the largest's tensors)
 and categorical ones (``BRANCH_KEYS``: weights of their own per value); both derive from the key table
 (spaces.keys.Key.sliced, Key.splits); a quantization policy (``QUANT_KEYS``)
-changes no weight: a subnet is scored under it, quantized after extraction (trainers.supernet.scoring). A space that searches anything else (a
-training key, the model, its image or patch size) is refused naming the key: a supernet is trained with one
-recipe on one input.
+changes no weight: a subnet is scored under it, quantized after extraction (trainers.supernet.scoring). A
+space that searches anything else (a training key, the model, its image or patch size) is refused naming the
+key: a supernet is trained with one recipe on one input.
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ exported, and optionally retrained (search.campaign.oneshot.targets).
 
 A target's constraints add up with the campaign's (spaces.schema.added_up): on a metric both bound, the tighter
 bound wins, so a target can narrow the campaign's bounds, never widen them. Without ``resources`` or
-``accelerator`` a target measures on the device the trials use, as a campaign of trials does. A target's measurements are cached apart from the other targets' (<measure.cache>/targets/<name>).
+``accelerator`` a target measures on the device the trials use, as a campaign of trials does. A target's
+measurements are cached apart from the other targets' (<measure.cache>/targets/<name>).
 """
 from __future__ import annotations
 
@@ -147,7 +148,8 @@ def check_targets(targets, space, constraints, c: Collector) -> None:
         for key, values in _quant_values(space).items():
             if not set(values) & set(target.precisions):
                 c.add(f"targets[{i}].precisions", f"expected precisions the space's {key} takes "
-                                                  f"({', '.join(map(str, values))}), given {', '.join(target.precisions)}")
+                                                  f"({', '.join(map(str, values))}), "
+                                                  f"given {', '.join(target.precisions)}")
         if not _quant_values(space) and FULL_PRECISION not in target.precisions:
             c.add(f"targets[{i}].precisions", f"expected {FULL_PRECISION} among them: the space searches no "
                                               f"precision, so its subnets run in {FULL_PRECISION}")

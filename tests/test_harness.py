@@ -27,8 +27,8 @@ def test_a_session_stopped_by_sigterm_stops_the_drivers_its_tests_started(tmp_pa
     mark = tmp_path / "driver.pid"
     (tmp_path / "test_inner.py").write_text(INNER.format(mark=str(mark)))
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "helpers.interrupts", "-p", "no:cacheprovider",
-                                "test_inner.py"], cwd=tmp_path, env=env,
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "helpers.interrupts",
+                                "-p", "no:cacheprovider", "test_inner.py"], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         pid = int(wait_for(lambda: mark.exists() and mark.read_text(), 120, "the inner test's driver"))

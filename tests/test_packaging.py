@@ -27,7 +27,8 @@ def test_the_wheel_ships_one_import_name_and_the_reference_points(tmp_path):
     assert {t for t in top if not t.endswith(".dist-info")} == {"qkvsearch"}
     assert not top & {"search", "spaces", "trainers"}
     for member in ("qkvsearch/__init__.py", "qkvsearch/storage.py", "qkvsearch/search/cli.py",
-                   "qkvsearch/search/records/readers.py", "qkvsearch/search/simulation/replay.py", "qkvsearch/spaces/keys.py",
+                   "qkvsearch/search/records/readers.py", "qkvsearch/search/simulation/replay.py",
+                   "qkvsearch/spaces/keys.py",
                    "qkvsearch/trainers/model/models.py", "qkvsearch/reference/sne_paper_imagenet.csv",
                    "qkvsearch/spaces/presets/quickstart.yaml"):
         assert member in names, member

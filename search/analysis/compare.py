@@ -252,8 +252,8 @@ def _pair_figures(compared: list[Compared], objectives) -> dict[str, dict]:
             df, info = c.info.trials, c.info
             done = df[info.eligible]
             data.append({"type": "scatter", "mode": "markers", "name": f"{c.name}: completed trials",
-                         "legendgroup": c.name, "x": numbers(done[info.columns[j]]), "y": numbers(done[info.columns[0]]),
-                         "marker": {"color": color, "size": 6, "opacity": 0.35},
+                         "legendgroup": c.name, "x": numbers(done[info.columns[j]]),
+                         "y": numbers(done[info.columns[0]]), "marker": {"color": color, "size": 6, "opacity": 0.35},
                          "hovertext": done["trial_name"].astype(str).tolist(), "hoverinfo": "text+x+y"})
             stair = info.pair_fronts[j]
             data.append({"type": "scatter", "mode": "lines+markers", "name": f"{c.name}: front",

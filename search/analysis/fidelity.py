@@ -189,7 +189,8 @@ def top_k_overlap(inherited_top1, standalone_top1, k: int) -> float | None:
 # The cost columns tried as a predictor of standalone top-1 (more compute, more accuracy), with their names in the
 # report; on a tie the first is the stronger.
 PROXIES = (("gmacs", "GMACs"), ("params", "params"))
-FROM_INHERITED = "the chosen subnets trained on from their inherited weights, whose final top-1 carries the inherited one"
+FROM_INHERITED = ("the chosen subnets trained on from their inherited weights, whose final top-1 carries the "
+                  "inherited one")
 
 
 def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
@@ -214,17 +215,19 @@ def measure(df: pd.DataFrame, objectives, reference) -> dict:
     scratch = chosen[chosen["retrained_from"] == "scratch"]
     front = rank_agreement(_column(scratch, "top1_inherited"), _column(scratch, "top1_standalone"))
     k = max(1, headline["pairs"] // 3)
-    out = {"subnets_scored": int(len(df)), "chosen_retrained": int(np.isfinite(_column(chosen, "top1_standalone")).sum()),
+    out = {"subnets_scored": int(len(df)),
+           "chosen_retrained": int(np.isfinite(_column(chosen, "top1_standalone")).sum()),
            "control_pairs": headline["pairs"], "control_kendall_tau": headline["tau"],
            "control_kendall_tau_ci95": headline["tau_ci"], "control_spearman_rho": headline["rho"],
-           "noise_floor_pairs": floor["pairs"], "noise_floor_tau": floor["tau"], "noise_floor_tau_ci95": floor["tau_ci"]}
+           "noise_floor_pairs": floor["pairs"], "noise_floor_tau": floor["tau"],
+           "noise_floor_tau_ci95": floor["tau_ci"]}
     for name, _ in PROXIES:
         out[f"proxy_{name}_tau"], out[f"proxy_{name}_tau_ci95"] = proxies[name]["tau"], proxies[name]["tau_ci"]
-    out.update({"stronger_proxy": stronger, "tau_minus_proxy": versus["diff"], "tau_minus_proxy_ci95": versus["diff_ci"],
-                "verdict_vs_proxy": versus["verdict"],
+    out.update({"stronger_proxy": stronger, "tau_minus_proxy": versus["diff"],
+                "tau_minus_proxy_ci95": versus["diff_ci"], "verdict_vs_proxy": versus["verdict"],
                 "control_top_k": k, "control_top_k_overlap": top_k_overlap(inherited_top1, standalone_top1, k),
-                "front_pairs": front["pairs"], "front_kendall_tau": front["tau"], "front_kendall_tau_ci95": front["tau_ci"],
-                "front_spearman_rho": front["rho"],
+                "front_pairs": front["pairs"], "front_kendall_tau": front["tau"],
+                "front_kendall_tau_ci95": front["tau_ci"], "front_spearman_rho": front["rho"],
                 "front_null_reason": None if front["tau"] is not None else FROM_INHERITED
                 if (chosen["retrained_from"] == "inherited").any() else
                 f"needs {MIN_PAIRS} chosen subnets retrained from scratch whose accuracies vary",
@@ -258,8 +261,8 @@ def fidelity_report(exp: str, out: str, campaign, trials: pa.Table, report_md: s
     supernet_paths, supernet_plots = supernet_section(exp, out)  # its training, after the subnets' figures
     paths |= supernet_paths
     plots |= supernet_plots
-    write_bytes(report_md, read_bytes(report_md) + ("\n## One-shot fidelity\n\n" + "\n".join(f"- {line}" for line in lines)
-                                                    + "\n").encode("utf-8"))
+    write_bytes(report_md, read_bytes(report_md)
+                + ("\n## One-shot fidelity\n\n" + "\n".join(f"- {line}" for line in lines) + "\n").encode("utf-8"))
     page = f"{report_md.rsplit('/', 1)[0]}/pareto.html"
     head, sep, tail = read_bytes(page).rpartition(b"</body>")
     if sep:
@@ -288,8 +291,8 @@ def section_lines(f: dict) -> list[str]:
     few = f"needs {MIN_PAIRS} control subnets whose accuracies vary"
     names = dict(PROXIES)
     if f["tau_minus_proxy"] is not None:
-        versus = (f"inherited top-1 against {names[f['stronger_proxy']]}, the stronger proxy (picked as the stronger on "
-                  f"these same subnets): tau difference {f['tau_minus_proxy']:+.2f}"
+        versus = (f"inherited top-1 against {names[f['stronger_proxy']]}, the stronger proxy "
+                  f"(picked as the stronger on these same subnets): tau difference {f['tau_minus_proxy']:+.2f}"
                   f"{_ci(f['tau_minus_proxy_ci95'], 'paired bootstrap')}: "
                   + VERDICT_WORDS.get(f["verdict_vs_proxy"], "no verdict (no resample ranks both)"))
     else:

@@ -34,7 +34,8 @@ AXIS_TITLES = {
 EMBED_COLORS = {"linear": "#7f7f7f", "sne": "#1f77b4", "psne": "#2ca02c", "fsne": "#d62728"}
 EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
 STATUS_SYMBOLS = {"completed": "circle", "stopped_early": "triangle-down", "running": "diamond-open",
-                  "interrupted": "diamond", "diverged": "x", "failed": "cross", "infeasible": "square-open", "pending": "circle-open"}
+                  "interrupted": "diamond", "diverged": "x", "failed": "cross", "infeasible": "square-open",
+                  "pending": "circle-open"}
 SYMBOLS_3D = {"circle", "circle-open", "cross", "diamond", "diamond-open", "square", "square-open", "x"}
 HOVER_CONFIG_LIMIT = 2000  # above this many trials only front points carry the full config on hover
 
@@ -66,7 +67,8 @@ def config_of(config_json: str) -> dict:
 def _hover_details(config_json: str, error) -> str:
     """The config's set keys (sorted) and the error, as hover lines after the objectives."""
     config = config_of(config_json)
-    lines = [f"{html.escape(str(k))} = {html.escape(json.dumps(v))}" for k, v in sorted(config.items()) if v is not None]
+    lines = [f"{html.escape(str(k))} = {html.escape(json.dumps(v))}"
+             for k, v in sorted(config.items()) if v is not None]
     if isinstance(error, str) and error:  # a missing error is NaN here
         lines.append("error: " + html.escape(error[:200]))
     return "".join("<br>" + line for line in lines)
@@ -216,7 +218,8 @@ def _pair_figure(info: FrontInfo, groups, j: int, paper: pd.DataFrame | None,
         p = paper.dropna(subset=[metrics[j], metrics[0]])
         data.append({"type": "scatter", "x": numbers(p[metrics[j]]), "y": numbers(p[metrics[0]]), "mode": "markers",
                      "name": "paper (ImageNet-1k)",
-                     "marker": {"symbol": "star", "size": 12, "color": "#ff7f0e", "line": {"color": "black", "width": 1}},
+                     "marker": {"symbol": "star", "size": 12, "color": "#ff7f0e",
+                                "line": {"color": "black", "width": 1}},
                      "hovertext": p["label"].tolist(), "hoverinfo": "text+x+y"})
     out = figure_layout(f"{metrics[0]} vs {metrics[j]}" + title_note(coords["shared"]), 560,
                         xaxis=axis_title(metrics[j]), yaxis=axis_title(metrics[0]))
@@ -233,7 +236,8 @@ def _figure_3d(info: FrontInfo, groups) -> dict:
                  "name": "Pareto front",
                  "marker": {"size": 7, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 3}},
                  "hovertext": [hover[i] for i in front], "hoverinfo": "text"})
-    scene = {f"{a}axis": {"title": {"text": axis_title(m)}} for a, m in zip("xyz", (metrics[1], metrics[2], metrics[0]))}
+    scene = {f"{a}axis": {"title": {"text": axis_title(m)}}
+             for a, m in zip("xyz", (metrics[1], metrics[2], metrics[0]))}
     title = f"{metrics[0]} vs {metrics[1]} and {metrics[2]}" + title_note(coords["shared"])
     return {"data": data, "layout": figure_layout(title, 650, scene=scene)}
 
@@ -252,7 +256,8 @@ def _curves_figure(info: FrontInfo, epochs: pa.Table, metric: str = "top1") -> d
             data.append({"type": "scatter", "x": numbers(g[EPOCH]), "y": numbers(g[metric]), "mode": "lines+markers",
                          "name": str(g["trial_name"].iloc[0]), "line": {"color": embed_color(emb_of[tid], embeds)},
                          "marker": {"size": 4}})
-    out = figure_layout(f"Learning curves of the front ({metric} per epoch)", 480, xaxis="epoch", yaxis=axis_title(metric))
+    out = figure_layout(f"Learning curves of the front ({metric} per epoch)", 480,
+                        xaxis="epoch", yaxis=axis_title(metric))
     return {"data": data, "layout": out}
 
 
@@ -276,7 +281,8 @@ def figures(info: FrontInfo, epochs: pa.Table, paper: pd.DataFrame | None,
     info.trials["hover"] = hover_texts(info)
     groups = _trial_groups(info.trials)
     metrics = info.metrics
-    out = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(info, groups, j, paper, seeded) for j in range(1, len(metrics))}
+    out = {f"{metrics[0]}_vs_{metrics[j]}": _pair_figure(info, groups, j, paper, seeded)
+           for j in range(1, len(metrics))}
     if len(metrics) >= 3:
         out["pareto_3d"] = _figure_3d(info, groups)
     out["learning_curves"] = _curves_figure(info, epochs)

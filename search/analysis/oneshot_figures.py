@@ -43,7 +43,8 @@ ROLES = {
 
 
 def _finite(df: pd.DataFrame, column: str) -> np.ndarray:
-    return np.isfinite(df[column].to_numpy(dtype="float64", na_value=np.nan)) if column in df else np.zeros(len(df), bool)
+    return (np.isfinite(df[column].to_numpy(dtype="float64", na_value=np.nan)) if column in df
+            else np.zeros(len(df), bool))
 
 
 def _roles(df: pd.DataFrame) -> np.ndarray:

@@ -206,8 +206,8 @@ def _shown(table: pd.DataFrame, metric: str) -> tuple[list[str], list[list[str]]
                                                 f"{r[metric]:.2f}{spread} ({r['seeds']})",
                                                 _num(r["vs linear"], "+.2f") + ci]
         if paper:
-            cells += [_num(r["paper params_m"], ".3g"), _num(r["paper gmacs"], ".3g"), _num(r[f"paper {metric}"], ".1f"),
-                      _num(r["paper vs linear"], "+.1f")]
+            cells += [_num(r["paper params_m"], ".3g"), _num(r["paper gmacs"], ".3g"),
+                      _num(r[f"paper {metric}"], ".1f"), _num(r["paper vs linear"], "+.1f")]
         out.append(cells)
     return head, out
 

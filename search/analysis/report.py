@@ -226,8 +226,8 @@ class Findings:
     def table_html(self) -> str:
         if not len(self.table):
             return ""
-        return f"<section id=\"paper-table\"><h2>{TABLE_TITLE}</h2>{table_html(self.table, self.metric, self.table_note)}" \
-               "</section>"
+        return (f"<section id=\"paper-table\"><h2>{TABLE_TITLE}</h2>"
+                f"{table_html(self.table, self.metric, self.table_note)}</section>")
 
 
 def findings(campaign: Campaign, info: FrontInfo, reference_csv=None) -> Findings:
@@ -252,7 +252,8 @@ def _report_md(campaign: Campaign, info: FrontInfo, front: pd.DataFrame, repeats
         f"- front from statuses: {', '.join(info.front_statuses)}; {len(front)} trials on the front",
         f"- hypervolume reference ({info.reference_kind}): "
         f"{', '.join(f'{m}={r:.4g}' for m, r in zip(metrics, ref)) if ref is not None else 'n/a'}",
-        "", "## Pareto front", "", _markdown_table(front, _table_layout(front, campaign, info)) if len(front) else "(empty)",
+        "", "## Pareto front", "",
+        _markdown_table(front, _table_layout(front, campaign, info)) if len(front) else "(empty)",
         *(["", f"## {REPEATS_TITLE}", "", _markdown_table(repeats, list(repeats.columns))] if len(repeats) else []),
         "", *importance_markdown(found.importance), *found.table_markdown(),
         "## Campaign settings", "", "```json", _settings_json(campaign), "```", "",

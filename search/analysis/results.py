@@ -204,7 +204,8 @@ _AS_IS = {pa.int64(): {int}, pa.float64(): {float, int}, pa.string(): {str}, pa.
 def config_columns(configs: list[dict]) -> list[tuple[str, pa.DataType, pa.Array]]:
     keys: list[str] = list(CONFIG_TYPES)
     # per-block keys by key then block, then keys no longer declared by name
-    extra = sorted(set().union(*configs) - set(CONFIG_TYPES), key=lambda k: (0, *b) if (b := split_block_key(k)) else (1, k, 0))
+    extra = sorted(set().union(*configs) - set(CONFIG_TYPES),
+                   key=lambda k: (0, *b) if (b := split_block_key(k)) else (1, k, 0))
     cols = []
     for key in keys + extra:
         raw = [c.get(key) for c in configs]
@@ -292,7 +293,8 @@ def collect(experiment_dir, *, opened: bool = False) -> tuple[pa.Table, pa.Table
     take = None  # epoch rows in trial_id order, when the records were read in another
     if order != sorted(order):
         firsts = np.cumsum(epochs.counts) - epochs.counts
-        take = np.concatenate([np.arange(firsts[i], firsts[i] + epochs.counts[i]) for i in order] + [np.zeros(0, np.int64)])
+        take = np.concatenate([np.arange(firsts[i], firsts[i] + epochs.counts[i]) for i in order]
+                              + [np.zeros(0, np.int64)])
     fields = _trial_columns(records)
 
     metric_names = _epoch_metric_names(epochs.names)
@@ -310,7 +312,8 @@ def collect(experiment_dir, *, opened: bool = False) -> tuple[pa.Table, pa.Table
         out[name] = array
     for name, _ in (*TRIAL_COST, *TRIAL_MEASURED):
         out[name] = fields[name]
-    for name in sorted(k for k in summary if k.startswith("final_")) + sorted(k for k in summary if k.startswith("best_") and k != "best_epoch"):
+    for name in (sorted(k for k in summary if k.startswith("final_"))
+                 + sorted(k for k in summary if k.startswith("best_") and k != "best_epoch")):
         out[name] = pa.array(summary[name], pa.float64(), from_pandas=True)  # NaN -> null
     for name, typ in TRIAL_TAIL:
         if name in summary:  # (T,) float64, NaN for none; the int64 ones hold whole numbers

@@ -6,8 +6,9 @@ stand-alone accuracy against its own costs), and one table that puts the targets
 
 One row per target: where its costs were measured (the resources it asked for, the nodes that measured), its
 precisions, constraints and objectives, the subnets scored and feasible, the chosen subnets and the best of
-its first objective among the chosen (best_chosen), and the measured-cost predictor's use and error: on held-out measured shapes, and on the chosen subnets whose
-predicted cost was then measured (confirmed_mape; predictor.json).
+its first objective among the chosen (best_chosen), and the measured-cost predictor's use and error: on
+held-out measured shapes, and on the chosen subnets whose predicted cost was then measured (confirmed_mape;
+predictor.json).
 """
 from __future__ import annotations
 

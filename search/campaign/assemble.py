@@ -71,7 +71,8 @@ def infeasible_share(spec, algorithm: str, trials: int = ESTIMATE_TRIALS) -> flo
     infeasible proposals as in a campaign; each configuration once (a repeat is as feasible as its first run)."""
     search = replace(spec.search, algorithm=algorithm, num_trials=trials, warm_start=None, repeats=1,
                      population_size=default_population(trials) if algorithm == "nsga2" else None,
-                     n_startup_trials=default_startup(trials, algorithm) if algorithm in OPTIONS["n_startup_trials"] else None)
+                     n_startup_trials=(default_startup(trials, algorithm) if algorithm in OPTIONS["n_startup_trials"]
+                                       else None))
     searcher = build_search(replace(spec, search=search))
     for i in range(trials):
         trial = searcher.suggest(f"estimate_{i:05d}")

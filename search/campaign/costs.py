@@ -127,7 +127,8 @@ def _check_mlp_units(cfg: dict, dim: int) -> None:
         ratio = cfg.get(key)
         if ratio is not None and int(dim * ratio) < 1:
             raise ConfigError(f"{key}: expected a ratio giving at least one hidden unit at the token dim {dim} "
-                              f"(at least {1 / dim:.3g}), given {ratio:g} ({dim} x {ratio:g} = {dim * ratio:.3g} units)")
+                              f"(at least {1 / dim:.3g}), given {ratio:g} "
+                              f"({dim} x {ratio:g} = {dim * ratio:.3g} units)")
 
 
 def _token_dim(config: dict) -> int | None:

@@ -68,7 +68,8 @@ class TrialSettings:
     campaign: str = ""                              # its name: Train runs are <campaign>-<trial name>
     max_failures: int = 0                           # worker-group restarts of a Train run (from its checkpoint)
     measure: MeasureSettings = MeasureSettings()    # measured cost (search.campaign.measured); none by default
-    supernet: dict | None = None                    # a supernet's plan: its one trial trains it (search.campaign.oneshot)
+    supernet: dict | None = None                    # a supernet's plan: its one trial trains it
+                                                    # (search.campaign.oneshot)
     init_weights: dict | None = None                # training identity -> the weights its training starts from,
                                                     # head included (one-shot's ``retrain_from: inherited``)
     prepared: dict | None = None                    # the prepared datasets its trials read (search.campaign.prepare)

@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 STATE, WEIGHTS, NONE = "state", "weights", "none"   # a record's checkpoint_kept
 WEIGHTS_FORMAT = "qkvsearch-weights-1"   # a weights file's "format": trainers.training.engine.load_state refuses it
 QUANTIZED_FORMAT, QUANTIZED_SUFFIX = "qkvsearch-quantized-weights-1", ".quantized.pt"   # a front member's, deployable
-RESUME_ONLY = ("optimizer", "scheduler")  # keys of a checkpoint state (trainers.training.engine.Run.state_dict) only resuming needs
+RESUME_ONLY = ("optimizer", "scheduler")  # keys of a checkpoint state (trainers.training.engine.Run.state_dict)
+                                          # only resuming needs
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ def decide(trials, objectives, policy: str, *, restartable=frozenset(), needed=f
         elif on_front is None:
             out[tid] = Keep(STATE, f"the Pareto front is unknown ({why}): nothing removed")
         elif status == "completed":
-            out[tid] = Keep(NONE, f"off the Pareto front of {why}: a completed trial dominates it (checkpoints: keep front)")
+            out[tid] = Keep(NONE, f"off the Pareto front of {why}: a completed trial dominates it "
+                                  "(checkpoints: keep front)")
         else:
             out[tid] = Keep(NONE, f"{status}: only completed trials form the Pareto front (checkpoints: keep front)")
     return out
@@ -231,7 +233,8 @@ class Retention:
         return f"{self.campaign.exp}/{WEIGHTS_DIR}/{trial_id}.pt"
 
     def run_dir(self, rec: dict) -> str:
-        return f"{self.settings.train_storage.rstrip('/')}/{train_run_name(self.settings, rec['config'], rec['trial_id'])}"
+        return (f"{self.settings.train_storage.rstrip('/')}/"
+                f"{train_run_name(self.settings, rec['config'], rec['trial_id'])}")
 
     def _apply(self, rec: dict, keep: Keep, final: bool) -> None:
         tid, path = rec["trial_id"], rec.get("checkpoint_path")

@@ -27,9 +27,11 @@ def stage_lines(exp: str, spec) -> list[str]:
     for (tid, name), rec in sorted(latest.items(), key=lambda kv: kv[1].get("started_at") or 0):
         if tid not in chosen:
             continue
-        metrics = ", ".join(f"{k} {v:.2f}" for k, v in (rec.get("metrics") or {}).items() if isinstance(v, (int, float)))
+        metrics = ", ".join(f"{k} {v:.2f}" for k, v in (rec.get("metrics") or {}).items()
+                            if isinstance(v, (int, float)))
         took = f"{rec['duration_s']:.1f} s" if isinstance(rec.get("duration_s"), (int, float)) else ""
-        lines.append(f"  {str(rec.get('trial_name', tid)):<34} {name:<22} {rec.get('status', '?'):<11} {took:>8}  {metrics}")
+        lines.append(f"  {str(rec.get('trial_name', tid)):<34} {name:<22} "
+                     f"{rec.get('status', '?'):<11} {took:>8}  {metrics}")
     return lines
 
 

@@ -165,7 +165,8 @@ def _parse_header(head: bytes) -> tuple[list[str] | None, str | None]:
     try:
         text = head.decode("utf-8").rstrip("\r")
     except UnicodeDecodeError as exc:
-        return None, f"expected a UTF-8 header line of metric names, given bytes that are not UTF-8 (at byte {exc.start})"
+        return None, ("expected a UTF-8 header line of metric names, given bytes that are not UTF-8 "
+                      f"(at byte {exc.start})")
     names = next(csv.reader([text]), [])
     if EPOCH not in names or "" in names or len(set(names)) != len(names):
         return None, f"expected a header line of distinct metric names including {EPOCH}, given {_shorten(head)}"

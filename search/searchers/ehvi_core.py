@@ -63,7 +63,8 @@ class Settings:
 
     @property
     def label(self) -> str:
-        return (f"{self.model} {self.warp} start {self.start} {self.design}" + (f" pool {self.pool}" if self.pool else "")
+        return (f"{self.model} {self.warp} start {self.start} {self.design}"
+                + (f" pool {self.pool}" if self.pool else "")
                 + (f" draws {self.draws}" if self.draws != COST_DRAWS else ""))
 
 
@@ -120,7 +121,8 @@ class EHVICore:
         if not same:
             theta = self.model.theta
             self.model = make_model(self.settings.model, self.groups, self.seed, self.fidelity_group)
-            if theta is not None and hasattr(self.model, "default_theta") and len(theta) == len(self.model.default_theta()):
+            if (theta is not None and hasattr(self.model, "default_theta")
+                    and len(theta) == len(self.model.default_theta())):
                 self.model.theta = theta
             self.fitted_at = 0   # _fit: optimised at the next proposal
 

@@ -95,7 +95,8 @@ class MFCore(EHVICore):
 
     def state(self) -> dict:
         return {**super().state(), "planned": self.planned,
-                "epochs": [[int(i), [[int(e), float(v)] for e, v in sorted(c.items())]] for i, c in self.epochs.items()]}
+                "epochs": [[int(i), [[int(e), float(v)] for e, v in sorted(c.items())]]
+                           for i, c in self.epochs.items()]}
 
     def restore(self, state: dict) -> None:
         super().restore(state)

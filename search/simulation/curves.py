@@ -339,7 +339,8 @@ def _load_campaign(exp: str, objectives) -> Curves:
         planned = pc.max(trials["epochs_planned"]).as_py()
         max_t = planned if planned else int(df[EPOCH].max())
     return curves_from_frame(df, exp, objectives, max_t=max_t, startup_s=_startup_estimate(trials, epochs),
-                             concurrency=campaign.max_concurrent_trials, scheduler=vars(campaign.spec.scheduler), strict=False)
+                             concurrency=campaign.max_concurrent_trials, scheduler=vars(campaign.spec.scheduler),
+                             strict=False)
 
 
 def _startup_estimate(trials, epochs) -> float:

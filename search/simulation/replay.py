@@ -8,9 +8,9 @@ or the curve's last recorded epoch, ends the trial (``on_trial_complete`` on the
 searcher) and frees the slot. A trial whose curve ends before the planned epochs ends there without
 being complete: what it would have done next was never recorded.
 
-Searcher (search.simulation.searchers): ``ShuffledCurves`` suggests every curve once, in an order drawn from the seed (a new order
-for each further pass when more trials than curves are asked for). Ray's ASHA draws its brackets from
-numpy's global generator: it is seeded from the same seed for the run and restored afterwards. A
+Searcher (search.simulation.searchers): ``ShuffledCurves`` suggests every curve once, in an order drawn from
+the seed (a new order for each further pass when more trials than curves are asked for). Ray's ASHA draws its
+brackets from numpy's global generator: it is seeded from the same seed for the run and restored afterwards. A
 seed therefore fixes the whole run.
 
 Scoring: a trial is complete when it trained for the planned epochs; its objectives are its last

@@ -92,7 +92,8 @@ def _errors(events: list[dict]) -> list[str]:
             d = p.get("exceptionDetails", {})
             out.append("Uncaught " + (d.get("exception", {}).get("description") or d.get("text", "")))
         elif ev["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-            out.append("console.error: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+            out.append("console.error: "
+                       + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
         elif ev["method"] == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
             e = p["entry"]
             out.append(f"{e.get('source')}: {e.get('text')} {e.get('url', '')}".strip())

@@ -193,8 +193,8 @@ def test_a_tracker_file_inside_a_bucket_campaign_or_under_a_file_is_refused(tmp_
     ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1}], "constraints": {"det_err": {"max": 5}}}},
      'stages.constraints.det_err: expected a metric of a stage the campaign has'),
     ({"search": {"algorithm": "gp", "num_trials": 8, "n_startup_trials": 20}},
-     "search.n_startup_trials: expected fewer than the proposals search.num_trials / search.repeats (8), given 20: every trial would be a random "
-     "start-up one and the Gaussian process would never lead"),
+     "search.n_startup_trials: expected fewer than the proposals search.num_trials / search.repeats (8), given 20: "
+     "every trial would be a random start-up one and the Gaussian process would never lead"),
     ({"search": {"algorithm": "ehvi", "num_trials": 4, "n_startup_trials": 4},
       "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}]},
      "search.n_startup_trials: expected fewer than the proposals search.num_trials / search.repeats (4), given 4"),
@@ -204,8 +204,10 @@ def test_a_tracker_file_inside_a_bucket_campaign_or_under_a_file_is_refused(tmp_
     ({"space": {"mlp_ratio": [1000.0]}}, "space.mlp_ratio.choice[0]: expected a number in (0, 64] or null"),
     ({"space": {"embedding": ["sne"], "hidden_width": [10**6]}},
      "space.hidden_width.choice[0]: expected a positive int width up to 65536"),
-    ({"space": {"embedding": ["fsne"], "code_size": [10**6]}}, "space.code_size.choice[0]: expected a positive int up to"),
-    ({"model": {"name": "xcit_nano_12_p16_224", "img_size": 100000}}, "model.img_size: expected an int >= 8 up to 8192"),
+    ({"space": {"embedding": ["fsne"], "code_size": [10**6]}},
+     "space.code_size.choice[0]: expected a positive int up to"),
+    ({"model": {"name": "xcit_nano_12_p16_224", "img_size": 100000}},
+     "model.img_size: expected an int >= 8 up to 8192"),
     ({"stages": {"finetune": [{"dataset": "digits", "epochs": 1, "img_size": 100000}]}},
      "stages.finetune[0].img_size: expected an int >= 8 up to 8192"),
 ])
@@ -460,7 +462,8 @@ def test_resume_refuses_what_it_cannot_resume_before_writing_anything(tmp_path, 
                                                                   "version": 99, "algorithm": "random"}))
     before = tree_digest(exp)
     code, out, err = _run(capsys, "resume", str(exp))
-    _refused(code, out, err, *(("tuner.pkl",) if damage == "no tuner.pkl" else ("version 99", f"up to {STATE_VERSION}")))
+    _refused(code, out, err,
+             *(("tuner.pkl",) if damage == "no tuner.pkl" else ("version 99", f"up to {STATE_VERSION}")))
     assert tree_digest(exp) == before  # the campaign file's ended_at and the records as they were
 
 
@@ -689,7 +692,7 @@ def test_a_value_no_model_can_take_is_refused_by_validate_naming_the_key(workdir
     assert trial["invalid"].startswith("embed_dim: expected an embed_dim that")
 
 
-# ------------------------------------------------------------------ one-shot campaign folders: damaged, or missing a part
+# -------------------------------------------------------------- one-shot campaign folders: damaged, or missing a part
 
 
 TARGETED = {**ONESHOT, "targets": [{"name": "a"}, {"name": "b"}]}
@@ -936,17 +939,19 @@ def _data_cases(tmp_path) -> dict:
         "hfds label out of range": ({"dataset": "hfds", "path": _hf_folder(tmp_path / "h4", good + [(good[0][0], 7)],
                                                                            good)},
                                     "expected labels in 0..2 (num_classes)"),
-        "wds json labels": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w1", [{"png": _png(), "json": {"label": 1}}],
-                                                                    [sample])},
-                            "could not be decoded (expected an image jpg / png / webp and its class in .cls): KeyError: "
-                            "'no .cls file (its files: json, png)'"),
+        "wds json labels": ({"dataset": "wds",
+                             "path": _wds_folder(tmp_path / "w1", [{"png": _png(), "json": {"label": 1}}], [sample])},
+                            "could not be decoded (expected an image jpg / png / webp and its class in .cls): "
+                            "KeyError: 'no .cls file (its files: json, png)'"),
         "wds label out of range": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w2", [{**sample, "cls": 7}],
                                                                            [sample])},
                                    "has label 7, expected 0..2 (num_classes 3)"),
-        "wds zero-byte image": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w3", [sample], [{**sample, "png": b""}])},
+        "wds zero-byte image": ({"dataset": "wds", "path": _wds_folder(tmp_path / "w3", [sample],
+                                                                        [{**sample, "png": b""}])},
                                 "ValueError: an empty image file (0 bytes)"),
         "imagefolder zero-byte image": ({"dataset": "imagefolder", "path": str(imagefolder)},
-                                        "0.png', given a file that cannot be read (ValueError: an empty file (0 bytes))"),
+                                        "0.png', given a file that cannot be read "
+                                        "(ValueError: an empty file (0 bytes))"),
     }
 
 

@@ -316,8 +316,9 @@ def test_base_config_maps_sections_to_flat_keys():
 def test_overrides_set_nested_values_and_lists():
     assert one_error(minimal(), ["objectives.0.mode=max"]) == (
         'override "objectives.0.mode=max": objectives is not set, so it has no item 0')
-    spec = load_campaign(minimal(objectives=[{"metric": "top1", "mode": "min"}]), ["train.epochs=12", "space.embedding.choice=[sne, fsne]",
-                                    "objectives.0.mode=max", "search.seed=7", "resources.max_concurrent_trials=2"])
+    spec = load_campaign(minimal(objectives=[{"metric": "top1", "mode": "min"}]),
+                         ["train.epochs=12", "space.embedding.choice=[sne, fsne]", "objectives.0.mode=max",
+                          "search.seed=7", "resources.max_concurrent_trials=2"])
     assert spec.train.epochs == 12 and spec.search.seed == 7
     assert spec.space.dimension("embedding").values == ("sne", "fsne")
     assert spec.resources.max_concurrent_trials == 2 and spec.objectives[0].mode == "max"
@@ -352,7 +353,8 @@ def test_smoke_test_shrinks_a_grid_and_a_search():
 
 
 def test_importing_spaces_stays_light():
-    code = "import sys, qkvsearch.spaces; print(sorted(m for m in ('torch', 'ray', 'timm', 'optuna') if m in sys.modules))"
+    code = ("import sys, qkvsearch.spaces; "
+            "print(sorted(m for m in ('torch', 'ray', 'timm', 'optuna') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -76,4 +76,5 @@ def test_a_target_adds_its_constraints_to_the_campaigns_and_cannot_loosen_one():
     narrow = load_campaign(_spec([{"name": "narrow", "constraints": {"gmacs": {"max": 0.5}}}]))
     assert target_spec(narrow, "/r/t", narrow.targets[0]).constraints[0].max == 0.5   # the tighter: its own
     errors = _errors(_spec([{"name": "none", "constraints": {"gmacs": {"min": 2.0}}}]))   # min 2 > the max 1
-    assert any(e.startswith("targets[0].constraints.gmacs: expected bounds that, added to the campaign's") for e in errors)
+    assert any(e.startswith("targets[0].constraints.gmacs: expected bounds that, added to the campaign's")
+               for e in errors)

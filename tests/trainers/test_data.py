@@ -73,12 +73,14 @@ def test_cifar100_format_with_fine_labels_and_resize(tmp_path):
 
 def test_cifar_errors_name_path_and_expectation(tmp_path):
     cfg = trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path / "nope")})
-    with pytest.raises(DatasetError, match=r"data_path: expected a folder holding data_batch_1..5 and test_batch.*nope.*does not exist"):
+    with pytest.raises(DatasetError, match=r"data_path: expected a folder holding data_batch_1..5 and test_batch"
+                                           r".*nope.*does not exist"):
         check_dataset(cfg)
     with pytest.raises(ConfigError, match=r"data_path: required for dataset cifar10"):
         trial_cfg({"dataset": "cifar10"})
     _write_cifar(tmp_path, CIFAR10_FILES[:3], b"labels", 2, 10)
-    with pytest.raises(DatasetError, match=r"to hold data_batch_1..5 and test_batch.*missing: data_batch_4, data_batch_5, test_batch"):
+    with pytest.raises(DatasetError, match=r"to hold data_batch_1..5 and test_batch"
+                                           r".*missing: data_batch_4, data_batch_5, test_batch"):
         check_dataset(trial_cfg({"dataset": "cifar10", "data_path": str(tmp_path)}))
     _write_cifar(tmp_path, CIFAR10_FILES, b"labels", 2, 10)
     (tmp_path / "test_batch").write_bytes(b"not a pickle")

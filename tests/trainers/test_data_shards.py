@@ -75,7 +75,8 @@ def test_a_wds_folder_is_read_once_per_epoch_across_ranks_and_loader_workers(tmp
     assert read_epoch(again, 2, 1, batch=4, drop_last=False) == epochs[1]
     next(train.batches(train_part(train, 2, 0, 0, 2), 4, CPU, True))  # a pass left part-way (the engine's last
     assert read_epoch(train, 2, 1, batch=4, drop_last=False) == epochs[1]  # update comes before the data's end)
-    ids = [i for rank in range(2) for x, _ in val.batches(eval_part(val, 2, rank), 4, CPU, False) for i in sample_ids(x)]
+    ids = [i for rank in range(2) for x, _ in val.batches(eval_part(val, 2, rank), 4, CPU, False)
+           for i in sample_ids(x)]
     assert sorted(ids) == list(range(36, 45))                       # validation: every sample once
     assert train_part(train, 2, 1, 0, 3) == Part(2, 1, 0, 3) and eval_part(val, 2, 1) == Part(2, 1)
     whole = [i for x, _ in val.batches(val.part(1, 0), 4, CPU, False) for i in sample_ids(x)]

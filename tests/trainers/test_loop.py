@@ -1,4 +1,5 @@
-"""trainers.training.engine / trainers.ray_train.loop: accumulation, resume equivalence, divergence, the CLI and Ray Train.
+"""trainers.training.engine / trainers.ray_train.loop: accumulation, resume equivalence, divergence, the CLI
+and Ray Train.
 
 Models are real timm models at 16x16 on sklearn's digits; Ray tests use the session's local Ray.
 """
@@ -279,7 +280,8 @@ def test_local_mode_keeps_checkpoints_and_resumes_like_a_train_run(ray_local, tm
     assert reports == [(1.0, "checkpoint_epoch_0001"), (2.0, "checkpoint_epoch_0002")]
 
     reports.clear()
-    resumed = run_trainer(cfg, RunSettings(num_workers=0, name="local", storage_path=str(tmp_path), on_report=on_report))
+    resumed = run_trainer(cfg, RunSettings(num_workers=0, name="local", storage_path=str(tmp_path),
+                                           on_report=on_report))
     # epochs 1 and 2 came from the checkpoint: both are reported again (the search may have missed
     # either), with no new checkpoint
     assert reports == [(1.0, None), (2.0, None), (3.0, "checkpoint_epoch_0003")]

@@ -45,8 +45,9 @@ def test_a_measurement_says_how_it_was_made_and_what_is_exact_repeats_exactly(on
     assert a["peak_mem_gb"] == b["peak_mem_gb"] > 0  # CPU: tensor bytes, exact
     assert a["latency_p90_ms"] >= a["latency_ms"]
     assert a["env"] | {"gpu_shared": None} == {
-        "device": a["env"]["device"], "device_type": "cpu", "torch": torch.__version__, "cuda": None, "driver": None, "threads": 1,
-        "precision": "fp32", "compile": False, "batch": 8, "latency_batch": 1, "train_batch": 8, "gpu_shared": None}
+        "device": a["env"]["device"], "device_type": "cpu", "torch": torch.__version__, "cuda": None, "driver": None,
+        "threads": 1, "precision": "fp32", "compile": False, "batch": 8, "latency_batch": 1, "train_batch": 8,
+        "gpu_shared": None}
     for stats in a["stats"].values():
         assert stats["n"] + stats["outliers"] >= MIN_CALLS and stats["warmup"] >= 10 and stats["ci_rel"] < 1
 

@@ -108,7 +108,8 @@ def test_rope_rows_have_a_rule_count_but_no_printed_one():
 
 
 @pytest.mark.parametrize("change", [dict(embed_dim=192, num_heads=3), dict(attn_features=64), dict(pos_embed="rope"),
-                                    dict(patch_embed="conv"), dict(attention="linformer", attn_features=None, attn_proj_len=64)])
+                                    dict(patch_embed="conv"),
+                                    dict(attention="linformer", attn_features=None, attn_proj_len=64)])
 def test_other_configs_are_no_paper_row(change):
     cfg = fill({**XFORMER, "attention": "performer", "attn_features": 110, **change})
     assert paper_row(cfg) is None and paper_figures(cfg) is None

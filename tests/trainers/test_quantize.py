@@ -154,7 +154,8 @@ def test_the_counted_size_is_what_torch_save_stores(sne_model):
 
 
 @pytest.mark.parametrize("keys, named", [
-    ({"model": "mixer_s16_224", "img_size": 32, "quant_qkv": "int8_dynamic"}, "quant_qkv: expected fp with model mixer"),
+    ({"model": "mixer_s16_224", "img_size": 32, "quant_qkv": "int8_dynamic"},
+     "quant_qkv: expected fp with model mixer"),
     ({"model": "mixer_s16_224", "img_size": 32, "quant_proj": "int8_weight_only"}, "quant_proj: expected fp"),
     ({"model": "vit_tiny_patch16_224", "attention": "fnet", "quant_proj": "int8_dynamic"},
      "quant_proj: expected fp with attention fnet"),

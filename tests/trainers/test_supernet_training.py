@@ -1,6 +1,6 @@
-"""The supernet trains through the engine's update (trainers.training.engine.train_one_epoch): a trial's metric names and
-checks, every subnet's loss checked for divergence, the injected faults, weight decay on exactly what a
-stand-alone model of each subnet decays, and gradients averaged in buckets."""
+"""The supernet trains through the engine's update (trainers.training.engine.train_one_epoch): a trial's
+metric names and checks, every subnet's loss checked for divergence, the injected faults, weight decay on
+exactly what a stand-alone model of each subnet decays, and gradients averaged in buckets."""
 from __future__ import annotations
 
 import pytest
@@ -18,8 +18,8 @@ from qkvsearch.trainers.training.errors import DivergenceError
 SPEC = {"name": "s", "model": {"name": "xcit_nano_12_p8_224", "img_size": 16, "num_classes": 10},
         "data": {"dataset": "digits"},
         "train": {"epochs": 1, "batch_size": 16, "seed": 0, "max_steps_per_epoch": 2, "weight_decay": 0.05},
-        "space": {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]}, "hidden_width": {"choice": [0.5, 1.0]},
-                  "code_size": 4},
+        "space": {"depth": 2, "embedding": {"choice": ["linear", "sne", "fsne"]},
+                  "hidden_width": {"choice": [0.5, 1.0]}, "code_size": 4},
         "supernet": {"train": {"epochs": 1}},
         "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
         "search": {"algorithm": "random", "num_trials": 4}, "storage": "/tmp"}

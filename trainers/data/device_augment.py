@@ -134,8 +134,9 @@ class Recipe:
 class Draws:
     """One batch's random parameters, per sample (CPU tensors): crop rows (B, 8) float64: the box x1 y1 x2 y2 in the
     source image's pixels, the size (width, height) it is resized to, and the left and top of the img_size window
-    of that resized box kept (training: the box resized to img_size, all kept); flips (B,) bool, RandAugment's op indices (layers, B) (-1: the layer did nothing) and their
-    magnitudes (layers, B), the colour jitter's order (B, 3) and factors (B, 3)."""
+    of that resized box kept (training: the box resized to img_size, all kept); flips (B,) bool, RandAugment's
+    op indices (layers, B) (-1: the layer did nothing) and their magnitudes (layers, B), the colour jitter's
+    order (B, 3) and factors (B, 3)."""
 
     boxes: torch.Tensor
     flips: torch.Tensor
@@ -154,7 +155,8 @@ def crop_boxes(sizes: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     b = len(sizes)
     h, w = sizes[:, 0].double(), sizes[:, 1].double()
     area = (h * w)[:, None]
-    scale = CROP_SCALE[0] + (CROP_SCALE[1] - CROP_SCALE[0]) * torch.rand(b, CROP_ATTEMPTS, generator=g, dtype=torch.float64)
+    scale = CROP_SCALE[0] + (CROP_SCALE[1] - CROP_SCALE[0]) * torch.rand(b, CROP_ATTEMPTS, generator=g,
+                                                                         dtype=torch.float64)
     lo, hi = math.log(CROP_RATIO[0]), math.log(CROP_RATIO[1])
     aspect = torch.exp(lo + (hi - lo) * torch.rand(b, CROP_ATTEMPTS, generator=g, dtype=torch.float64))
     tw = torch.round(torch.sqrt(scale * area * aspect))

@@ -4,8 +4,9 @@ validation/), an ``image`` column (datasets' Image: {bytes, path}, or bytes) and
 indices 0..num_classes-1), the column names timm's hfds reader defaults to.
 
 The check reads the folder's file list (load_dataset_builder, which prepares nothing), each split's columns,
-its labels (one on every row) and its first CHECKED_SAMPLES images (decoded), before any worker starts. The splits are then read through load_dataset (Arrow, memory-
-mapped; its cache converts Parquet once) as PilSources: read by index, dealt as the other indexed datasets.
+its labels (one on every row) and its first CHECKED_SAMPLES images (decoded), before any worker starts. The
+splits are then read through load_dataset (Arrow, memory-mapped; its cache converts Parquet once) as
+PilSources: read by index, dealt as the other indexed datasets.
 A row that cannot be decoded raises DatasetError naming the folder, split and row.
 """
 from __future__ import annotations

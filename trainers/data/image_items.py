@@ -76,7 +76,8 @@ def file_items(cfg: dict, role: str) -> list[list]:
 
 
 def _imagefolder(root: str) -> Listing:
-    classes = sorted(e.name for e in os.scandir(os.path.join(root, "train")) if e.is_dir() and not e.name.startswith("."))
+    classes = sorted(e.name for e in os.scandir(os.path.join(root, "train"))
+                     if e.is_dir() and not e.name.startswith("."))
     units, lines = {}, []
     for role in ("train", "val"):
         items = []

@@ -366,7 +366,8 @@ def bad_images_text(manifest: dict, data_path: str) -> str:
     parts = []
     if unreadable:
         parts.append(f"{len(unreadable)} unreadable image(s) left out of {data_path}: "
-                     + ", ".join(f"{n} ({why})" for n, why in unreadable[:NAMED]) + (" ..." if len(unreadable) > NAMED else ""))
+                     + ", ".join(f"{n} ({why})" for n, why in unreadable[:NAMED])
+                     + (" ..." if len(unreadable) > NAMED else ""))
     for kind, names in sorted(converted.items()):
         parts.append(f"{len(names)} {kind} image(s) converted to 8-bit RGB: " + ", ".join(names[:NAMED])
                      + (" ..." if len(names) > NAMED else ""))

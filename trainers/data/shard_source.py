@@ -2,14 +2,15 @@
 trainers.data.shard_index; the deal: trainers.data.shard_deal).
 
 A rank's share of a split is a sources.Part (``ShardSource.part``: which rank of how many, which epoch), and
-``batches(part, ...)`` reads every sample of it once (trainers.data.shard_deal says which). One DataLoader per (batch size, device type), kept across epochs; its loader processes persist and
-read each pass's plan (the part, and the seed augmentation draws from) from a small shared array the
-training process fills before the pass starts. A loader process opens each of its pieces through
-qkvsearch.storage's pyarrow filesystem (a local file, or an object streamed from a bucket), splits the tar
-into samples with webdataset's tar iterators, mixes them in a buffer of SHUFFLE_SAMPLES (training),
-decodes each as timm's wds reader does (decode_sample: an image jpg / png / webp and its .cls label; timm's
-decoder is private to its reader) and the config's timm transform, and sends (x (B, C, H, W), y (B,)) batches. The training process joins the short batch each
-loader process ends with to the others', so the rank gets every full batch its part holds.
+``batches(part, ...)`` reads every sample of it once (trainers.data.shard_deal says which). One DataLoader per
+(batch size, device type), kept across epochs; its loader processes persist and read each pass's plan (the
+part, and the seed augmentation draws from) from a small shared array the training process fills before the
+pass starts. A loader process opens each of its pieces through qkvsearch.storage's pyarrow filesystem (a local
+file, or an object streamed from a bucket), splits the tar into samples with webdataset's tar iterators, mixes
+them in a buffer of SHUFFLE_SAMPLES (training), decodes each as timm's wds reader does (decode_sample: an
+image jpg / png / webp and its .cls label; timm's decoder is private to its reader) and the config's timm
+transform, and sends (x (B, C, H, W), y (B,)) batches. The training process joins the short batch each loader
+process ends with to the others', so the rank gets every full batch its part holds.
 
 A shard that cannot be read, or holds fewer samples than the info file says, and a sample that cannot be
 decoded or whose label is out of range, raise ShardError naming the shard (and the sample): the trial

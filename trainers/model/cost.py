@@ -24,8 +24,8 @@ classes production builds (trainers.model.choices; each checked against the buil
 tests/trainers/test_choices.py): the mixer of every block, the positions and the stem
 (``Host.substitutions``), the key and the q/k/v embedding of every q/k/v site (trainers.model.sites: each map's
 MACs over the rows it saw in the counted forward, all windows of a Swin, the class token alone for a class
-attention's q). So a configuration costs microseconds. ``measure_cost(cfg)`` builds and counts the whole variant itself (the slow, direct
-check the counts are tested against).
+attention's q). So a configuration costs microseconds. ``measure_cost(cfg)`` builds and counts the whole
+variant itself (the slow, direct check the counts are tested against).
 """
 from __future__ import annotations
 
@@ -179,7 +179,8 @@ def model_cost(cfg: dict) -> dict:
     base = base_profile(spec.model, spec.num_classes, spec.img_size, spec.in_chans, arch.macro())
     for key in block_keys(cfg, QUANT_KEYS):   # a block's own precision names one of timm's ``blocks``
         if split_block_key(key)[1] >= base.blocks:
-            where = f"{base.blocks} blocks in timm's blocks" if base.blocks else "its blocks in stages, none in timm's blocks"
+            where = (f"{base.blocks} blocks in timm's blocks" if base.blocks
+                     else "its blocks in stages, none in timm's blocks")
             raise ConfigError(f"{key}: expected null for model {spec.model} (it has {where}), given {show(cfg[key])}")
     stage = family.stage(base.stage, arch, spec.model)
     params, macs = base.params, base.macs

@@ -246,7 +246,8 @@ class PSNE(nn.Module, SiteEmbedding):
     @classmethod
     def refuse(cls, site) -> str | None:
         if len(set(site.widths.values())) > 1:
-            return f"psne shares one second layer between q, k and v, so they need one width (here {_listing(site.widths)})"
+            return ("psne shares one second layer between q, k and v, so they need one width "
+                    f"(here {_listing(site.widths)})")
         return None
 
     @classmethod

@@ -180,7 +180,8 @@ def site_block(site: Site) -> int | None:
     return block_of(site.path)
 
 
-def site_embeddings(emb: EmbeddingSpec, sites: tuple[Site, ...], host_params: int) -> list[tuple[Site, EmbeddingSpec, int]]:
+def site_embeddings(emb: EmbeddingSpec, sites: tuple[Site, ...],
+                    host_params: int) -> list[tuple[Site, EmbeddingSpec, int]]:
     """(site, its embedding, its solved width h) for each embedded site: per-block keys decide their block's; a
     width given as a ratio of d is of each site's own token dim, and ``match`` is solved for each shape of site."""
     solved: dict[tuple, int] = {}

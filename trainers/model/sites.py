@@ -365,8 +365,9 @@ ADAPTERS: dict[str, Adapter] = {
         _L + "non_local_attn:NonLocalAttn", _L + "non_local_attn:BatNonLocalAttn",
         _L + "non_local_attn:BilinearAttnTransform", _T + "cpubone:ConvAttention", _T + "nextvit:ConvAttention",
         _T + "lowformer:ConvAttention")},
-    _T + "csatv2:SpatialAttention": NotQKV("spatial gate", what="a spatial gate of a convolutional stage (a one-channel "
-                                                                "attention over a 7x7 map of channel statistics)"),
+    _T + "csatv2:SpatialAttention": NotQKV("spatial gate", what="a spatial gate of a convolutional stage "
+                                                                "(a one-channel attention over a 7x7 map of channel "
+                                                                "statistics)"),
 }
 
 # a module whose class name reads so and that no adapter knows is taken for attention (and refused by name)

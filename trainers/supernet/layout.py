@@ -4,8 +4,9 @@ dims map onto the larger tensor that holds every subnet's (its parts).
 Branches. A parameter under a block's attention (the Q/K/V embedding with its codes, the mixer, the key) has
 weights of its own for each value of the categorical keys that change what it computes (spaces.supernet
 ``ATTENTION_BRANCH``: embedding type, attention type, key design, activation, code sharing); one of the stem for
-each stem, of the position encoding for each position encoding. Every other parameter (MLPs, norms, the head, the class token)
-is shared by all subnets. Only the keys that vary over the supernet's candidates split a parameter.
+each stem, of the position encoding for each position encoding. Every other parameter (MLPs, norms, the head,
+the class token) is shared by all subnets. Only the keys that vary over the supernet's candidates split a
+parameter.
 
 Parts. Along each dim a tensor is one or more parts laid end to end, and a smaller subnet takes the leading
 entries of each part: a fused ``qkv`` Linear (out 3d) is three parts of d (the q, k and v thirds), the first

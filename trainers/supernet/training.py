@@ -43,7 +43,8 @@ class SupernetRun(engine.Run):
                  plan: SupernetPlan, prepared=None):
         self.plan = plan
         self.refused: set[str] = set()   # students the supernet cannot hold, skipped (logged once each)
-        super().__init__({**cfg, "compile": False}, dist, None, faults, prepared=prepared)  # no DDP wrapper: gradients by hand
+        # no DDP wrapper: gradients by hand
+        super().__init__({**cfg, "compile": False}, dist, None, faults, prepared=prepared)
 
     def build_model(self) -> torch.nn.Module:
         return self.plan.supernet(seed=self.cfg["seed"])

@@ -94,7 +94,8 @@ def _plain_restore(checkpoint_dir):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qkvsearch.trainers.training.cli", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m qkvsearch.trainers.training.cli",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="YAML file with a flat trial config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key (YAML value syntax); repeatable")

@@ -239,7 +239,8 @@ class Scoring:
         return {"predict_after": self.predictor.after, "shapes_measured": len(self.predictor.samples),
                 "predicted": sum(1 for r in self.records if r.get(PREDICTED)), "confirmed": len(confirmed),
                 "held_out": self.predictor.held_out(),
-                "confirmed_error": {m: {"subnets": len(pairs), **agreement(*zip(*pairs))} for m in self.predictor.metrics
+                "confirmed_error": {m: {"subnets": len(pairs), **agreement(*zip(*pairs))}
+                                    for m in self.predictor.metrics
                                     if (pairs := [(r["predicted_cost"][m], r["cost"][m]) for r in confirmed
                                                   if m in r["predicted_cost"]])}}
 
@@ -320,7 +321,8 @@ def export_subnets(exp: str, scorers: ScorerPool, supernet_id: str, records: lis
     if todo:
         (actor,) = scorers.get(1)
         ray.get(actor.export.remote([r["config"] for r in todo], [files[r["subnet_id"]] for r in todo], supernet_id))
-        log.info(f"{len(todo)} selected subnet(s) written as stand-alone checkpoints under {exp}/{inherited.SUBNETS_DIR}")
+        log.info(f"{len(todo)} selected subnet(s) written as stand-alone checkpoints "
+                 f"under {exp}/{inherited.SUBNETS_DIR}")
     return files
 
 

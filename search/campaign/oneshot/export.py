@@ -109,7 +109,8 @@ def _folder(exp: str, spec, target: str | None) -> str:
     """The folder whose selection and evaluations are read: the campaign's, or one of its targets'."""
     names = [t.name for t in spec.targets]
     if (target is None) != (not names) or (target is not None and target not in names):
-        raise BadInput(f"--target: expected one of the campaign's deployment targets ({', '.join(names) or 'it has none'})"
+        raise BadInput("--target: expected one of the campaign's deployment targets "
+                       f"({', '.join(names) or 'it has none'})"
                        + (", where each has its own subnets" if target is None else "") + f", given {show(target)}")
     return inherited.target_dir(exp, target)
 

@@ -66,7 +66,8 @@ def supernet_spec(campaign: OpenedCampaign, plan: dict):
     spec = campaign.spec
     teacher = {k: v for k, v in plan["teacher_keys"].items() if not is_policy_key(k)}
     return fixed_trainings(spec, [teacher], drop=("supernet", "stages", "constraints", "measure", "targets"),
-                           name=SUPERNET_DIR, storage=campaign.exp, train={**spec.train.as_dict(), **spec.supernet.recipe},
+                           name=SUPERNET_DIR, storage=campaign.exp,
+                           train={**spec.train.as_dict(), **spec.supernet.recipe},
                            objectives=[{"metric": "top1", "mode": "max"}], checkpoints={"keep": "all"},
                            resources={**vars_of(spec.resources), **spec.supernet.resources, "max_concurrent_trials": 1})
 

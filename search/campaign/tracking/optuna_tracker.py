@@ -2,8 +2,8 @@
 
 Storage: a journal file (default ``<exp>/tracking/optuna.journal``; `optuna-dashboard <file>` opens it) or
 an RDB URL (``sqlite:///...``, ``postgresql://...``); a relative path or SQLite file lies inside the campaign
-folder (spaces.tracking.tracker_location), wherever the driver was started. The study is named after the campaign, with one
-direction per objective.
+folder (spaces.tracking.tracker_location), wherever the driver was started. The study is named after the
+campaign, with one direction per objective.
 
 Optuna-searched campaigns (random, tpe, nsga2...): the storage *is* the searcher's study
 (search.campaign.assemble.build_search's ``storage``): the searcher asks and tells there, and a resumed

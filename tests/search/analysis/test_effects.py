@@ -54,7 +54,8 @@ def _record(i: int, embedding: str, gmacs: float, top1: float, seed: int = 0, wi
               "dataset": "digits", "num_classes": 10, "img_size": 32}
     if embedding != "linear":
         config["hidden_width"] = width
-    return {"trial_id": f"t{i:03d}", "trial_name": f"{embedding}-h{width}-t{i}", "campaign": "fx", "status": "completed",
+    return {"trial_id": f"t{i:03d}", "trial_name": f"{embedding}-h{width}-t{i}",
+            "campaign": "fx", "status": "completed",
             "config": config, "cost": {"params": 1000, "params_m": 1.0 + gmacs, "gmacs": gmacs},
             "epochs": [{"epoch": 1.0, "top1": top1, "train_s": 1.0}], "epochs_planned": 1,
             "started_at": 1.7e9 + i, "ended_at": 1.7e9 + i + 1}
@@ -93,4 +94,5 @@ def test_a_campaign_s_effects_and_the_report_opening_with_them(tmp_path):
     assert low <= found.gap <= high and found.verdict == effects.verdict(found.ci, "max")
     md = open(build_report(exp, static=False)["md"]).read().splitlines()
     assert md[0] == "# Pareto report: fx" and md[2] == f"## {effects.EFFECTS_TITLE}"
-    assert md[4] == f"- {found.line()}" and "embedding sne vs linear: top1 -7 at equal gmacs (gmacs 0.1; 95 % bootstrap" in md[4]
+    assert md[4] == f"- {found.line()}"
+    assert "embedding sne vs linear: top1 -7 at equal gmacs (gmacs 0.1; 95 % bootstrap" in md[4]

@@ -117,11 +117,13 @@ def test_the_headline_and_the_proxies_are_over_the_control_subnets_alone():
     assert {k: mixed[k] for k in CONTROL_KEYS} == {k: alone[k] for k in CONTROL_KEYS}
     assert mixed["subnets_scored"] == 18 and mixed["chosen_retrained"] == 5 and mixed["control_pairs"] == 9
     assert mixed["control_kendall_tau"] == 1.0 and mixed["proxy_gmacs_tau"] == -1.0
-    assert mixed["proxy_params_tau"] == pytest.approx(kendalltau(control["params"], control["top1_standalone"]).statistic)
+    assert mixed["proxy_params_tau"] == pytest.approx(
+        kendalltau(control["params"], control["top1_standalone"]).statistic)
     assert mixed["noise_floor_tau"] == pytest.approx(
         kendalltau(control["top1_standalone"], control["top1_standalone_reseeded"]).statistic)
     assert 0 < mixed["proxy_params_tau"] < 1 and mixed["stronger_proxy"] == "params"
-    assert mixed["verdict_vs_proxy"] == "beats" and mixed["control_top_k"] == 3 and mixed["control_top_k_overlap"] == 1.0
+    assert mixed["verdict_vs_proxy"] == "beats"
+    assert mixed["control_top_k"] == 3 and mixed["control_top_k_overlap"] == 1.0
 
 
 def test_the_front_is_measured_apart_and_left_out_when_it_trained_on_from_inherited_weights():
@@ -131,7 +133,8 @@ def test_the_front_is_measured_apart_and_left_out_when_it_trained_on_from_inheri
     few = measure(pd.concat([control, _front("scratch", MIN_PAIRS - 1)], ignore_index=True), OBJECTIVES, None)
     assert scratch["front_pairs"] == 5 and scratch["front_kendall_tau"] == 1.0 and scratch["front_null_reason"] is None
     assert scratch["front_spearman_rho"] == pytest.approx(1.0) and scratch["front_kendall_tau_ci95"] is not None
-    assert tuned["front_pairs"] == 0 and tuned["front_kendall_tau"] is None and tuned["front_null_reason"] == FROM_INHERITED
+    assert tuned["front_pairs"] == 0 and tuned["front_kendall_tau"] is None
+    assert tuned["front_null_reason"] == FROM_INHERITED
     assert tuned["chosen_retrained"] == 5  # retrained all the same: only the rank figure leaves them out
     assert few["front_kendall_tau"] is None and few["front_null_reason"].startswith(f"needs {MIN_PAIRS} chosen")
     assert FROM_INHERITED in section_lines(tuned)[6]
@@ -158,7 +161,8 @@ def test_figures_without_enough_control_subnets_are_null_and_say_why():
     assert f["verdict_vs_proxy"] is None and f["front_kendall_tau"] == 1.0  # the front has its own subnets
     lines = section_lines(f)
     assert lines[1].endswith(f"n/a (needs {MIN_PAIRS} control subnets whose accuracies vary); Spearman rho n/a")
-    assert lines[4] == f"inherited top-1 against the cost proxy: n/a (needs {MIN_PAIRS} control subnets whose accuracies vary)"
+    assert lines[4] == ("inherited top-1 against the cost proxy: n/a "
+                        f"(needs {MIN_PAIRS} control subnets whose accuracies vary)")
     flat = measure(_control().assign(gmacs=1.0, params=7), OBJECTIVES, None)  # no cost tells them apart
     assert flat["stronger_proxy"] is None and flat["control_kendall_tau"] == 1.0
     assert section_lines(flat)[4].endswith(f"n/a (needs {MIN_PAIRS} control subnets whose costs vary)")
@@ -178,7 +182,8 @@ def _write_earlier_campaign(exp: str):
 
     configs = [{"embedding": e, "depth": d, "seed": 0} for e in ("linear", "sne", "psne", "fsne") for d in (2, 4, 6)]
     top1 = [50.0 + 2 * i for i in range(len(configs))]
-    inherited.write_batch(exp, 0, [{"subnet_id": f"subnet_{i:06d}", "keys": {"embedding": c["embedding"], "depth": c["depth"]},
+    inherited.write_batch(exp, 0, [{"subnet_id": f"subnet_{i:06d}",
+                                    "keys": {"embedding": c["embedding"], "depth": c["depth"]},
                                     "config": c, "cost": {"gmacs": 0.1 * (12 - i), "params": 1000 * PARAMS[i]},
                                     "metrics": {"top1": top1[i], "top5": 90.0, "val_loss": 1.0},
                                     "supernet": "s", "space": "h"} for i, c in enumerate(configs)])

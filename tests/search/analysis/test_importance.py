@@ -44,7 +44,8 @@ def _write(exp: str) -> None:
         write_json(f"{exp}/qs_trials/t{i:03d}.json", {
             "trial_id": f"t{i:03d}", "trial_name": f"{emb}-{i}", "campaign": "imp", "status": "completed",
             "config": config, "cost": {"gmacs": gmacs, "params_m": 1.0}, "epochs_planned": 1,
-            "epochs": [{"epoch": 1.0, "top1": top1, "train_s": 1.0}], "started_at": 1.7e9 + i, "ended_at": 1.7e9 + i + 1})
+            "epochs": [{"epoch": 1.0, "top1": top1, "train_s": 1.0}],
+            "started_at": 1.7e9 + i, "ended_at": 1.7e9 + i + 1})
 
 
 def _study_by_hand():

@@ -146,9 +146,11 @@ def test_uri_and_out_dir(tmp_path):
     out = write_results(f"file://{exp}", out_dir=f"file://{tmp_path}/elsewhere")
     assert out["trials"] == f"file://{tmp_path}/elsewhere/{TRIALS_FILE}"
     assert (tmp_path / "elsewhere" / TRIALS_FILE).exists()
-    with pytest.raises(BadInput, match="--out: expected a folder outside a campaign's own files, .* the campaign folder"):
+    with pytest.raises(BadInput, match="--out: expected a folder outside a campaign's own files, "
+                                       ".* the campaign folder"):
         write_results(exp, out_dir=exp)
-    with pytest.raises(BadInput, match="--out: expected a folder outside a campaign's own files, .* the campaign's qs_trials/"):
+    with pytest.raises(BadInput, match="--out: expected a folder outside a campaign's own files, "
+                                       ".* the campaign's qs_trials/"):
         write_results(exp, out_dir=exp / "qs_trials")
     (tmp_path / "afile").write_text("keep")
     with pytest.raises(BadInput, match='--out: expected a folder, given ".*afile", which is a file'):

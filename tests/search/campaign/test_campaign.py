@@ -94,7 +94,8 @@ def test_every_trial_is_recorded_with_config_status_metrics_and_cost(campaign):
         name = rec["trial_name"]
         if rec["config"]["embedding"] == "fsne":  # the name says what the config holds
             cfg = rec["config"]
-            assert cfg["code_sharing"] == "shared" and name.startswith(f"fsne-h{cfg['width']}-c{cfg['code_size']}-shared")
+            assert cfg["code_sharing"] == "shared"
+            assert name.startswith(f"fsne-h{cfg['width']}-c{cfg['code_size']}-shared")
         else:
             assert rec["config"]["code_size"] is None and rec["config"]["code_sharing"] is None
     statuses = sorted(r["status"] for r in records)
@@ -239,7 +240,8 @@ def _small(tmp: Path, name: str, space: dict, search: dict) -> dict:
     return {"name": name, "model": tiny_model(),
             "data": {"dataset": "digits", "val_fraction": 0.1},
             "train": {"epochs": 1, "batch_size": 32, "warmup_epochs": 0, "max_steps_per_epoch": 2},
-            "space": tiny_space(space), "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
+            "space": tiny_space(space),
+            "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "gmacs", "mode": "min"}],
             "search": search, "resources": {"workers_per_trial": 1, "max_concurrent_trials": 1},
             "checkpoints": {"keep": "all"}, "storage": str(tmp)}
 

@@ -2,10 +2,11 @@
 
 While the driver runs, a second `resume` and a `launch --overwrite` exit 2 at once, naming it, and neither
 trains nor deletes anything. Killed, its hold stays live until it goes stale: an early `resume` is refused,
-a later one takes the hold over and finishes the campaign: no trial that ended before the kill trains again, none is lost, every trial's epochs are 1..n once each (the interrupted one's
-too: its Train run goes on for a moment after the driver died, checkpointing epochs no one recorded), MO-ASHA's
-rungs rebuilt from the records hold what they held at the kill, and the searcher (Tune's trial count, NSGA-II's
-study and generations) goes on where it was."""
+a later one takes the hold over and finishes the campaign: no trial that ended before the kill trains again,
+none is lost, every trial's epochs are 1..n once each (the interrupted one's too: its Train run goes on for a
+moment after the driver died, checkpointing epochs no one recorded), MO-ASHA's rungs rebuilt from the records
+hold what they held at the kill, and the searcher (Tune's trial count, NSGA-II's study and generations) goes
+on where it was."""
 from __future__ import annotations
 
 import csv

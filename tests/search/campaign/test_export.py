@@ -77,8 +77,8 @@ def test_the_best_subnet_exported_computes_what_the_supernet_computes_for_it(tra
 
 def test_a_quantized_subnet_named_by_its_keys_carries_its_quantized_state(trained_oneshot, tmp_path):
     out = tmp_path / "sne-int8.pt"
-    written = export_subnet(str(trained_oneshot), target=TRAINED_TARGET, sets=["quant_qkv=int8_dynamic", "embedding=sne", "hidden_width=0.5"],
-                            out=str(out))
+    written = export_subnet(str(trained_oneshot), target=TRAINED_TARGET,
+                            sets=["quant_qkv=int8_dynamic", "embedding=sne", "hidden_width=0.5"], out=str(out))
     assert written == {"checkpoint": str(out), "summary": str(tmp_path / "sne-int8.json")}
     state = torch.load(out, map_location="cpu", weights_only=False)   # torchao's tensors; a file this test wrote
     config = state["config"]
@@ -110,7 +110,8 @@ REFUSALS = {  # --set etc. -> what the message says
 def test_what_the_campaign_cannot_export_is_refused_with_nothing_written(trained_oneshot, capsys, case):
     args, said = REFUSALS[case]
     before = (tree_digest(trained_oneshot, skip=None), sorted(d for d, _, _ in os.walk(trained_oneshot)))
-    code = main(["export", str(trained_oneshot), *(args if "--target" in args else ["--target", TRAINED_TARGET, *args])])
+    code = main(["export", str(trained_oneshot),
+                 *(args if "--target" in args else ["--target", TRAINED_TARGET, *args])])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT and err.startswith("qkvsearch export: ") and said in err, err
     assert "Traceback" not in err

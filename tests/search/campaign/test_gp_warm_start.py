@@ -21,7 +21,8 @@ def _spec(tmp: Path, name: str, space: dict, search: dict) -> dict:
     return {"name": name, "model": tiny_model(),
             "data": {"dataset": "digits", "val_fraction": 0.1},
             "train": {"epochs": 1, "batch_size": 32, "warmup_epochs": 0, "max_steps_per_epoch": 2},
-            "space": tiny_space(space), "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "params_m", "mode": "min"}],
+            "space": tiny_space(space),
+            "objectives": [{"metric": "top1", "mode": "max"}, {"metric": "params_m", "mode": "min"}],
             # linear (0.904 M), sne and psne at 0.5 of d are feasible; sne at 1, 2, 4 of d (1.00-1.60 M) are not
             "constraints": {"params_m": {"max": 0.95}},
             "search": search, "resources": {"workers_per_trial": 1, "max_concurrent_trials": 1},

@@ -148,8 +148,8 @@ def test_with_constraints_nothing_infeasible_is_chosen_and_the_control_sample_is
     spec = load_campaign({**_spec(tmp_path, control=2, retrain="top_k", top_k=1),
                           "constraints": {"gmacs": {"max": limit}}})
     # scored by an earlier version, which scored infeasible subnets too: the best accuracy on the largest ones
-    records = [{"keys": t["keys"], "config": t["config"], "cost": t["cost"], "metrics": {"top1": 100 * t["cost"]["gmacs"]}}
-               for t in every]
+    records = [{"keys": t["keys"], "config": t["config"], "cost": t["cost"],
+                "metrics": {"top1": 100 * t["cost"]["gmacs"]}} for t in every]
     chosen = select(spec, records)
     by_keys = {repr(sorted(t["keys"].items())): t for t in every}
     picked = [by_keys[repr(sorted(k.items()))] for k in chosen["chosen"] + chosen["control"]]

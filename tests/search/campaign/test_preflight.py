@@ -53,8 +53,10 @@ def test_an_unknown_timm_model_exits_2_with_close_matches_and_writes_nothing(tmp
 @pytest.mark.parametrize("change, expected", [
     ({"model__img_size": 20}, "model.img_size: expected a multiple of xcit_nano_12_p8_224's patch size"),
     ({"space": {"embedding": ["sne"], "hidden_width": [0.001]}}, "hidden_width: expected a ratio giving a width >= 1"),
-    ({"space": {"embedding": ["sne"], "hidden_width": [10**9]}}, "hidden_width.choice[0]: expected a positive int width up to"),
-    ({"train__opt": "adamww"}, 'train.opt: expected a timm optimizer name such as adamw (did you mean adamw?), given "adamww"'),
+    ({"space": {"embedding": ["sne"], "hidden_width": [10**9]}},
+     "hidden_width.choice[0]: expected a positive int width up to"),
+    ({"train__opt": "adamww"},
+     'train.opt: expected a timm optimizer name such as adamw (did you mean adamw?), given "adamww"'),
     ({"train__sched": "cosin"}, 'train.sched: expected one of cosine'),
 ])
 @pytest.mark.parametrize("command", ["validate", "launch"])
@@ -131,7 +133,8 @@ def _write(tmp_path, d) -> str:
 
 def test_validate_and_cost_count_distinct_configurations(capsys):
     space = ["--set", "space={embedding: {choice: [linear, sne, psne, fsne]}, code_size: {choice: [8, 16]},"
-                      " hidden_width: {choice: [0.5, 64, match]}}", "--set", "search={algorithm: random, num_trials: 6}"]
+                      " hidden_width: {choice: [0.5, 64, match]}}",
+             "--set", "search={algorithm: random, num_trials: 6}"]
     # at d = 128, 0.5 and 64 are one model: 1 + 3 + 3 + 3 x 2 = 13 points, 1 + 2 + 2 + 2 x 2 = 9 models
     assert main(["validate", "quickstart", *space]) == 0
     assert "configurations: 13 in the space, 9 distinct" in capsys.readouterr().out

@@ -58,7 +58,8 @@ def test_a_trial_a_newer_one_dominates_leaves_the_front(tmp_path):
     before = _front_ids(records)
     victim = next(r for r in records if r["trial_id"] in before)
     better = synthetic_record(9, "completed", rng=np.random.default_rng(1))
-    better["cost"] = {**victim["cost"], "gmacs": victim["cost"]["gmacs"] / 2, "params_m": victim["cost"]["params_m"] / 2}
+    better["cost"] = {**victim["cost"], "gmacs": victim["cost"]["gmacs"] / 2,
+                      "params_m": victim["cost"]["params_m"] / 2}
     better["epochs"] = [{**e, "top1": e["top1"] + 5} for e in victim["epochs"]]
     write_record(tmp_path, better)
     plan = decide(collect(tmp_path)[0], OBJECTIVES, "front")

@@ -59,7 +59,8 @@ def test_a_staged_campaign_killed_between_stages_resumes_and_ranks_by_an_ood_obj
     before = _stage_files(exp)
     assert 1 <= len(before) < 4, run.stdout()
     first = json.loads(next(iter(before.values())))
-    records = {json.loads(f.read_bytes())["trial_id"]: json.loads(f.read_bytes()) for f in (exp / "qs_trials").glob("*.json")}
+    records = {json.loads(f.read_bytes())["trial_id"]: json.loads(f.read_bytes())
+               for f in (exp / "qs_trials").glob("*.json")}
     # it went on as it completed: its stage began before the other trial had ended (or while it trained)
     other = next(r for t, r in records.items() if t != first["trial_id"])
     assert other.get("ended_at") is None or first["started_at"] < other["ended_at"]
@@ -93,6 +94,7 @@ def test_a_staged_campaign_killed_between_stages_resumes_and_ranks_by_an_ood_obj
     assert main(["status", str(exp)]) == 0
     status = capsys.readouterr().out
     n = len(chosen)
-    assert f"finetune@digits_0to8         {n}/{n} done" in status and f"ood                          {n}/{n} done" in status
+    assert f"finetune@digits_0to8         {n}/{n} done" in status
+    assert f"ood                          {n}/{n} done" in status
     print(f"launch until killed: {launched_s:.1f} s; chosen {n}; stage times: "
           + ", ".join(f"{r['stage']} {r['duration_s']:.1f} s" for r in stages))

@@ -228,8 +228,8 @@ def _check_optuna(exp: Path, records: list[dict], epochs: dict) -> None:
     assert len(study.trials) == len(records) and sorted(by_trial) == sorted(r["trial_id"] for r in records)
     for rec in records:
         trial = by_trial[rec["trial_id"]]
-        assert trial.state == optuna.trial.TrialState.COMPLETE and trial.params == {"embedding": rec["config"]["embedding"]}, \
-            (trial, rec)
+        assert (trial.state == optuna.trial.TrialState.COMPLETE
+                and trial.params == {"embedding": rec["config"]["embedding"]}), (trial, rec)
         source = rec["duplicate_of"] if rec["status"] == "duplicate" else rec["trial_id"]
         assert trial.values == [epochs[source][-1]["top1"], rec["cost"]["gmacs"]]
         assert trial.user_attrs["status"] == rec["status"]

@@ -46,7 +46,8 @@ def test_a_campaign_over_the_xformer_choices_trains_each_and_records_its_cost(ra
     assert sorted(r["status"] for r in records) == ["completed"] * 6
     seen = {(r["config"]["model"], r["config"]["attention"], r["config"]["pos_embed"], r["config"]["patch_embed"])
             for r in records}
-    assert seen == {(VIT, "linformer_shared_kv", p, s) for p in ("learned", "rope1d") for s in ("linear", "conv_plain")} \
+    assert seen == {(VIT, "linformer_shared_kv", p, s)
+                    for p in ("learned", "rope1d") for s in ("linear", "conv_plain")} \
         | {(MIXER, None, None, s) for s in ("linear", "conv_plain")}
     for r in records:
         assert r["cost"]["params"] == model_cost(r["config"])["params"], r["config"]

@@ -99,7 +99,8 @@ def test_a_trial_spreads_over_two_nodes_and_survives_losing_one(s3, tmp_path):
         (r["trial_name"], r["status"], (r.get("error") or "")[-1500:]) for r in records]
     for r in records:
         assert [int(e["epoch"]) for e in r["epochs"]] == [1, 2, 3], r["trial_name"]
-        assert r["checkpoint_path"].startswith(f"{exp}/train_runs/"), r["checkpoint_path"]  # a URI, not Train's bare path
+        assert r["checkpoint_path"].startswith(f"{exp}/train_runs/"), r["checkpoint_path"]  # a URI, not Train's
+                                                                                            # bare path
     assert all(last == named for last, named in named_checkpoint_epochs(records).values())
     (hit,) = records
     assert hit["started_at"] < result["removed_at"] < hit["ended_at"]  # it ran on through the removal

@@ -65,7 +65,8 @@ def test_plain_terminal_prints_each_finished_trial_once_and_changes_only(tmp_pat
     view.close()
     lines = out.getvalue().splitlines()
     finished = [line for line in lines if line.startswith("trial ")]
-    assert len(finished) == 5 and any(" failed: 1/6 epochs" in line and line.endswith("CUDA out of memory") for line in finished)
+    assert len(finished) == 5
+    assert any(" failed: 1/6 epochs" in line and line.endswith("CUDA out of memory") for line in finished)
     assert sum(line.startswith("synth: 5/7 trials done") for line in lines) == 1  # nothing new: no line
     assert "\x1b[" not in out.getvalue()  # no terminal control codes in a log
 

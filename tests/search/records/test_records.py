@@ -144,8 +144,8 @@ def test_read_campaign_names_a_damaged_campaign_file(tmp_path, content, says):
 
 
 def test_read_campaign_names_a_missing_campaign_file(tmp_path):
-    with pytest.raises(CampaignFileError, match="qs_campaign.json: expected a campaign folder holding qs_campaign.json, "
-                                                "given .*, which has no qs_campaign.json"):
+    with pytest.raises(CampaignFileError, match="qs_campaign.json: expected a campaign folder holding "
+                                                "qs_campaign.json, given .*, which has no qs_campaign.json"):
         read_campaign(tmp_path)
     with pytest.raises(CampaignFileError, match="which does not exist"):
         status_table(str(tmp_path / "nope"))

@@ -496,7 +496,8 @@ def test_a_restored_scheduler_rebuilds_rungs_brackets_and_stops_from_the_records
     assert restored.bracket_of("late2") == live.bracket_of("late2")
     for name in live_ones:
         top1, params = RECORDED[name]
-        assert _report(restored, _trial(name), 11, top1[10], params) == _report(live, _trial(name), 11, top1[10], params)
+        assert (_report(restored, _trial(name), 11, top1[10], params)
+                == _report(live, _trial(name), 11, top1[10], params))
 
 
 def test_a_result_judged_but_never_recorded_is_judged_again_alike(tmp_path):

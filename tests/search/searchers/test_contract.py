@@ -32,7 +32,8 @@ def test_every_algorithm_a_campaign_may_name_has_a_searcher():
         assert issubclass(cls, Searcher) and cls.name == name
         for hook in ("suggest", "on_trial_complete", "state", "restore"):  # what the base leaves to each
             assert getattr(cls, hook) is not getattr(Searcher, hook), f"{name} does not implement {hook}"
-    with pytest.raises(ValueError, match="search.algorithm: expected one of grid, random, tpe, nsga2, gp, ehvi, mfehvi"):
+    with pytest.raises(ValueError, match="search.algorithm: expected one of "
+                                         "grid, random, tpe, nsga2, gp, ehvi, mfehvi"):
         searcher_class("bayes")
 
 

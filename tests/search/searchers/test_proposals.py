@@ -291,7 +291,8 @@ def test_repeats_with_any_searcher_run_each_proposal_under_successive_seeds_the_
     data, and a searcher built anew and restored goes on with the repeats left."""
     s = load_campaign({**BASE, "train": {"epochs": 1, "seed": 7},
                        "space": {"embedding": ["sne", "psne"], "hidden_width": [0.25, 0.5, 1.0]},
-                       "objectives": ["top1"], "search": {"algorithm": "tpe", "num_trials": 9, "repeats": 3, "seed": 0}})
+                       "objectives": ["top1"],
+                       "search": {"algorithm": "tpe", "num_trials": 9, "repeats": 3, "seed": 0}})
     searcher = build_search(s)
     assert searcher.inner.problem.num_trials == 3   # its proposals: num_trials counts every run
     done = {"epoch": 1.0, "qs_epochs_planned": 1.0}

@@ -14,7 +14,8 @@ class Toy(nn.Module, SiteEmbedding):
     def __init__(self, dim: int, hidden: int, dim_out: int, activation: str, parts: int):
         super().__init__()
         self.dim, self.hidden, self.dim_out, self.parts = dim, hidden, dim_out, parts
-        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), make_activation(activation), nn.Linear(hidden, parts * dim_out)
+        self.fc1, self.act, self.fc2 = (nn.Linear(dim, hidden), make_activation(activation),
+                                        nn.Linear(hidden, parts * dim_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))   # (B, N, d) -> (B, N, [q | k | v])

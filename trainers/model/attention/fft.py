@@ -1,4 +1,5 @@
-"""A FLOP formula for FFTs (and torch's CPU SDPA kernel), which ``torch.utils.flop_counter.FlopCounterMode`` otherwise counts as zero.
+"""A FLOP formula for FFTs (and torch's CPU SDPA kernel), which ``torch.utils.flop_counter.FlopCounterMode``
+otherwise counts as zero.
 
 Convention: a 1-D complex transform of length L costs 5·L·log2(L) real floating-point operations (the
 radix-2 Cooley-Tukey count), i.e. 2.5·L·log2(L) multiply-accumulates; a real-input (r2c) or
