@@ -115,7 +115,7 @@ def _ended(pid: int, timeout_s: float) -> bool:
         return True
     except (AttributeError, OSError):  # no pidfds here
         end = time.monotonic() + max(timeout_s, 0)
-        while _running(pid):
+        while process_running(pid):
             if time.monotonic() > end:
                 return False
             time.sleep(0.05)
@@ -126,7 +126,9 @@ def _ended(pid: int, timeout_s: float) -> bool:
         os.close(fd)
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a killed process that is not the caller's child has ended once it is a zombie
+    (its parent, or init, reaps it later) or gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the command's name

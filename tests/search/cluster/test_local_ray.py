@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.processes import running
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +45,6 @@ print(json.dumps({"pid": pid, "killed": killed}))
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
 
 def test_a_process_hanging_in_its_graceful_exit_is_stopped_with_the_local_ray():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -61,9 +54,9 @@ def test_a_process_hanging_in_its_graceful_exit_is_stopped_with_the_local_ray():
     try:
         # The cause: 3 s after Ray's own shutdown the hung actor still ran (its raylet gone), so it was killed.
         assert out["pid"] in out["killed"], out
-        assert not _running(out["pid"])
+        assert not running(out["pid"])
     finally:
-        if _running(out["pid"]):
+        if running(out["pid"]):
             os.kill(out["pid"], 9)
 
 
