@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from helpers.live_campaign import wait_for
+from helpers.processes import running
 
 TESTS = Path(__file__).resolve().parent
 
@@ -31,7 +32,12 @@ def test_a_session_stopped_by_sigterm_stops_the_drivers_its_tests_started(tmp_pa
                                 "-p", "no:cacheprovider", "test_inner.py"], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        pid = int(wait_for(lambda: mark.exists() and mark.read_text(), 120, "the inner test's driver"))
+        # the inner session starts pytest, imports the package and launches its driver: on a loaded machine that
+        # takes minutes, so wait while the session runs (the bound is for a session that hangs without a driver)
+        wait_for(lambda: mark.exists() and mark.read_text() or session.poll() is not None, 900,
+                 "the inner test's driver")
+        assert mark.exists(), f"the inner session ended before its driver started:\n{session.communicate()[0]}"
+        pid = int(mark.read_text())
         session.send_signal(signal.SIGTERM)
         out, _ = session.communicate(timeout=120)
     finally:
@@ -40,10 +46,10 @@ def test_a_session_stopped_by_sigterm_stops_the_drivers_its_tests_started(tmp_pa
             session.wait()
     assert session.returncode == 2, out  # pytest's exit code for an interrupted session
     assert f"stopped the drivers an interrupted test had started: pids {pid}" in out, out
-    try:
-        assert not Path(f"/proc/{pid}").exists()
+    try:   # killed by the session, then reaped by init once the session has ended
+        wait_for(lambda: not running(pid), 60, "the driver's end")
     finally:
-        if Path(f"/proc/{pid}").exists():
+        if running(pid):
             os.kill(pid, signal.SIGKILL)
 
 
