@@ -27,7 +27,9 @@ def test_a_driver_then_a_long_wait(tmp_path):
 def test_a_session_stopped_by_sigterm_stops_the_drivers_its_tests_started(tmp_path):
     mark = tmp_path / "driver.pid"
     (tmp_path / "test_inner.py").write_text(INNER.format(mark=str(mark)))
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    # the inner session runs as written here, not with the options given to the outer one (PYTEST_ADDOPTS may
+    # name options of plugins that only the outer session loads, as `make test`'s --record-durations)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "PYTHONPATH": str(TESTS)}
     session = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "helpers.interrupts",
                                 "-p", "no:cacheprovider", "test_inner.py"], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
