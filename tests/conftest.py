@@ -206,6 +206,19 @@ def _make_ray_token(config):
 
 
 @pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """Each test leaves torch's intra-op thread count as it found it. Code that trains, scores or measures in the
+    calling process sets it to its worker's CPUs (trainers.ray_train.loop, search.campaign.measured,
+    search.campaign.oneshot.scorers); a test that ran such code here would leave it so for the tests after it, whose
+    float sums would then split over other threads than in the processes they compare with."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def no_orphaned_ray_process(request):
     """Fail the test after which a Ray process is left without its parent (stopped: later tests go on).
     One `ps` per test: what was there before the test is what the previous test's check found."""

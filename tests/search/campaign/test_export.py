@@ -72,11 +72,9 @@ def test_the_best_subnet_exported_computes_what_the_supernet_computes_for_it(tra
     with torch.no_grad():
         want = _Subnet(scorer.supernet, config).eval()(_images())
         got = _loaded(state["model"], config)(_images())
-    # equal up to float32 rounding, not bit for bit: the export recalibrated BatchNorm in its own process, and a
-    # float sum over a batch depends on how many threads that process split it over (an earlier test in this one
-    # may have set torch's thread count)
-    assert want.dtype == got.dtype == torch.float32
-    torch.testing.assert_close(got, want)
+    # bit for bit: the export recalibrated BatchNorm in a fresh process, this test with the same thread count
+    # (tests/conftest.py: torch_threads_kept)
+    assert want.dtype == got.dtype == torch.float32 and torch.equal(got, want)
 
 
 def test_a_quantized_subnet_named_by_its_keys_carries_its_quantized_state(trained_oneshot, tmp_path):
